@@ -1,0 +1,44 @@
+package overlap
+
+// Stats is a snapshot of the engine's counters. Every rendezvous transfer
+// is counted once in exactly one of Offloaded, Onloaded and Prefetched,
+// when its mode becomes final; eager messages are counted in Eager.
+type Stats struct {
+	Offloaded  uint64 // transfers offloaded (armed at post or at header)
+	Onloaded   uint64 // rendezvous transfers left to the receiver
+	Prefetched uint64 // unexpected transfers pulled into a pool slot
+	Eager      uint64 // headers below the rendezvous threshold
+
+	// OnloadBy breaks Onloaded (and decisions while disabled) down by
+	// reason: disabled, delay<=K, throttled, too-large, peer-history,
+	// pool-full.
+	OnloadDisabled    uint64
+	OnloadDelayBelowK uint64
+	OnloadThrottled   uint64
+	OnloadTooLarge    uint64
+	OnloadPeerHistory uint64
+	OnloadPoolFull    uint64
+
+	Cancelled        uint64 // receives cancelled (any mode)
+	OffloadCancelled uint64 // of which had been offloaded
+
+	Periods          uint64 // period boundaries crossed
+	ThrottledPeriods uint64 // periods in which offloading was stopped
+	Throttled        bool   // offloading is stopped in the current period
+
+	PrefetchUseful  uint64 // receive posted after the prefetch completed
+	PrefetchUseless uint64 // receive posted before completion, or dropped
+	PrefetchDropped uint64 // of the useless, those dropped unconsumed
+	// Shadow outcomes: for unexpected messages that were onloaded, whether
+	// a prefetch would have completed before the receive was posted.
+	ShadowUseful  uint64
+	ShadowUseless uint64
+
+	PoolSlots     int // configured slots
+	PoolInUse     int // slots held now
+	PoolHighWater int // most slots ever held at once
+
+	Outstanding int     // rendezvous transfers with a header, not finished
+	K           float64 // current K in nanoseconds
+	Tracked     int     // transfer records held (for leak checks)
+}
