@@ -1,0 +1,391 @@
+package bootstrap
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
+)
+
+// testTimeout bounds every test's collectives so a bug fails instead of hanging.
+const testTimeout = 20 * time.Second
+
+func newTestServer(t *testing.T, size int) (*Server, Token, *observer.ObservedLogs) {
+	t.Helper()
+	tok, err := NewToken()
+	require.NoError(t, err)
+	core, logs := observer.New(zapcore.DebugLevel)
+	s, err := NewServer(size, tok, zap.New(core))
+	require.NoError(t, err)
+	t.Cleanup(func() { s.Close() })
+	return s, tok, logs
+}
+
+func testCtx(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// joinAll dials ranks 0..size-1 concurrently.
+func joinAll(t *testing.T, ctx context.Context, s *Server, tok Token, size int) []Bootstrapper {
+	t.Helper()
+	bs := make([]Bootstrapper, size)
+	errs := make([]error, size)
+	var wg sync.WaitGroup
+	for r := range size {
+		wg.Go(func() { bs[r], errs[r] = Dial(ctx, s.Addr(), tok, r, size) })
+	}
+	wg.Wait()
+	for r := range size {
+		require.NoError(t, errs[r], "rank %d", r)
+		t.Cleanup(func() { bs[r].Close() })
+	}
+	return bs
+}
+
+func TestTokenRoundTrip(t *testing.T) {
+	a, err := NewToken()
+	require.NoError(t, err)
+	b, err := NewToken()
+	require.NoError(t, err)
+	assert.NotEqual(t, a, b)
+	assert.False(t, a.IsZero())
+	s := a.String()
+	assert.Len(t, s, 32)
+	got, err := ParseToken(s)
+	require.NoError(t, err)
+	assert.Equal(t, a, got)
+	got, err = ParseToken(strings.ToUpper(s))
+	require.NoError(t, err)
+	assert.Equal(t, a, got)
+
+	for _, bad := range []string{"", "abc", s[:31], s + "0", "zz" + s[2:]} {
+		_, err := ParseToken(bad)
+		assert.Error(t, err, "%q", bad)
+	}
+}
+
+func TestJoinRejected(t *testing.T) {
+	const size = 3
+	s, tok, logs := newTestServer(t, size)
+	ctx := testCtx(t)
+	other, err := NewToken()
+	require.NoError(t, err)
+
+	_, err = Dial(ctx, s.Addr(), other, 0, size)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "wrong job token")
+
+	_, err = Dial(ctx, s.Addr(), Token{}, 0, size)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "wrong job token")
+
+	_, err = Dial(ctx, s.Addr(), tok, size, size)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "rank 3 out of range [0,3)")
+
+	_, err = Dial(ctx, s.Addr(), tok, -1, size)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "out of range")
+
+	_, err = Dial(ctx, s.Addr(), tok, 0, size+1)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "job size mismatch")
+
+	b1, err := Dial(ctx, s.Addr(), tok, 1, size)
+	require.NoError(t, err)
+	defer b1.Close()
+	_, err = Dial(ctx, s.Addr(), tok, 1, size)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "rank 1 already joined")
+
+	// A join frame without any token (not producible through Dial).
+	c, err := net.Dial("tcp", s.Addr())
+	require.NoError(t, err)
+	defer c.Close()
+	b, err := encodeFrame(&frame{Op: opJoin, Version: protocolVersion, Rank: 0, Size: size})
+	require.NoError(t, err)
+	_, err = c.Write(b)
+	require.NoError(t, err)
+	f, err := readFrame(c)
+	require.NoError(t, err)
+	assert.Equal(t, opError, f.Op)
+	assert.Contains(t, f.Error, "missing job token")
+
+	// An oversize frame is refused without reading it.
+	c2, err := net.Dial("tcp", s.Addr())
+	require.NoError(t, err)
+	defer c2.Close()
+	_, err = c2.Write([]byte{0x7f, 0xff, 0xff, 0xff})
+	require.NoError(t, err)
+	f, err = readFrame(c2)
+	require.NoError(t, err)
+	assert.Contains(t, f.Error, "frame too large")
+
+	rejected := logs.FilterMessage("rendezvous join rejected")
+	reasons := []string{}
+	for _, e := range rejected.All() {
+		assert.Equal(t, zapcore.WarnLevel, e.Level)
+		reasons = append(reasons, e.ContextMap()["reason"].(string))
+	}
+	joined := strings.Join(reasons, "\n")
+	for _, want := range []string{"wrong job token", "out of range", "job size mismatch", "already joined", "missing job token", "frame too large"} {
+		assert.Contains(t, joined, want)
+	}
+	assert.Len(t, reasons, 8)
+
+	// The rejected attempts did not consume ranks: 0 and 2 can still join.
+	var wg sync.WaitGroup
+	for _, r := range []int{0, 2} {
+		wg.Go(func() {
+			b, err := Dial(ctx, s.Addr(), tok, r, size)
+			if assert.NoError(t, err) {
+				assert.NoError(t, b.Barrier(ctx, "all"))
+				b.Close()
+			}
+		})
+	}
+	assert.NoError(t, b1.Barrier(ctx, "all"))
+	wg.Wait()
+}
+
+func TestCollectives(t *testing.T) {
+	const size = 5
+	s, tok, _ := newTestServer(t, size)
+	ctx := testCtx(t)
+	bs := joinAll(t, ctx, s, tok, size)
+
+	var wg sync.WaitGroup
+	for r, b := range bs {
+		wg.Go(func() {
+			assert.Equal(t, r, b.Rank())
+			assert.Equal(t, size, b.Size())
+			for iter := range 20 {
+				vals, err := b.AllGather(ctx, "addr", fmt.Appendf(nil, "rank%d-iter%d", r, iter))
+				if !assert.NoError(t, err) {
+					return
+				}
+				require.Len(t, vals, size)
+				for i, v := range vals {
+					assert.Equal(t, fmt.Sprintf("rank%d-iter%d", i, iter), string(v))
+				}
+				// Same name, reused: a barrier per iteration.
+				if !assert.NoError(t, b.Barrier(ctx, "step")) {
+					return
+				}
+			}
+			// An empty value comes back as nil.
+			vals, err := b.AllGather(ctx, "empty", nil)
+			assert.NoError(t, err)
+			assert.Equal(t, make([][]byte, size), vals)
+		})
+	}
+	wg.Wait()
+}
+
+func TestConcurrentCollectivesDifferentKeys(t *testing.T) {
+	const size = 3
+	s, tok, _ := newTestServer(t, size)
+	ctx := testCtx(t)
+	bs := joinAll(t, ctx, s, tok, size)
+	var wg sync.WaitGroup
+	for r, b := range bs {
+		for k := range 4 {
+			wg.Go(func() {
+				key := fmt.Sprintf("k%d", k)
+				vals, err := b.AllGather(ctx, key, fmt.Appendf(nil, "%d/%d", r, k))
+				if assert.NoError(t, err) {
+					for i, v := range vals {
+						assert.Equal(t, fmt.Sprintf("%d/%d", i, k), string(v))
+					}
+				}
+			})
+		}
+	}
+	wg.Wait()
+}
+
+// waitFor polls the observed logs for a message containing msg (the server logs before
+// failing collectives, so this is a synchronisation on an event, not a sleep).
+func waitFor(t *testing.T, logs *observer.ObservedLogs, msg string) {
+	t.Helper()
+	deadline := time.Now().Add(testTimeout)
+	for logs.FilterMessageSnippet(msg).Len() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("log %q never appeared", msg)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func TestRankLostMidCollective(t *testing.T) {
+	const size = 4
+	s, tok, _ := newTestServer(t, size)
+	ctx := testCtx(t)
+	bs := joinAll(t, ctx, s, tok, size)
+
+	// Ranks 0, 1 and 3 enter the barrier; rank 2 never does and its
+	// connection dies (a raw close, like a crash).
+	errs := make([]error, size)
+	var wg sync.WaitGroup
+	for _, r := range []int{0, 1, 3} {
+		wg.Go(func() { errs[r] = bs[r].Barrier(ctx, "never") })
+	}
+	// Close rank 2's socket abruptly once the others are waiting is not
+	// observable from here; closing at any point must fail them either way.
+	bs[2].(*client).conn.Close()
+	wg.Wait()
+	for _, r := range []int{0, 1, 3} {
+		var lost *RankLostError
+		require.ErrorAs(t, errs[r], &lost, "rank %d", r)
+		assert.Equal(t, 2, lost.Rank)
+		assert.Equal(t, "never", lost.Collective)
+		assert.Contains(t, errs[r].Error(), "rank 2 disconnected")
+	}
+	// Later collectives fail at once, naming the same rank.
+	_, err := bs[0].AllGather(ctx, "later", []byte("x"))
+	var lost *RankLostError
+	require.ErrorAs(t, err, &lost)
+	assert.Equal(t, 2, lost.Rank)
+}
+
+func TestOrderlyCloseMidCollective(t *testing.T) {
+	const size = 3
+	s, tok, logs := newTestServer(t, size)
+	ctx := testCtx(t)
+	bs := joinAll(t, ctx, s, tok, size)
+	errs := make([]error, size)
+	var wg sync.WaitGroup
+	for _, r := range []int{0, 2} {
+		wg.Go(func() { _, errs[r] = bs[r].AllGather(ctx, "addr", []byte{byte(r)}) })
+	}
+	require.NoError(t, bs[1].Close())
+	wg.Wait()
+	waitFor(t, logs, "rank left")
+	for _, r := range []int{0, 2} {
+		var lost *RankLostError
+		require.ErrorAs(t, errs[r], &lost, "rank %d", r)
+		assert.Equal(t, 1, lost.Rank)
+	}
+	// Collectives on a closed client fail cleanly.
+	_, err := bs[1].AllGather(ctx, "x", nil)
+	assert.ErrorIs(t, err, ErrClosed)
+}
+
+func TestContextDeadlineHonoured(t *testing.T) {
+	const size = 2
+	s, tok, _ := newTestServer(t, size)
+	ctx := testCtx(t)
+	b0, err := Dial(ctx, s.Addr(), tok, 0, size)
+	require.NoError(t, err)
+	defer b0.Close()
+	// Rank 1 never joins: the barrier must end with the context.
+	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	err = b0.Barrier(short, "b")
+	assert.ErrorIs(t, err, context.DeadlineExceeded)
+
+	// Dial to a listener that never answers also honours the context.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	short2, cancel2 := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel2()
+	_, err = Dial(short2, ln.Addr().String(), tok, 0, size)
+	assert.ErrorIs(t, err, context.DeadlineExceeded)
+}
+
+func TestServerCloseFailsClients(t *testing.T) {
+	const size = 2
+	s, tok, _ := newTestServer(t, size)
+	ctx := testCtx(t)
+	b0, err := Dial(ctx, s.Addr(), tok, 0, size)
+	require.NoError(t, err)
+	defer b0.Close()
+	done := make(chan error, 1)
+	go func() { done <- b0.Barrier(ctx, "b") }()
+	require.NoError(t, s.Close())
+	err = <-done
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "lost connection to rendezvous")
+}
+
+func TestFromEnv(t *testing.T) {
+	const size = 2
+	s, tok, _ := newTestServer(t, size)
+	ctx := testCtx(t)
+	for _, v := range []string{EnvRank, EnvSize, EnvRdv, EnvToken, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+		"PMI_RANK", "PMI_SIZE", "PMIX_RANK", "PMIX_SIZE", "SLURM_PROCID", "SLURM_NTASKS"} {
+		t.Setenv(v, "")
+	}
+	_, err := FromEnv(ctx)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "not started by troupe run?")
+
+	t.Setenv("PMIX_RANK", "0")
+	_, err = FromEnv(ctx)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "no PMIx support")
+	t.Setenv("PMIX_RANK", "")
+
+	t.Setenv(EnvRdv, s.Addr())
+	_, err = FromEnv(ctx)
+	assert.ErrorContains(t, err, EnvToken)
+	t.Setenv(EnvToken, "nothex")
+	_, err = FromEnv(ctx)
+	assert.ErrorContains(t, err, EnvToken)
+	t.Setenv(EnvToken, tok.String())
+	_, err = FromEnv(ctx)
+	assert.ErrorContains(t, err, "not started by troupe run?")
+	t.Setenv(EnvRank, "2")
+	t.Setenv(EnvSize, "2")
+	_, err = FromEnv(ctx)
+	assert.ErrorContains(t, err, "out of range")
+
+	// TROUPE_RANK/SIZE.
+	t.Setenv(EnvRank, "0")
+	b0, err := FromEnv(ctx)
+	require.NoError(t, err)
+	defer b0.Close()
+	assert.Equal(t, 0, b0.Rank())
+	assert.Equal(t, 2, b0.Size())
+
+	// Fallback to another launcher's variables.
+	t.Setenv(EnvRank, "")
+	t.Setenv(EnvSize, "")
+	t.Setenv("SLURM_PROCID", "1")
+	t.Setenv("SLURM_NTASKS", "2")
+	b1, err := FromEnv(ctx)
+	require.NoError(t, err)
+	defer b1.Close()
+	assert.Equal(t, 1, b1.Rank())
+
+	errc := make(chan error, 1)
+	go func() { errc <- b0.Barrier(ctx, "x") }()
+	assert.NoError(t, b1.Barrier(ctx, "x"))
+	assert.NoError(t, <-errc)
+}
+
+func TestPMIxSeam(t *testing.T) {
+	for _, v := range []string{EnvRdv, EnvToken, EnvRank, EnvSize} {
+		t.Setenv(v, "")
+	}
+	t.Setenv("PMIX_RANK", "3")
+	sentinel := errors.New("pmix backend called")
+	old := PMIx
+	PMIx = func(context.Context) (Bootstrapper, error) { return nil, sentinel }
+	defer func() { PMIx = old }()
+	_, err := FromEnv(context.Background())
+	assert.ErrorIs(t, err, sentinel)
+}
