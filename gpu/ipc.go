@@ -1,0 +1,119 @@
+package gpu
+
+import "fmt"
+
+// IPCHandle lets another process on the same node map a device Buffer (cuda
+// backend): the driver's handle for the allocation plus the Buffer's offset
+// and length within it.
+type IPCHandle struct {
+	Handle [64]byte
+	Offset uint64
+	Length uint64
+}
+
+type ipcMapping struct {
+	alloc *allocation
+	refs  int
+}
+
+// IPCGetHandle returns a handle for device Buffer b (cuda backend only; the
+// host backend reports ErrNotSupported: processes share data through UCX).
+func (s *System) IPCGetHandle(b Buffer) (IPCHandle, error) {
+	if err := b.valid(); err != nil {
+		return IPCHandle{}, err
+	}
+	if b.a.sys != s {
+		return IPCHandle{}, ErrForeign
+	}
+	if b.a.kind != KindDevice || b.a.ipc {
+		return IPCHandle{}, fmt.Errorf("gpu: IPC handle of %s buffer: %w", b.a.origin(), ErrUnsupportedKind)
+	}
+	h, err := s.be.ipcGet(Buffer{a: b.a, ptr: b.a.base, n: b.a.size})
+	if err != nil {
+		return IPCHandle{}, err
+	}
+	return IPCHandle{Handle: h, Offset: uint64(b.Offset()), Length: uint64(b.n)}, nil
+}
+
+// IPCOpen maps the memory behind h on device d and returns the Buffer it
+// describes. Mappings are cached per handle and reference counted: opening
+// the same allocation again reuses the mapping (cuIpcOpenMemHandle may map an
+// allocation only once per context). Release each Buffer with IPCClose.
+func (d *Device) IPCOpen(h IPCHandle) (Buffer, error) {
+	s := d.sys
+	if err := s.check(); err != nil {
+		return Buffer{}, err
+	}
+	s.mu.Lock()
+	m := s.ipc[h.Handle]
+	if m != nil {
+		m.refs++
+	}
+	s.mu.Unlock()
+	if m == nil {
+		a, err := s.be.ipcOpen(d.ord, h.Handle)
+		if err != nil {
+			return Buffer{}, err
+		}
+		a.sys, a.dev, a.kind, a.ipc = s, d, KindDevice, true
+		s.mu.Lock()
+		if m = s.ipc[h.Handle]; m != nil { // lost a race: keep the first
+			m.refs++
+			s.mu.Unlock()
+			_ = s.be.ipcClose(a)
+		} else {
+			m = &ipcMapping{alloc: a, refs: 1}
+			s.ipc[h.Handle] = m
+			s.reg.add(a)
+			s.kcache.invalidate(a.base, a.size)
+			s.mu.Unlock()
+		}
+	}
+	whole := Buffer{a: m.alloc, ptr: m.alloc.base, n: m.alloc.size}
+	if h.Offset > uint64(m.alloc.size) {
+		_ = IPCClose(whole)
+		return Buffer{}, fmt.Errorf("gpu: IPC handle offset %d beyond %d-byte allocation: %w", h.Offset, m.alloc.size, ErrOutOfBounds)
+	}
+	b, err := whole.Slice(int(h.Offset), int(h.Length))
+	if err != nil {
+		_ = IPCClose(whole)
+		return Buffer{}, err
+	}
+	return b, nil
+}
+
+// IPCClose drops one reference to the mapping behind b (from IPCOpen); the
+// last one unmaps it.
+func IPCClose(b Buffer) error {
+	if err := b.valid(); err != nil {
+		return err
+	}
+	if !b.a.ipc {
+		return fmt.Errorf("gpu: IPCClose of %s buffer: %w", b.a.origin(), ErrNotAllocation)
+	}
+	s := b.a.sys
+	s.mu.Lock()
+	var key [64]byte
+	var m *ipcMapping
+	for k, x := range s.ipc {
+		if x.alloc == b.a {
+			key, m = k, x
+			break
+		}
+	}
+	if m == nil {
+		s.mu.Unlock()
+		return fmt.Errorf("gpu: IPCClose: %w", ErrFreed)
+	}
+	m.refs--
+	if m.refs > 0 {
+		s.mu.Unlock()
+		return nil
+	}
+	delete(s.ipc, key)
+	s.reg.remove(m.alloc)
+	s.kcache.invalidate(m.alloc.base, m.alloc.size)
+	m.alloc.freed.Store(true)
+	s.mu.Unlock()
+	return s.be.ipcClose(m.alloc)
+}
