@@ -1,0 +1,171 @@
+package datatype
+
+import "sort"
+
+// The compiled form of a type is a tree of nodes. A node describes the data
+// bytes of one element relative to the element's origin, in typemap order:
+//
+//	leaf: length bytes at off
+//	loop: n copies of child, the i-th at off + i*stride (a vector)
+//	list: entries, the i-th at off + disp_i (an indexed or struct type);
+//	      an entry with a nil node is a leaf of len bytes
+//
+// Nodes are immutable once built and may be shared between types. A vector
+// of a billion blocks is one loop node over one leaf: O(1) memory. Building
+// normalises: zero-sized parts vanish, a loop of touching leaves becomes one
+// leaf, a loop whose body is a loop that tiles it becomes one loop, adjacent
+// list leaves merge and a list of equally spaced equal leaves becomes a loop.
+
+type opcode uint8
+
+const (
+	opLeaf opcode = iota
+	opLoop
+	opList
+)
+
+type entry struct {
+	disp int64
+	len  int64 // packed bytes of the entry
+	nd   *node // nil: a leaf of len bytes at disp
+}
+
+type node struct {
+	op     opcode
+	off    int64
+	length int64 // leaf
+	n      int64 // loop
+	stride int64 // loop
+	child  *node // loop
+	ents   []entry
+	prefix []int64 // list: prefix[i] = packed bytes before entry i
+	leafs  bool    // list: every entry is a leaf
+	size   int64   // packed bytes
+	lo, hi int64   // data bounds: true lb and true ub relative to the origin
+	segs   int64   // number of leaf pieces before merging (statistics hint)
+}
+
+func leafNode(off, length int64, a *arith) *node {
+	if length == 0 {
+		return nil
+	}
+	return &node{op: opLeaf, off: off, length: length, size: length, lo: off,
+		hi: a.add(off, length, "leaf bounds"), segs: 1}
+}
+
+// shift returns nd moved by d bytes.
+func shift(nd *node, d int64, a *arith) *node {
+	if nd == nil || d == 0 {
+		return nd
+	}
+	c := *nd
+	c.off = a.add(c.off, d, "displacement")
+	c.lo = a.add(c.lo, d, "displacement")
+	c.hi = a.add(c.hi, d, "displacement")
+	return &c
+}
+
+// repeat returns n copies of nd, the i-th shifted by i*stride.
+func repeat(nd *node, n, stride int64, a *arith) *node {
+	if nd == nil || n == 0 {
+		return nil
+	}
+	if n == 1 {
+		return nd
+	}
+	span := a.mul(n-1, stride, "repeat span")
+	size := a.mul(n, nd.size, "size")
+	if nd.op == opLeaf && stride == nd.length {
+		return leafNode(nd.off, size, a)
+	}
+	if nd.op == opLoop && nd.n > 0 && stride == a.mul(nd.n, nd.stride, "stride") {
+		inner := shift(nd.child, 0, a)
+		return loopNode(nd.off, a.mul(n, nd.n, "count"), nd.stride, inner, a)
+	}
+	r := &node{op: opLoop, n: n, stride: stride, child: nd, size: size,
+		segs: a.mul(n, nd.segs, "segments")}
+	r.lo, r.hi = nd.lo, nd.hi
+	if span < 0 {
+		r.lo = a.add(nd.lo, span, "bounds")
+	} else {
+		r.hi = a.add(nd.hi, span, "bounds")
+	}
+	return r
+}
+
+func loopNode(off, n, stride int64, child *node, a *arith) *node {
+	return shift(repeat(child, n, stride, a), off, a)
+}
+
+// listNode builds an irregular list from entries (disp, node); nil nodes are
+// dropped. Leaf entries are given as nodes of op leaf and stored inline.
+func listNode(parts []entry, a *arith) *node {
+	ents := make([]entry, 0, len(parts))
+	for _, p := range parts {
+		nd := p.nd
+		if nd == nil || nd.size == 0 {
+			continue
+		}
+		if nd.op == opLeaf {
+			d := a.add(p.disp, nd.off, "displacement")
+			if k := len(ents) - 1; k >= 0 && ents[k].nd == nil && a.add(ents[k].disp, ents[k].len, "bounds") == d {
+				ents[k].len = a.add(ents[k].len, nd.length, "size")
+				continue
+			}
+			ents = append(ents, entry{disp: d, len: nd.length})
+			continue
+		}
+		ents = append(ents, entry{disp: p.disp, len: nd.size, nd: nd})
+	}
+	switch len(ents) {
+	case 0:
+		return nil
+	case 1:
+		if ents[0].nd == nil {
+			return leafNode(ents[0].disp, ents[0].len, a)
+		}
+		return shift(ents[0].nd, ents[0].disp, a)
+	}
+	// Equally spaced equal leaves: a loop.
+	if regular(ents) {
+		return loopNode(ents[0].disp, int64(len(ents)), ents[1].disp-ents[0].disp, leafNode(0, ents[0].len, a), a)
+	}
+	r := &node{op: opList, ents: ents, prefix: make([]int64, len(ents)+1), leafs: true}
+	for i, e := range ents {
+		lo, hi := e.disp, a.add(e.disp, e.len, "bounds")
+		segs := int64(1)
+		if e.nd != nil {
+			r.leafs = false
+			lo, hi = a.add(e.disp, e.nd.lo, "bounds"), a.add(e.disp, e.nd.hi, "bounds")
+			segs = e.nd.segs
+		}
+		if i == 0 || lo < r.lo {
+			r.lo = lo
+		}
+		if i == 0 || hi > r.hi {
+			r.hi = hi
+		}
+		r.prefix[i+1] = a.add(r.prefix[i], e.len, "size")
+		r.segs = a.add(r.segs, segs, "segments")
+	}
+	r.size = r.prefix[len(ents)]
+	return r
+}
+
+func regular(ents []entry) bool {
+	if ents[0].nd != nil {
+		return false
+	}
+	d := ents[1].disp - ents[0].disp
+	for i := 1; i < len(ents); i++ {
+		if ents[i].nd != nil || ents[i].len != ents[0].len || ents[i].disp-ents[i-1].disp != d {
+			return false
+		}
+	}
+	return true
+}
+
+// entryAt returns the index of the list entry holding packed byte p.
+func (nd *node) entryAt(p int64) int {
+	return sort.Search(len(nd.ents), func(i int) bool { return nd.prefix[i+1] > p })
+}
