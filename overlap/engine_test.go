@@ -137,7 +137,7 @@ func TestEngineTable(t *testing.T) {
 			},
 		},
 		{
-			name: "receiver computing: delta above K, offload at header",
+			name:  "receiver computing: delta above K, offload at header",
 			steps: cat(offloadHistory(0, 1)),
 			stats: func(t *testing.T, s Stats) {
 				require.EqualValues(t, 1, s.Offloaded)
