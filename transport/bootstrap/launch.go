@@ -1,0 +1,451 @@
+//go:build unix
+
+package bootstrap
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"runtime"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// Launcher defaults.
+const (
+	DefaultTailLines = 20
+	DefaultGrace     = 5 * time.Second
+	// outputDrain bounds how long the launcher waits, after a rank exited, for
+	// the end of its output (a descendant that escaped the rank's process
+	// group may keep the pipe open).
+	outputDrain = 2 * time.Second
+)
+
+// LaunchConfig describes a job for Launch.
+type LaunchConfig struct {
+	N       int      // number of ranks, >= 1
+	Program string   // looked up in PATH like a shell would
+	Args    []string // arguments after the program name
+	Env     []string // extra KEY=VALUE entries on top of the launcher's environment
+	// TLS selects UCX transports: "" leaves UCX_TLS alone, "shm" sets
+	// "self,sm", "tcp" sets "self,tcp", anything else is used verbatim.
+	TLS string
+	// Stdout and Stderr receive the ranks' output line by line, prefixed
+	// "[rank] " (default os.Stdout, os.Stderr). Stderr also gets the
+	// launcher's failure report. They may be the same writer.
+	Stdout, Stderr io.Writer
+	// TailLines is how many output lines per rank are kept for the failure
+	// report (default DefaultTailLines).
+	TailLines int
+	// Grace is the time between SIGTERM and SIGKILL when stopping ranks
+	// (default DefaultGrace).
+	Grace time.Duration
+	Log   *zap.Logger // nil: no logging
+}
+
+// UCXTLS maps a --tls value to UCX_TLS: "shm" -> "self,sm" (UCX's sm alias
+// covers posix, sysv and cma), "tcp" -> "self,tcp", "" -> "" (UCX's
+// default), anything else verbatim.
+func UCXTLS(tls string) string {
+	switch tls {
+	case "shm":
+		return "self,sm"
+	case "tcp":
+		return "self,tcp"
+	default:
+		return tls
+	}
+}
+
+// RankFailure is returned by Launch when a rank exits with a non-zero status
+// or is killed by a signal (the first such rank; the others were stopped).
+type RankFailure struct {
+	Rank       int
+	Pid        int
+	ExitCode   int            // the exit status, or -1 if killed by a signal
+	Signal     syscall.Signal // the signal that killed the rank, 0 if it exited
+	CoreDumped bool
+	Tail       []string // the rank's last output lines (stdout and stderr), unprefixed
+}
+
+// Status describes how the rank ended: "exited with status 3" or
+// "killed by signal 9 (killed)".
+func (e *RankFailure) Status() string {
+	if e.Signal != 0 {
+		s := fmt.Sprintf("killed by signal %d (%v)", int(e.Signal), e.Signal)
+		if e.CoreDumped {
+			s += ", core dumped"
+		}
+		return s
+	}
+	return fmt.Sprintf("exited with status %d", e.ExitCode)
+}
+
+func (e *RankFailure) Error() string {
+	return fmt.Sprintf("rank %d (pid %d) %s", e.Rank, e.Pid, e.Status())
+}
+
+// rankProc is one spawned rank.
+type rankProc struct {
+	rank  int
+	cmd   *exec.Cmd
+	pipes []*os.File // read ends of stdout and stderr
+	outWG sync.WaitGroup
+	done  bool // exited and reaped (main loop only)
+
+	tmu  sync.Mutex
+	tail []string
+	max  int
+}
+
+func (rp *rankProc) addTail(line string) {
+	if rp.max <= 0 {
+		return
+	}
+	rp.tmu.Lock()
+	if len(rp.tail) == rp.max {
+		copy(rp.tail, rp.tail[1:])
+		rp.tail = rp.tail[:rp.max-1]
+	}
+	rp.tail = append(rp.tail, line)
+	rp.tmu.Unlock()
+}
+
+func (rp *rankProc) lastLines() []string {
+	rp.tmu.Lock()
+	defer rp.tmu.Unlock()
+	return append([]string(nil), rp.tail...)
+}
+
+// signalGroup signals the rank's process group.
+func (rp *rankProc) signalGroup(sig syscall.Signal) {
+	if rp.cmd.Process == nil {
+		return
+	}
+	syscall.Kill(-rp.cmd.Process.Pid, sig)
+}
+
+// drain waits (bounded) for the end of the rank's output, then closes the pipes.
+func (rp *rankProc) drain(timeout time.Duration) {
+	done := make(chan struct{})
+	go func() { rp.outWG.Wait(); close(done) }()
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+	}
+	for _, p := range rp.pipes {
+		p.Close()
+	}
+	<-done
+}
+
+// sink serialises prefixed lines from every rank onto the launcher's writers.
+type sink struct {
+	mu sync.Mutex
+}
+
+func (s *sink) write(w io.Writer, b []byte) {
+	s.mu.Lock()
+	w.Write(b)
+	s.mu.Unlock()
+}
+
+func (s *sink) pump(rp *rankProc, r io.Reader, w io.Writer) {
+	defer rp.outWG.Done()
+	prefix := fmt.Sprintf("[%d] ", rp.rank)
+	br := bufio.NewReaderSize(r, 64<<10)
+	var buf []byte
+	for {
+		line, err := br.ReadSlice('\n')
+		if len(line) > 0 {
+			text := strings.TrimRight(string(line), "\r\n")
+			buf = append(buf[:0], prefix...)
+			buf = append(buf, text...)
+			buf = append(buf, '\n')
+			s.write(w, buf)
+			rp.addTail(text)
+		}
+		if err != nil && !errors.Is(err, bufio.ErrBufferFull) {
+			return
+		}
+	}
+}
+
+type exitEvent struct {
+	rank  int
+	state *os.ProcessState
+	err   error
+}
+
+// Launch runs a job: it starts a rendezvous server with a fresh token, spawns
+// cfg.N processes of cfg.Program with TROUPE_RANK, TROUPE_SIZE, TROUPE_RDV and
+// TROUPE_TOKEN (and UCX_TLS per cfg.TLS) in their environment, forwards their
+// output line by line prefixed "[rank] ", forwards SIGINT and SIGTERM to
+// them, and waits for all of them.
+//
+// Each rank runs in its own process group. When a rank exits with a non-zero
+// status or is killed by a signal, Launch writes a report (rank, status, last
+// output lines) to cfg.Stderr, stops the other ranks (SIGTERM to their
+// process groups, SIGKILL after cfg.Grace) and returns a *RankFailure. When
+// ctx ends, the ranks are stopped the same way and ctx.Err() is returned.
+// When Launch returns, every rank has been reaped and its process group
+// killed.
+func Launch(ctx context.Context, cfg LaunchConfig) error {
+	if cfg.N < 1 {
+		return fmt.Errorf("troupe: need at least one rank, got -n %d", cfg.N)
+	}
+	if cfg.Program == "" {
+		return errors.New("troupe: no program to run")
+	}
+	if cfg.Stdout == nil {
+		cfg.Stdout = os.Stdout
+	}
+	if cfg.Stderr == nil {
+		cfg.Stderr = os.Stderr
+	}
+	if cfg.TailLines == 0 {
+		cfg.TailLines = DefaultTailLines
+	}
+	if cfg.Grace <= 0 {
+		cfg.Grace = DefaultGrace
+	}
+	log := cfg.Log
+	if log == nil {
+		log = zap.NewNop()
+	}
+	path, err := exec.LookPath(cfg.Program)
+	if err != nil {
+		return fmt.Errorf("troupe: %w", err)
+	}
+
+	token, err := NewToken()
+	if err != nil {
+		return err
+	}
+	srv, err := NewServer(cfg.N, token, log)
+	if err != nil {
+		return err
+	}
+	defer srv.Close()
+
+	env := append(os.Environ(), cfg.Env...)
+	if tls := UCXTLS(cfg.TLS); tls != "" {
+		env = append(env, "UCX_TLS="+tls)
+	}
+	env = append(env,
+		EnvSize+"="+fmt.Sprint(cfg.N),
+		EnvRdv+"="+srv.Addr(),
+		EnvToken+"="+token.String(),
+	)
+
+	// Forward SIGINT/SIGTERM from now on.
+	sigc := make(chan os.Signal, 8)
+	signal.Notify(sigc, syscall.SIGINT, syscall.SIGTERM)
+	defer signal.Stop(sigc)
+
+	out := &sink{}
+	ranks := make([]*rankProc, cfg.N)
+	exits := make(chan exitEvent, cfg.N)
+
+	// Spawn from one goroutine locked to its OS thread, kept alive until
+	// Launch returns: Pdeathsig fires when the spawning thread exits, so the
+	// thread must outlive the ranks.
+	spawned := make(chan error, 1)
+	release := make(chan struct{})
+	defer close(release)
+	go func() {
+		runtime.LockOSThread()
+		spawned <- spawnAll(cfg, path, env, ranks, out, exits, log)
+		<-release
+		runtime.UnlockOSThread()
+	}()
+	if err := <-spawned; err != nil {
+		// Stop what was started, reap it, and report the spawn error.
+		n := 0
+		for _, rp := range ranks {
+			if rp != nil {
+				rp.signalGroup(syscall.SIGKILL)
+				n++
+			}
+		}
+		for range n {
+			ev := <-exits
+			ranks[ev.rank].signalGroup(syscall.SIGKILL)
+			ranks[ev.rank].drain(outputDrain)
+		}
+		return err
+	}
+	log.Debug("job started", zap.Int("ranks", cfg.N), zap.String("program", path), zap.String("rendezvous", srv.Addr()))
+
+	var (
+		failure  *RankFailure
+		stopErr  error
+		stopping bool
+		killC    <-chan time.Time
+		ctxDone  = ctx.Done()
+		nsig     int
+		running  = cfg.N
+	)
+	say := func(format string, args ...any) { out.write(cfg.Stderr, fmt.Appendf(nil, format, args...)) }
+	stopOthers := func(why string) {
+		stopping = true
+		live := 0
+		for _, rp := range ranks {
+			if !rp.done {
+				rp.signalGroup(syscall.SIGTERM)
+				live++
+			}
+		}
+		if live > 0 {
+			say("troupe: %s: stopping %d remaining rank(s) (SIGTERM, SIGKILL after %v)\n", why, live, cfg.Grace)
+			killC = time.After(cfg.Grace)
+		}
+	}
+	for running > 0 {
+		select {
+		case ev := <-exits:
+			running--
+			rp := ranks[ev.rank]
+			rp.done = true
+			// Whatever the rank left behind in its group goes with it.
+			rp.signalGroup(syscall.SIGKILL)
+			rp.drain(outputDrain)
+			ok := ev.err == nil && ev.state != nil && ev.state.Success()
+			log.Debug("rank exited", zap.Int("rank", ev.rank), zap.Stringer("state", ev.state), zap.Bool("ok", ok))
+			if ok || stopping {
+				continue
+			}
+			failure = newRankFailure(rp, ev)
+			out.write(cfg.Stderr, []byte(report(failure)))
+			log.Warn("rank failed", zap.Int("rank", failure.Rank), zap.String("status", failure.Status()))
+			stopOthers(fmt.Sprintf("rank %d failed", failure.Rank))
+		case sig := <-sigc:
+			nsig++
+			s := sig.(syscall.Signal)
+			if nsig > 1 {
+				s = syscall.SIGKILL // asked twice: no more patience
+			}
+			say("troupe: got %v, forwarding %v to %d rank(s)\n", sig, s, running)
+			for _, rp := range ranks {
+				if !rp.done {
+					rp.signalGroup(s)
+				}
+			}
+			if !stopping {
+				stopping = true
+				stopErr = fmt.Errorf("troupe: interrupted by %v", sig)
+				killC = time.After(cfg.Grace)
+			}
+		case <-ctxDone:
+			ctxDone = nil
+			if !stopping {
+				stopErr = ctx.Err()
+				stopOthers(ctx.Err().Error())
+			}
+		case <-killC:
+			killC = nil
+			for _, rp := range ranks {
+				if !rp.done {
+					log.Debug("rank did not stop in time, killing it", zap.Int("rank", rp.rank))
+					rp.signalGroup(syscall.SIGKILL)
+				}
+			}
+		}
+	}
+	if failure != nil {
+		return failure
+	}
+	return stopErr
+}
+
+// spawnAll starts every rank; on error the ranks already started are in ranks.
+func spawnAll(cfg LaunchConfig, path string, env []string, ranks []*rankProc, out *sink, exits chan<- exitEvent, log *zap.Logger) error {
+	for r := range cfg.N {
+		rp := &rankProc{rank: r, max: cfg.TailLines}
+		cmd := exec.Command(path, cfg.Args...)
+		cmd.Args[0] = cfg.Program
+		cmd.Env = append(env[:len(env):len(env)], EnvRank+"="+fmt.Sprint(r))
+		cmd.SysProcAttr = rankProcAttr()
+		rp.cmd = cmd
+
+		var writers []*os.File
+		closeAll := func() {
+			for _, f := range append(writers, rp.pipes...) {
+				f.Close()
+			}
+		}
+		for range 2 {
+			pr, pw, err := os.Pipe()
+			if err != nil {
+				closeAll()
+				return fmt.Errorf("troupe: rank %d: %w", r, err)
+			}
+			rp.pipes = append(rp.pipes, pr)
+			writers = append(writers, pw)
+		}
+		cmd.Stdout, cmd.Stderr = writers[0], writers[1]
+		if err := cmd.Start(); err != nil {
+			closeAll()
+			return fmt.Errorf("troupe: starting rank %d: %w", r, err)
+		}
+		for _, w := range writers {
+			w.Close()
+		}
+		ranks[r] = rp
+		rp.outWG.Add(2)
+		go out.pump(rp, rp.pipes[0], cfg.Stdout)
+		go out.pump(rp, rp.pipes[1], cfg.Stderr)
+		go func() {
+			err := cmd.Wait()
+			exits <- exitEvent{rank: r, state: cmd.ProcessState, err: ignoreExitError(err)}
+		}()
+		log.Debug("rank started", zap.Int("rank", r), zap.Int("pid", cmd.Process.Pid))
+	}
+	return nil
+}
+
+func ignoreExitError(err error) error {
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		return nil
+	}
+	return err
+}
+
+func newRankFailure(rp *rankProc, ev exitEvent) *RankFailure {
+	f := &RankFailure{Rank: rp.rank, Pid: rp.cmd.Process.Pid, ExitCode: -1, Tail: rp.lastLines()}
+	if ev.state != nil {
+		f.ExitCode = ev.state.ExitCode()
+		if ws, ok := ev.state.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			f.Signal = ws.Signal()
+			f.CoreDumped = ws.CoreDump()
+		}
+	}
+	return f
+}
+
+// report formats the failure report written to the launcher's stderr.
+func report(f *RankFailure) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "troupe: rank %d (pid %d) %s", f.Rank, f.Pid, f.Status())
+	if len(f.Tail) == 0 {
+		b.WriteString("; it printed nothing\n")
+	} else {
+		fmt.Fprintf(&b, "; its last %d line(s):\n", len(f.Tail))
+		for _, l := range f.Tail {
+			fmt.Fprintf(&b, "  [%d] %s\n", f.Rank, l)
+		}
+	}
+	return b.String()
+}

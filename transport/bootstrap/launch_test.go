@@ -1,0 +1,284 @@
+//go:build unix
+
+package bootstrap
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+	"go.uber.org/zap/zaptest"
+)
+
+// Environment of the test binary re-executed as a rank.
+const (
+	childEnv      = "TROUPE_TEST_CHILD"       // "1": act as a rank
+	failRankEnv   = "TROUPE_TEST_FAIL_RANK"   // rank that fails after the barrier
+	failHowEnv    = "TROUPE_TEST_FAIL_HOW"    // "exit3" or "sigkill"
+	hangEnv       = "TROUPE_TEST_HANG"        // "1": other ranks wait to be stopped
+	ignoreTermEnv = "TROUPE_TEST_IGNORE_TERM" // "1": hanging ranks ignore SIGTERM
+	grandEnv      = "TROUPE_TEST_GRANDCHILD"  // "1": hanging ranks fork a sleeping grandchild
+)
+
+func TestMain(m *testing.M) {
+	if os.Getenv(childEnv) == "1" {
+		os.Exit(childMain())
+	}
+	goleak.VerifyTestMain(m)
+}
+
+// childMain is a rank: it joins with FromEnv, all-gathers a value, prints
+// what it saw, meets the others at a barrier, then exits as told.
+func childMain() int {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	b, err := FromEnv(ctx)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "join:", err)
+		return 10
+	}
+	defer b.Close()
+	rank := b.Rank()
+	vals, err := b.AllGather(ctx, "hello", fmt.Appendf(nil, "v%d", rank))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "allgather:", err)
+		return 11
+	}
+	strs := make([]string, len(vals))
+	for i, v := range vals {
+		strs[i] = string(v)
+	}
+	fmt.Printf("rank %d of %d saw %s\n", rank, b.Size(), strings.Join(strs, ","))
+	fmt.Printf("UCX_TLS=%s\n", os.Getenv("UCX_TLS"))
+	fmt.Fprintf(os.Stderr, "pid %d\n", os.Getpid())
+	if err := b.Barrier(ctx, "done"); err != nil {
+		fmt.Fprintln(os.Stderr, "barrier:", err)
+		return 12
+	}
+	failing := os.Getenv(failRankEnv) == strconv.Itoa(rank)
+	hang := os.Getenv(hangEnv) == "1" && !failing
+	if hang {
+		if os.Getenv(ignoreTermEnv) == "1" {
+			signal.Ignore(syscall.SIGTERM)
+		}
+		if os.Getenv(grandEnv) == "1" {
+			gc := exec.Command("sleep", "1000")
+			if err := gc.Start(); err != nil {
+				fmt.Fprintln(os.Stderr, "grandchild:", err)
+				return 13
+			}
+			fmt.Fprintf(os.Stderr, "grandchild %d\n", gc.Process.Pid)
+		}
+		fmt.Println("waiting")
+	}
+	// Everyone is set up before the failing rank fails.
+	if err := b.Barrier(ctx, "ready"); err != nil {
+		fmt.Fprintln(os.Stderr, "barrier:", err)
+		return 12
+	}
+	if failing {
+		fmt.Fprintf(os.Stderr, "rank %d failing\n", rank)
+		switch os.Getenv(failHowEnv) {
+		case "sigkill":
+			syscall.Kill(os.Getpid(), syscall.SIGKILL)
+			time.Sleep(time.Hour)
+		default:
+			return 3
+		}
+	}
+	if hang {
+		time.Sleep(time.Hour)
+	}
+	return 0
+}
+
+// lockedBuffer is an io.Writer safe to read while Launch writes to it; it
+// calls onLine for every complete line written.
+type lockedBuffer struct {
+	mu     sync.Mutex
+	buf    bytes.Buffer
+	onLine func(string)
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	n, err := b.buf.Write(p)
+	b.mu.Unlock()
+	if b.onLine != nil {
+		for _, l := range strings.Split(strings.TrimRight(string(p), "\n"), "\n") {
+			b.onLine(l)
+		}
+	}
+	return n, err
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+func launchCfg(t *testing.T, n int, env ...string) (LaunchConfig, *lockedBuffer, *lockedBuffer) {
+	stdout, stderr := &lockedBuffer{}, &lockedBuffer{}
+	return LaunchConfig{
+		N:       n,
+		Program: os.Args[0],
+		Args:    []string{"-test.run=^$"},
+		Env:     append([]string{childEnv + "=1"}, env...),
+		Stdout:  stdout,
+		Stderr:  stderr,
+		Grace:   2 * time.Second,
+		Log:     zaptest.NewLogger(t),
+	}, stdout, stderr
+}
+
+var pidRE = regexp.MustCompile(`(?m)^\[(\d+)\] (pid|grandchild) (\d+)$`)
+
+// assertGone checks every pid printed by the ranks is dead (gone, or a zombie
+// waiting for an init that does not reap).
+func assertGone(t *testing.T, stderr string) {
+	t.Helper()
+	ms := pidRE.FindAllStringSubmatch(stderr, -1)
+	require.NotEmpty(t, ms)
+	for _, m := range ms {
+		pid, _ := strconv.Atoi(m[3])
+		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			continue // gone
+		}
+		// Field 3 of /proc/PID/stat, after the parenthesised command name.
+		fields := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:]))
+		assert.Equal(t, "Z", fields[0], "rank %s %s %d still alive: %s", m[1], m[2], pid, stat)
+	}
+}
+
+func TestLaunchSuccess(t *testing.T) {
+	const n = 3
+	cfg, stdout, stderr := launchCfg(t, n)
+	cfg.TLS = "shm"
+	err := Launch(t.Context(), cfg)
+	require.NoError(t, err, "stderr:\n%s", stderr)
+	out := stdout.String()
+	for r := range n {
+		assert.Contains(t, out, fmt.Sprintf("[%d] rank %d of %d saw v0,v1,v2\n", r, r, n))
+		assert.Contains(t, out, fmt.Sprintf("[%d] UCX_TLS=self,sm\n", r))
+	}
+	for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+		assert.Regexp(t, `^\[[0-2]\] `, l)
+	}
+	assert.Len(t, pidRE.FindAllString(stderr.String(), -1), n)
+	assertGone(t, stderr.String())
+}
+
+func TestLaunchRankExitStatus(t *testing.T) {
+	const n = 3
+	cfg, stdout, stderr := launchCfg(t, n, failRankEnv+"=1", failHowEnv+"=exit3", hangEnv+"=1", grandEnv+"=1")
+	cfg.TLS = "tcp"
+	err := Launch(t.Context(), cfg)
+	var rf *RankFailure
+	require.ErrorAs(t, err, &rf, "stdout:\n%s\nstderr:\n%s", stdout, stderr)
+	assert.Equal(t, 1, rf.Rank)
+	assert.Equal(t, 3, rf.ExitCode)
+	assert.Zero(t, rf.Signal)
+	assert.Contains(t, rf.Error(), "rank 1 (pid ")
+	assert.Contains(t, rf.Error(), "exited with status 3")
+	assert.Contains(t, rf.Tail, "rank 1 failing")
+	assert.Contains(t, rf.Tail, "rank 1 of 3 saw v0,v1,v2")
+
+	errOut := stderr.String()
+	assert.Regexp(t, `troupe: rank 1 \(pid \d+\) exited with status 3; its last \d+ line\(s\):\n(  \[1\] .*\n)+`, errOut)
+	assert.Contains(t, errOut, "\n  [1] rank 1 failing\n")
+	assert.Contains(t, errOut, "stopping 2 remaining rank(s)")
+	assert.Contains(t, stdout.String(), "[0] UCX_TLS=self,tcp\n")
+	// The others were stopped, and their grandchildren too.
+	assert.Len(t, pidRE.FindAllString(errOut, -1), n+2)
+	assertGone(t, errOut)
+}
+
+func TestLaunchRankKilled(t *testing.T) {
+	const n = 3
+	// The survivors ignore SIGTERM, so stopping them needs the SIGKILL.
+	cfg, stdout, stderr := launchCfg(t, n, failRankEnv+"=0", failHowEnv+"=sigkill", hangEnv+"=1", ignoreTermEnv+"=1")
+	cfg.Grace = 200 * time.Millisecond
+	cfg.TailLines = 2
+	err := Launch(t.Context(), cfg)
+	var rf *RankFailure
+	require.ErrorAs(t, err, &rf, "stdout:\n%s\nstderr:\n%s", stdout, stderr)
+	assert.Equal(t, 0, rf.Rank)
+	assert.Equal(t, syscall.SIGKILL, rf.Signal)
+	assert.Equal(t, -1, rf.ExitCode)
+	assert.Contains(t, rf.Error(), "killed by signal 9 (killed)")
+	assert.Len(t, rf.Tail, 2)
+	// stdout and stderr are separate pipes, merged in order of arrival.
+	assert.Contains(t, rf.Tail, "rank 0 failing")
+	assert.Contains(t, stderr.String(), "troupe: rank 0 (pid ")
+	assertGone(t, stderr.String())
+}
+
+func TestLaunchContextCancel(t *testing.T) {
+	const n = 2
+	cfg, _, stderr := launchCfg(t, n, hangEnv+"=1")
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	var mu sync.Mutex
+	waiting := 0
+	stdout := &lockedBuffer{onLine: func(l string) {
+		if strings.HasSuffix(l, "] waiting") {
+			mu.Lock()
+			waiting++
+			if waiting == n {
+				cancel()
+			}
+			mu.Unlock()
+		}
+	}}
+	cfg.Stdout = stdout
+	err := Launch(ctx, cfg)
+	assert.ErrorIs(t, err, context.Canceled)
+	var rf *RankFailure
+	assert.False(t, errors.As(err, &rf))
+	assertGone(t, stderr.String())
+}
+
+func TestLaunchBadConfig(t *testing.T) {
+	err := Launch(t.Context(), LaunchConfig{N: 0, Program: "true"})
+	assert.ErrorContains(t, err, "at least one rank")
+	err = Launch(t.Context(), LaunchConfig{N: 1})
+	assert.ErrorContains(t, err, "no program")
+	err = Launch(t.Context(), LaunchConfig{N: 2, Program: "/nonexistent/troupe-test-program"})
+	assert.Error(t, err)
+}
+
+func TestLaunchRankNotJoining(t *testing.T) {
+	// A program that is not a troupe rank: Launch still reports its failure.
+	stderr := &lockedBuffer{}
+	err := Launch(t.Context(), LaunchConfig{N: 2, Program: "sh", Args: []string{"-c", `echo "hello from $TROUPE_RANK/$TROUPE_SIZE"; [ "$TROUPE_RANK" = 1 ] && exit 7; exec sleep 1000`},
+		Stdout: stderr, Stderr: stderr, Grace: time.Second})
+	var rf *RankFailure
+	require.ErrorAs(t, err, &rf)
+	assert.Equal(t, 1, rf.Rank)
+	assert.Equal(t, 7, rf.ExitCode)
+	assert.Equal(t, []string{"hello from 1/2"}, rf.Tail)
+	assert.Contains(t, stderr.String(), "[0] hello from 0/2\n")
+}
+
+func TestUCXTLS(t *testing.T) {
+	assert.Equal(t, "", UCXTLS(""))
+	assert.Equal(t, "self,sm", UCXTLS("shm"))
+	assert.Equal(t, "self,tcp", UCXTLS("tcp"))
+	assert.Equal(t, "rc,ud", UCXTLS("rc,ud"))
+}
