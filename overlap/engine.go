@@ -456,8 +456,18 @@ func (e *Engine) transferCompleted(ev Event) error {
 	if !ok {
 		return ErrUnknownTransfer
 	}
-	if !t.header || t.complete {
+	if t.complete {
 		return ErrOrder
+	}
+	if !t.header {
+		// Only an armed receive may complete without a reported header:
+		// a transport that offloads by posting the receive to UCX at once
+		// does not see the RTS of that message.
+		if t.mode != Offload {
+			return ErrOrder
+		}
+		delete(e.transfers, ev.ID)
+		return nil
 	}
 	t.complete = true
 	e.removeOutstanding(t)
