@@ -134,6 +134,10 @@ func TestEngineSlotProperty(t *testing.T) {
 				s.PrefetchUseful+s.PrefetchUseless > s.Prefetched {
 				t.Fatalf("inconsistent counters %+v", s)
 			}
+			if s.OnloadDisabled+s.OnloadDelayBelowK+s.OnloadThrottled+s.OnloadTooLarge+
+				s.OnloadPeerHistory+s.OnloadPoolFull != s.Onloaded {
+				t.Fatalf("onload reasons do not add up: %+v", s)
+			}
 		}
 	})
 }

@@ -9,9 +9,7 @@ type Stats struct {
 	Prefetched uint64 // unexpected transfers pulled into a pool slot
 	Eager      uint64 // headers below the rendezvous threshold
 
-	// OnloadBy breaks Onloaded (and decisions while disabled) down by
-	// reason: disabled, delay<=K, throttled, too-large, peer-history,
-	// pool-full.
+	// Onloaded broken down by reason (the six add up to Onloaded).
 	OnloadDisabled    uint64
 	OnloadDelayBelowK uint64
 	OnloadThrottled   uint64
