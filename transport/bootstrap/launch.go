@@ -328,7 +328,7 @@ func Launch(ctx context.Context, cfg LaunchConfig) error {
 			}
 			failure = newRankFailure(rp, ev)
 			out.write(cfg.Stderr, []byte(report(failure)))
-			log.Warn("rank failed", zap.Int("rank", failure.Rank), zap.String("status", failure.Status()))
+			log.Info("rank failed", zap.Int("rank", failure.Rank), zap.String("status", failure.Status()))
 			stopOthers(fmt.Sprintf("rank %d failed", failure.Rank))
 		case sig := <-sigc:
 			nsig++

@@ -254,6 +254,29 @@ func TestLaunchContextCancel(t *testing.T) {
 	assertGone(t, stderr.String())
 }
 
+func TestLaunchForwardsSignal(t *testing.T) {
+	const n = 2
+	cfg, _, stderr := launchCfg(t, n, hangEnv+"=1")
+	var mu sync.Mutex
+	waiting := 0
+	cfg.Stdout = &lockedBuffer{onLine: func(l string) {
+		if strings.HasSuffix(l, "] waiting") {
+			mu.Lock()
+			waiting++
+			if waiting == n {
+				// Launch has signal.Notify'd SIGINT: this goes to it, not to the test.
+				syscall.Kill(os.Getpid(), syscall.SIGINT)
+			}
+			mu.Unlock()
+		}
+	}}
+	err := Launch(t.Context(), cfg)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "interrupted by interrupt")
+	assert.Contains(t, stderr.String(), "troupe: got interrupt, forwarding interrupt to 2 rank(s)")
+	assertGone(t, stderr.String())
+}
+
 func TestLaunchBadConfig(t *testing.T) {
 	err := Launch(t.Context(), LaunchConfig{N: 0, Program: "true"})
 	assert.ErrorContains(t, err, "at least one rank")

@@ -343,9 +343,11 @@ func (s *Server) drop(p *peer, orderly bool, cause error) {
 	case orderly && len(out) == 0, closed:
 		log.Debug("rank left")
 	case orderly:
-		log.Warn("rank left during a collective", zap.Int("failed_collectives", len(out)))
+		log.Info("rank left during a collective", zap.Int("failed_collectives", len(out)))
 	default:
-		log.Warn("rank lost", zap.Error(cause), zap.Int("failed_collectives", len(out)))
+		// Info, not Warn: the launcher reports dead ranks itself, and the
+		// ranks that were waiting get a RankLostError.
+		log.Info("rank lost", zap.Error(cause), zap.Int("failed_collectives", len(out)))
 	}
 	for _, o := range out {
 		o.deliver(s)

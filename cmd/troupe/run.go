@@ -1,0 +1,100 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/troupe-hpc/troupe/transport/bootstrap"
+)
+
+// runCmd is `troupe run`, the embedded launcher: a thin wrapper over
+// bootstrap.Launch (see docs/launcher.md).
+var runCmd = newRunCmd()
+
+func init() {
+	rootCmd.AddCommand(runCmd)
+}
+
+func newRunCmd() *cobra.Command {
+	var (
+		n     int
+		tls   string
+		tail  int
+		grace time.Duration
+	)
+	cmd := &cobra.Command{
+		Use:   "run -n N [--tls shm|tcp|...] [--tail K] -- PROGRAM [ARGS...]",
+		Short: "Run a job of N ranks on this machine",
+		Long: `Run starts a loopback rendezvous service with a fresh job token and spawns N
+copies of PROGRAM with TROUPE_RANK, TROUPE_SIZE, TROUPE_RDV and TROUPE_TOKEN in
+their environment. Their output is forwarded line by line, prefixed "[rank] ";
+SIGINT and SIGTERM are forwarded to them. If a rank exits with a non-zero
+status or is killed by a signal, troupe reports which rank, how it ended and
+its last output lines, stops the other ranks and exits with status 1.
+
+--tls picks UCX transports: shm (UCX_TLS=self,sm), tcp (UCX_TLS=self,tcp), or
+any other value passed verbatim as UCX_TLS. Set TROUPE_LOG=debug for the
+launcher's and rendezvous's logs.`,
+		Example: `  troupe run -n 2 -- ./pingpong
+  troupe run -n 4 --tls tcp -- ./jacobi3d -size 256`,
+		Args: cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			log, err := runLogger(os.Getenv("TROUPE_LOG"), cmd.ErrOrStderr())
+			if err != nil {
+				return err
+			}
+			defer log.Sync()
+			if n < 1 {
+				return fmt.Errorf("run: -n must be >= 1, got %d", n)
+			}
+			if tail < 0 {
+				return fmt.Errorf("run: --tail must be >= 0, got %d", tail)
+			}
+			if tail == 0 {
+				tail = -1 // Launch reads 0 as "default"
+			}
+			return bootstrap.Launch(cmd.Context(), bootstrap.LaunchConfig{
+				N:         n,
+				Program:   args[0],
+				Args:      args[1:],
+				TLS:       tls,
+				Stdout:    cmd.OutOrStdout(),
+				Stderr:    cmd.ErrOrStderr(),
+				TailLines: tail,
+				Grace:     grace,
+				Log:       log.Named("launcher"),
+			})
+		},
+	}
+	f := cmd.Flags()
+	// Everything from PROGRAM on belongs to PROGRAM, with or without "--".
+	f.SetInterspersed(false)
+	f.IntVarP(&n, "np", "n", 1, "number of ranks")
+	f.StringVar(&tls, "tls", "", `UCX transports: "shm", "tcp", or a UCX_TLS value`)
+	f.IntVar(&tail, "tail", bootstrap.DefaultTailLines, "output lines of a failed rank to show")
+	f.DurationVar(&grace, "grace", bootstrap.DefaultGrace, "time between SIGTERM and SIGKILL when stopping ranks")
+	return cmd
+}
+
+// runLogger builds the launcher's logger: console lines on w, warn level
+// unless TROUPE_LOG names another level (debug, info, warn, error).
+func runLogger(level string, w interface{ Write([]byte) (int, error) }) (*zap.Logger, error) {
+	lvl := zapcore.WarnLevel
+	if level = strings.TrimSpace(level); level != "" {
+		l, err := zapcore.ParseLevel(level)
+		if err != nil {
+			return nil, fmt.Errorf("TROUPE_LOG=%q: %w", level, err)
+		}
+		lvl = l
+	}
+	enc := zap.NewDevelopmentEncoderConfig()
+	enc.TimeKey = ""
+	core := zapcore.NewCore(zapcore.NewConsoleEncoder(enc), zapcore.Lock(zapcore.AddSync(w)), lvl)
+	return zap.New(core).Named("troupe"), nil
+}
