@@ -292,3 +292,6 @@ func (c *kindCache) invalidate(base uintptr, n int) {
 }
 
 func (c *kindCache) clear() { clear(c.m) }
+
+// unsafePtr points at the first byte of b.
+func unsafePtr(b []byte) unsafe.Pointer { return unsafe.Pointer(unsafe.SliceData(b)) }

@@ -1,0 +1,324 @@
+//go:build cgo && linux
+
+package gpu
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// cudaBackend implements the model with the CUDA driver API (cuda_loader.go).
+type cudaBackend struct {
+	l    *cuLib
+	devs []cudaDev
+
+	abortCh   chan struct{}
+	abortOnce sync.Once
+}
+
+type cudaDev struct {
+	dev   cuDevice
+	ctx   cuContext
+	name  string
+	total uint64
+}
+
+func openCUDA() (backend, error) {
+	l, err := loadCUDA()
+	if err != nil {
+		return nil, err
+	}
+	n, err := l.deviceCount()
+	if err != nil {
+		return nil, err
+	}
+	if n == 0 {
+		return nil, errors.New("gpu: cuda: cuDeviceGetCount: no CUDA device")
+	}
+	b := &cudaBackend{l: l, abortCh: make(chan struct{})}
+	for i := range n {
+		var d cudaDev
+		if d.dev, err = l.deviceGet(i); err == nil {
+			if d.name, err = l.deviceName(d.dev); err == nil {
+				if d.total, err = l.deviceTotalMem(d.dev); err == nil {
+					d.ctx, err = l.primaryCtxRetain(d.dev)
+				}
+			}
+		}
+		if err != nil {
+			_ = b.close()
+			return nil, fmt.Errorf("gpu: cuda: device %d: %w", i, err)
+		}
+		b.devs = append(b.devs, d)
+	}
+	return b, nil
+}
+
+func (b *cudaBackend) name() string { return BackendCUDA }
+
+func (b *cudaBackend) devices() ([]devInfo, error) {
+	out := make([]devInfo, len(b.devs))
+	for i, d := range b.devs {
+		out[i] = devInfo{name: d.name, total: d.total}
+	}
+	return out, nil
+}
+
+func (b *cudaBackend) memInfo(ord int) (uint64, uint64, error) {
+	return b.l.memGetInfo(b.devs[ord].ctx)
+}
+
+// ctxOf returns the context to use for operations on buf (its device's, or
+// device 0's for host memory).
+func (b *cudaBackend) ctxOf(bufs ...Buffer) cuContext {
+	for _, x := range bufs {
+		if x.a != nil && x.a.dev != nil {
+			return b.devs[x.a.dev.ord].ctx
+		}
+	}
+	return b.devs[0].ctx
+}
+
+func (b *cudaBackend) alloc(ord int, n int, k Kind) (*allocation, error) {
+	ctx := b.devs[ord].ctx
+	var p uint64
+	var err error
+	switch k {
+	case KindManaged:
+		if !b.l.hasManaged() {
+			return nil, fmt.Errorf("gpu: cuda: cuMemAllocManaged: %w by this driver", ErrNotSupported)
+		}
+		p, err = b.l.memAllocManaged(ctx, n)
+	default:
+		p, err = b.l.memAlloc(ctx, n)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &allocation{base: uintptr(p), releaseFn: func() error { return b.l.memFree(ctx, p) }}, nil
+}
+
+func (b *cudaBackend) allocHost(n int) (*allocation, error) {
+	ctx := b.devs[0].ctx
+	mem, err := b.l.memHostAlloc(ctx, n)
+	if err != nil {
+		return nil, err
+	}
+	return &allocation{base: addrOf(mem), mem: mem, releaseFn: func() error { return b.l.memFreeHost(ctx, mem) }}, nil
+}
+
+func (b *cudaBackend) copy(dst, src Buffer) error {
+	if dst.a.mem != nil && src.a.mem != nil {
+		copy(dst.view(), src.view())
+		return nil
+	}
+	err := b.l.memcpy(b.ctxOf(dst, src), uint64(dst.ptr), uint64(src.ptr), dst.n)
+	runtime.KeepAlive(dst.a)
+	runtime.KeepAlive(src.a)
+	return err
+}
+
+func (b *cudaBackend) memset(dst Buffer, v byte) error {
+	if dst.a.mem != nil {
+		fill(dst.view(), v)
+		return nil
+	}
+	return b.l.memsetD8(b.ctxOf(dst), uint64(dst.ptr), v, dst.n)
+}
+
+func (b *cudaBackend) copyAsync(si streamImpl, dst, src Buffer) error {
+	s := si.(*cudaStream)
+	s.keep(dst, src)
+	return b.l.memcpyAsync(s.ctx, uint64(dst.ptr), uint64(src.ptr), dst.n, s.s)
+}
+
+func (b *cudaBackend) memsetAsync(si streamImpl, dst Buffer, v byte) error {
+	s := si.(*cudaStream)
+	return b.l.memsetD8Async(s.ctx, uint64(dst.ptr), v, dst.n, s.s)
+}
+
+func (b *cudaBackend) writeValue64(si streamImpl, dst Buffer, v uint64) error {
+	s := si.(*cudaStream)
+	return b.l.streamWriteValue64(s.ctx, s.s, uint64(dst.ptr), v)
+}
+
+// Cond's values are CUstreamWaitValue_flags' (GEQ 0, EQ 1, AND 2, NOR 3).
+func (b *cudaBackend) waitValue64(si streamImpl, dst Buffer, v uint64, c Cond) error {
+	s := si.(*cudaStream)
+	return b.l.streamWaitValue64(s.ctx, s.s, uint64(dst.ptr), v, uint32(c))
+}
+
+func (b *cudaBackend) hostWrite64(dst Buffer, v uint64) error {
+	if dst.a.mem != nil {
+		atomic.StoreUint64(word(dst), v)
+		return nil
+	}
+	tmp := make([]byte, 8)
+	*(*uint64)(unsafePtr(tmp)) = v
+	err := b.l.memcpy(b.ctxOf(dst), uint64(dst.ptr), uint64(addrOf(tmp)), 8)
+	runtime.KeepAlive(tmp)
+	return err
+}
+
+func (b *cudaBackend) hostRead64(src Buffer) (uint64, error) {
+	if src.a.mem != nil {
+		return atomic.LoadUint64(word(src)), nil
+	}
+	tmp := make([]byte, 8)
+	err := b.l.memcpy(b.ctxOf(src), uint64(addrOf(tmp)), uint64(src.ptr), 8)
+	runtime.KeepAlive(tmp)
+	return *(*uint64)(unsafePtr(tmp)), err
+}
+
+// hostWait64 polls: the host cannot be notified of a stream's write.
+func (b *cudaBackend) hostWait64(ctx context.Context, src Buffer, v uint64, c Cond) error {
+	d := time.Microsecond
+	for {
+		cur, err := b.hostRead64(src)
+		if err != nil {
+			return err
+		}
+		if c.holds(cur, v) {
+			return nil
+		}
+		t := time.NewTimer(d)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-b.abortCh:
+			t.Stop()
+			return fmt.Errorf("gpu: wait value: %w", ErrClosed)
+		}
+		d = min(2*d, time.Millisecond)
+	}
+}
+
+func (b *cudaBackend) pointerKind(p uintptr) (Kind, int, bool) {
+	mt, ord, managed, err := b.l.pointerMemoryType(b.devs[0].ctx, uint64(p))
+	if err != nil {
+		return KindHost, -1, false
+	}
+	switch {
+	case managed || mt == cuMemoryTypeUnified:
+		return KindManaged, ord, true
+	case mt == cuMemoryTypeDevice:
+		return KindDevice, ord, true
+	case mt == cuMemoryTypeHost:
+		return KindPinned, -1, true
+	}
+	return KindHost, -1, false
+}
+
+func (b *cudaBackend) ipcGet(buf Buffer) ([64]byte, error) {
+	return b.l.ipcGetMemHandle(b.ctxOf(buf), uint64(buf.a.base))
+}
+
+func (b *cudaBackend) ipcOpen(ord int, h [64]byte) (*allocation, error) {
+	ctx := b.devs[ord].ctx
+	p, err := b.l.ipcOpenMemHandle(ctx, h)
+	if err != nil {
+		return nil, err
+	}
+	base, size, err := b.l.addressRange(ctx, p)
+	if err != nil {
+		_ = b.l.ipcCloseMemHandle(ctx, p)
+		return nil, err
+	}
+	return &allocation{base: uintptr(base), size: int(size)}, nil
+}
+
+func (b *cudaBackend) ipcClose(a *allocation) error {
+	return b.l.ipcCloseMemHandle(b.ctxOf(Buffer{a: a}), uint64(a.base))
+}
+
+func (b *cudaBackend) abort() { b.abortOnce.Do(func() { close(b.abortCh) }) }
+func (b *cudaBackend) wait()  {}
+
+func (b *cudaBackend) close() error {
+	b.abort()
+	var errs []error
+	for _, d := range b.devs {
+		if d.ctx != nil {
+			errs = append(errs, b.l.primaryCtxRelease(d.dev))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+type cudaStream struct {
+	b   *cudaBackend
+	ctx cuContext
+	s   cuStream
+
+	mu     sync.Mutex
+	goMems []*allocation // Go memory used by async copies, kept alive until Synchronize
+}
+
+func (b *cudaBackend) newStream(ord int) (streamImpl, error) {
+	ctx := b.devs[ord].ctx
+	s, err := b.l.streamCreate(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &cudaStream{b: b, ctx: ctx, s: s}, nil
+}
+
+func (s *cudaStream) keep(bufs ...Buffer) {
+	for _, x := range bufs {
+		if x.a.goMem {
+			s.mu.Lock()
+			s.goMems = append(s.goMems, x.a)
+			s.mu.Unlock()
+		}
+	}
+}
+
+func (s *cudaStream) synchronize() error {
+	s.mu.Lock()
+	n := len(s.goMems)
+	s.mu.Unlock()
+	if err := s.b.l.streamSynchronize(s.ctx, s.s); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.goMems = append(s.goMems[:0], s.goMems[n:]...)
+	s.mu.Unlock()
+	return nil
+}
+
+func (s *cudaStream) query() (bool, error) { return s.b.l.streamQuery(s.ctx, s.s) }
+
+func (s *cudaStream) waitEvent(e eventImpl) error {
+	return s.b.l.streamWaitEvent(s.ctx, s.s, e.(*cudaEvent).e)
+}
+
+func (s *cudaStream) destroy() error { return s.b.l.streamDestroy(s.ctx, s.s) }
+
+type cudaEvent struct {
+	b   *cudaBackend
+	ctx cuContext
+	e   cuEvent
+}
+
+func (b *cudaBackend) newEvent(ord int) (eventImpl, error) {
+	ctx := b.devs[ord].ctx
+	e, err := b.l.eventCreate(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &cudaEvent{b: b, ctx: ctx, e: e}, nil
+}
+
+func (e *cudaEvent) record(si streamImpl) error {
+	return e.b.l.eventRecord(e.ctx, e.e, si.(*cudaStream).s)
+}
+func (e *cudaEvent) synchronize() error   { return e.b.l.eventSynchronize(e.ctx, e.e) }
+func (e *cudaEvent) query() (bool, error) { return e.b.l.eventQuery(e.ctx, e.e) }
+func (e *cudaEvent) destroy() error       { return e.b.l.eventDestroy(e.ctx, e.e) }
