@@ -440,7 +440,7 @@ func report(f *RankFailure) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "troupe: rank %d (pid %d) %s", f.Rank, f.Pid, f.Status())
 	if len(f.Tail) == 0 {
-		b.WriteString("; it printed nothing\n")
+		b.WriteString("; no output kept\n")
 	} else {
 		fmt.Fprintf(&b, "; its last %d line(s):\n", len(f.Tail))
 		for _, l := range f.Tail {
