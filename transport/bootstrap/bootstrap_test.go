@@ -216,12 +216,12 @@ func TestConcurrentCollectivesDifferentKeys(t *testing.T) {
 	wg.Wait()
 }
 
-// waitFor polls the observed logs for a message containing msg (the server logs before
-// failing collectives, so this is a synchronisation on an event, not a sleep).
-func waitFor(t *testing.T, logs *observer.ObservedLogs, msg string) {
+// waitFor polls the observed logs until n messages contain msg (an event
+// the server logs, so this synchronises on that event, not on time).
+func waitFor(t *testing.T, logs *observer.ObservedLogs, msg string, n int) {
 	t.Helper()
 	deadline := time.Now().Add(testTimeout)
-	for logs.FilterMessageSnippet(msg).Len() == 0 {
+	for logs.FilterMessageSnippet(msg).Len() < n {
 		if time.Now().After(deadline) {
 			t.Fatalf("log %q never appeared", msg)
 		}
@@ -231,21 +231,25 @@ func waitFor(t *testing.T, logs *observer.ObservedLogs, msg string) {
 
 func TestRankLostMidCollective(t *testing.T) {
 	const size = 4
-	s, tok, _ := newTestServer(t, size)
+	s, tok, logs := newTestServer(t, size)
 	ctx := testCtx(t)
 	bs := joinAll(t, ctx, s, tok, size)
 
-	// Ranks 0, 1 and 3 enter the barrier; rank 2 never does and its
-	// connection dies (a raw close, like a crash).
+	// Ranks 0, 1 and 3 enter the barrier; rank 2 never does and, once the
+	// server holds the three contributions, its connection dies (a raw
+	// close, like a crash).
 	errs := make([]error, size)
 	var wg sync.WaitGroup
 	for _, r := range []int{0, 1, 3} {
 		wg.Go(func() { errs[r] = bs[r].Barrier(ctx, "never") })
 	}
-	// Close rank 2's socket abruptly once the others are waiting is not
-	// observable from here; closing at any point must fail them either way.
+	waitFor(t, logs, "collective contribution", 3)
 	bs[2].(*client).conn.Close()
 	wg.Wait()
+	waitFor(t, logs, "rank lost", 1)
+	lostLog := logs.FilterMessage("rank lost").All()[0].ContextMap()
+	assert.Equal(t, int64(2), lostLog["rank"])
+	assert.Equal(t, int64(1), lostLog["failed_collectives"], "the barrier was pending when rank 2 died")
 	for _, r := range []int{0, 1, 3} {
 		var lost *RankLostError
 		require.ErrorAs(t, errs[r], &lost, "rank %d", r)
@@ -272,7 +276,7 @@ func TestOrderlyCloseMidCollective(t *testing.T) {
 	}
 	require.NoError(t, bs[1].Close())
 	wg.Wait()
-	waitFor(t, logs, "rank left")
+	waitFor(t, logs, "rank left", 1)
 	for _, r := range []int{0, 2} {
 		var lost *RankLostError
 		require.ErrorAs(t, errs[r], &lost, "rank %d", r)

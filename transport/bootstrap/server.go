@@ -297,8 +297,10 @@ func (s *Server) contribute(p *peer, key string, value []byte) {
 	c.have[p.rank] = true
 	c.values[p.rank] = value
 	c.n++
-	if c.n < s.size {
+	n := c.n
+	if n < s.size {
 		s.mu.Unlock()
+		s.log.Debug("collective contribution", zap.Int("rank", p.rank), zap.String("key", key), zap.Int("have", n))
 		return
 	}
 	delete(s.colls, key)
