@@ -34,9 +34,9 @@ func walk(nd *node, org, skip, want int64, yield func(off, n int64) bool) bool {
 		}
 	case opList:
 		i := nd.entryAt(skip)
-		r := skip - nd.prefix[i]
+		r := skip - nd.start(i)
 		for ; want > 0; i++ {
-			en := &nd.ents[i]
+			en := nd.entry(i)
 			t := min(en.len-r, want)
 			if en.nd == nil {
 				if !yield(org+en.disp+r, t) {

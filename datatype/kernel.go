@@ -8,6 +8,42 @@ import "unsafe"
 // the end of a region, so the engine is valid for Go memory (checkptr) and for
 // memory from C or a device mapping alike.
 
+// Fixed-size word types: assignments of these compile to inline register
+// moves (byte arrays would go through memmove).
+type (
+	w12 struct{ a, b, c uint32 }
+	w16 struct{ a, b uint64 }
+	w24 struct{ a, b, c uint64 }
+	w32 struct{ a, b, c, d uint64 }
+	w40 struct{ a, b, c, d, e uint64 }
+	w48 struct{ a, b, c, d, e, f uint64 }
+	w56 struct{ a, b, c, d, e, f, g uint64 }
+	w64 struct{ a, b, c, d, e, f, g, h uint64 }
+)
+
+// small copies n <= 64 bytes from src to dst (distinct memory) with at most
+// four overlapping word moves.
+func small(dst, src unsafe.Pointer, n int64) {
+	switch {
+	case n >= 32:
+		a, b := *(*w32)(src), *(*w32)(unsafe.Add(src, n-32))
+		*(*w32)(dst), *(*w32)(unsafe.Add(dst, n-32)) = a, b
+	case n >= 16:
+		a, b := *(*w16)(src), *(*w16)(unsafe.Add(src, n-16))
+		*(*w16)(dst), *(*w16)(unsafe.Add(dst, n-16)) = a, b
+	case n >= 8:
+		a, b := *(*uint64)(src), *(*uint64)(unsafe.Add(src, n-8))
+		*(*uint64)(dst), *(*uint64)(unsafe.Add(dst, n-8)) = a, b
+	case n >= 4:
+		a, b := *(*uint32)(src), *(*uint32)(unsafe.Add(src, n-4))
+		*(*uint32)(dst), *(*uint32)(unsafe.Add(dst, n-4)) = a, b
+	default:
+		for i := int64(0); i < n; i++ {
+			*(*byte)(unsafe.Add(dst, i)) = *(*byte)(unsafe.Add(src, i))
+		}
+	}
+}
+
 type engine struct {
 	user   unsafe.Pointer
 	packed unsafe.Pointer
@@ -16,6 +52,15 @@ type engine struct {
 }
 
 func (e *engine) copyRun(at, n int64) {
+	if n <= 64 {
+		if e.unpack {
+			small(unsafe.Add(e.user, at), unsafe.Add(e.packed, e.pos), n)
+		} else {
+			small(unsafe.Add(e.packed, e.pos), unsafe.Add(e.user, at), n)
+		}
+		e.pos += n
+		return
+	}
 	u := unsafe.Slice((*byte)(unsafe.Add(e.user, at)), n)
 	p := unsafe.Slice((*byte)(unsafe.Add(e.packed, e.pos)), n)
 	if e.unpack {
@@ -35,25 +80,29 @@ func (e *engine) strided(at, n, stride, l int64) {
 	if e.unpack {
 		switch l {
 		case 1:
-			scatter[[1]byte](e, at, n, stride)
+			scatter[uint8](e, at, n, stride)
 		case 2:
-			scatter[[2]byte](e, at, n, stride)
+			scatter[uint16](e, at, n, stride)
 		case 4:
-			scatter[[4]byte](e, at, n, stride)
+			scatter[uint32](e, at, n, stride)
 		case 8:
-			scatter[[8]byte](e, at, n, stride)
+			scatter[uint64](e, at, n, stride)
 		case 12:
-			scatter[[12]byte](e, at, n, stride)
+			scatter[w12](e, at, n, stride)
 		case 16:
-			scatter[[16]byte](e, at, n, stride)
+			scatter[w16](e, at, n, stride)
 		case 24:
-			scatter[[24]byte](e, at, n, stride)
+			scatter[w24](e, at, n, stride)
 		case 32:
-			scatter[[32]byte](e, at, n, stride)
+			scatter[w32](e, at, n, stride)
+		case 40:
+			scatter[w40](e, at, n, stride)
 		case 48:
-			scatter[[48]byte](e, at, n, stride)
+			scatter[w48](e, at, n, stride)
+		case 56:
+			scatter[w56](e, at, n, stride)
 		case 64:
-			scatter[[64]byte](e, at, n, stride)
+			scatter[w64](e, at, n, stride)
 		default:
 			for i := int64(0); i < n; i++ {
 				e.copyRun(at+i*stride, l)
@@ -63,25 +112,29 @@ func (e *engine) strided(at, n, stride, l int64) {
 	} else {
 		switch l {
 		case 1:
-			gather[[1]byte](e, at, n, stride)
+			gather[uint8](e, at, n, stride)
 		case 2:
-			gather[[2]byte](e, at, n, stride)
+			gather[uint16](e, at, n, stride)
 		case 4:
-			gather[[4]byte](e, at, n, stride)
+			gather[uint32](e, at, n, stride)
 		case 8:
-			gather[[8]byte](e, at, n, stride)
+			gather[uint64](e, at, n, stride)
 		case 12:
-			gather[[12]byte](e, at, n, stride)
+			gather[w12](e, at, n, stride)
 		case 16:
-			gather[[16]byte](e, at, n, stride)
+			gather[w16](e, at, n, stride)
 		case 24:
-			gather[[24]byte](e, at, n, stride)
+			gather[w24](e, at, n, stride)
 		case 32:
-			gather[[32]byte](e, at, n, stride)
+			gather[w32](e, at, n, stride)
+		case 40:
+			gather[w40](e, at, n, stride)
 		case 48:
-			gather[[48]byte](e, at, n, stride)
+			gather[w48](e, at, n, stride)
+		case 56:
+			gather[w56](e, at, n, stride)
 		case 64:
-			gather[[64]byte](e, at, n, stride)
+			gather[w64](e, at, n, stride)
 		default:
 			for i := int64(0); i < n; i++ {
 				e.copyRun(at+i*stride, l)
@@ -112,57 +165,99 @@ func scatter[B any](e *engine, at, n, stride int64) {
 	}
 }
 
-// leaves moves the leaf entries ents of a list at origin org.
-func (e *engine) leaves(org int64, ents []entry) {
-	if len(ents) == 0 {
-		return
-	}
-	l := ents[0].len
-	uniform := l <= 64
-	for i := range ents {
-		if ents[i].len != l {
-			uniform = false
-			break
+// leaves moves the leaves of a uniform list at origin org.
+func (e *engine) leaves(org int64, nd *node) {
+	switch nd.ulen {
+	case 4:
+		listMove[uint32](e, org, nd.disps)
+	case 8:
+		listMove[uint64](e, org, nd.disps)
+	case 12:
+		listMove[w12](e, org, nd.disps)
+	case 16:
+		listMove[w16](e, org, nd.disps)
+	case 24:
+		listMove[w24](e, org, nd.disps)
+	case 32:
+		listMove[w32](e, org, nd.disps)
+	case 48:
+		listMove[w48](e, org, nd.disps)
+	case 64:
+		listMove[w64](e, org, nd.disps)
+	default:
+		for _, d := range nd.disps {
+			e.copyRun(org+d, nd.ulen)
 		}
-	}
-	if uniform {
-		switch l {
-		case 8:
-			listMove[[8]byte](e, org, ents)
-			return
-		case 16:
-			listMove[[16]byte](e, org, ents)
-			return
-		case 24:
-			listMove[[24]byte](e, org, ents)
-			return
-		case 4:
-			listMove[[4]byte](e, org, ents)
-			return
-		case 32:
-			listMove[[32]byte](e, org, ents)
-			return
-		}
-	}
-	for i := range ents {
-		e.copyRun(org+ents[i].disp, ents[i].len)
 	}
 }
 
-func listMove[B any](e *engine, org int64, ents []entry) {
+// tile moves reps executions of a loop of n blocks of L bytes (user
+// stride stride) whose executions are rstride apart, four executions at a
+// time: the four blocks at one loop index share cache lines when rstride is
+// small, and the large stride would otherwise evict them (transposes).
+func (e *engine) tile(at, n, stride, reps, rstride, l int64) bool {
+	if reps < 4 || rstride <= 0 || rstride > 64 || stride < 256 || stride < 4*rstride {
+		return false
+	}
+	switch l {
+	case 4:
+		tile4[uint32](e, at, n, stride, reps, rstride)
+	case 8:
+		tile4[uint64](e, at, n, stride, reps, rstride)
+	case 16:
+		tile4[w16](e, at, n, stride, reps, rstride)
+	default:
+		return false
+	}
+	return true
+}
+
+func tile4[B any](e *engine, at, n, stride, reps, rstride int64) {
+	var z B
+	l := int64(unsafe.Sizeof(z))
+	u, p := e.user, e.packed
+	pn := n * l
+	k := int64(0)
+	for ; k+4 <= reps; k += 4 {
+		a, pos := at+k*rstride, e.pos+k*pn
+		if e.unpack {
+			for i := int64(0); i < n; i++ {
+				s, d := a+i*stride, pos+i*l
+				*(*B)(unsafe.Add(u, s)) = *(*B)(unsafe.Add(p, d))
+				*(*B)(unsafe.Add(u, s+rstride)) = *(*B)(unsafe.Add(p, d+pn))
+				*(*B)(unsafe.Add(u, s+2*rstride)) = *(*B)(unsafe.Add(p, d+2*pn))
+				*(*B)(unsafe.Add(u, s+3*rstride)) = *(*B)(unsafe.Add(p, d+3*pn))
+			}
+		} else {
+			for i := int64(0); i < n; i++ {
+				s, d := a+i*stride, pos+i*l
+				*(*B)(unsafe.Add(p, d)) = *(*B)(unsafe.Add(u, s))
+				*(*B)(unsafe.Add(p, d+pn)) = *(*B)(unsafe.Add(u, s+rstride))
+				*(*B)(unsafe.Add(p, d+2*pn)) = *(*B)(unsafe.Add(u, s+2*rstride))
+				*(*B)(unsafe.Add(p, d+3*pn)) = *(*B)(unsafe.Add(u, s+3*rstride))
+			}
+		}
+	}
+	e.pos += k * pn
+	for ; k < reps; k++ {
+		e.strided(at+k*rstride, n, stride, l)
+	}
+}
+
+func listMove[B any](e *engine, org int64, disps []int64) {
 	var z B
 	l := int64(unsafe.Sizeof(z))
 	u, p, pos := e.user, e.packed, e.pos
 	if e.unpack {
-		for i := range ents {
-			*(*B)(unsafe.Add(u, org+ents[i].disp)) = *(*B)(unsafe.Add(p, pos+int64(i)*l))
+		for i, d := range disps {
+			*(*B)(unsafe.Add(u, org+d)) = *(*B)(unsafe.Add(p, pos+int64(i)*l))
 		}
 	} else {
-		for i := range ents {
-			*(*B)(unsafe.Add(p, pos+int64(i)*l)) = *(*B)(unsafe.Add(u, org+ents[i].disp))
+		for i, d := range disps {
+			*(*B)(unsafe.Add(p, pos+int64(i)*l)) = *(*B)(unsafe.Add(u, org+d))
 		}
 	}
-	e.pos += int64(len(ents)) * l
+	e.pos += int64(len(disps)) * l
 }
 
 // exec moves reps complete executions of nd, the k-th at origin
@@ -173,14 +268,17 @@ func (e *engine) exec(nd *node, org, reps, rstride int64) {
 		e.strided(org+nd.off, reps, rstride, nd.length)
 	case opLoop:
 		c := nd.child
+		if c.op == opLeaf && reps > 1 && e.tile(org+nd.off+c.off, nd.n, nd.stride, reps, rstride, c.length) {
+			return
+		}
 		for k := int64(0); k < reps; k++ {
 			e.exec(c, org+nd.off+k*rstride, nd.n, nd.stride)
 		}
 	case opList:
 		for k := int64(0); k < reps; k++ {
 			o := org + nd.off + k*rstride
-			if nd.leafs {
-				e.leaves(o, nd.ents)
+			if nd.ulen > 0 {
+				e.leaves(o, nd)
 				continue
 			}
 			for i := range nd.ents {
@@ -226,9 +324,9 @@ func (e *engine) run(nd *node, org, skip, want int64) {
 		}
 	case opList:
 		i := nd.entryAt(skip)
-		r := skip - nd.prefix[i]
+		r := skip - nd.start(i)
 		for want > 0 {
-			en := &nd.ents[i]
+			en := nd.entry(i)
 			t := min(en.len-r, want)
 			if en.nd == nil {
 				e.copyRun(org+en.disp+r, t)

@@ -37,9 +37,11 @@ type node struct {
 	n      int64 // loop
 	stride int64 // loop
 	child  *node // loop
-	ents   []entry
-	prefix []int64 // list: prefix[i] = packed bytes before entry i
+	ents   []entry // list, unless uniform
+	prefix []int64 // list, unless uniform: prefix[i] = packed bytes before entry i
 	leafs  bool    // list: every entry is a leaf
+	ulen   int64   // uniform list: every entry is a leaf of ulen bytes, at disps
+	disps  []int64 // uniform list
 	size   int64   // packed bytes
 	lo, hi int64   // data bounds: true lb and true ub relative to the origin
 	segs   int64   // number of leaf pieces before merging (statistics hint)
@@ -107,15 +109,17 @@ func listNode(parts []entry, a *arith) *node {
 			continue
 		}
 		if nd.op == opLeaf {
-			d := a.add(p.disp, nd.off, "displacement")
-			if k := len(ents) - 1; k >= 0 && ents[k].nd == nil && a.add(ents[k].disp, ents[k].len, "bounds") == d {
-				ents[k].len = a.add(ents[k].len, nd.length, "size")
-				continue
-			}
-			ents = append(ents, entry{disp: d, len: nd.length})
+			ents = append(ents, entry{disp: a.add(p.disp, nd.off, "displacement"), len: nd.length})
 			continue
 		}
 		ents = append(ents, entry{disp: p.disp, len: nd.size, nd: nd})
+	}
+	// Merge touching leaves, unless that turns equal-length leaves into
+	// unequal ones: the copy kernels for equal small leaves are much faster
+	// than one merge saves, and segment iteration merges touching pieces
+	// anyway.
+	if m := mergeLeaves(ents, a); len(m) < len(ents) && (!uniformLeaves(ents) || uniformLeaves(m)) {
+		ents = m
 	}
 	switch len(ents) {
 	case 0:
@@ -149,6 +153,15 @@ func listNode(parts []entry, a *arith) *node {
 		r.segs = a.add(r.segs, segs, "segments")
 	}
 	r.size = r.prefix[len(ents)]
+	if uniformLeaves(ents) {
+		// Compact form: 8 bytes of metadata per entry, no prefix sums.
+		r.ulen = ents[0].len
+		r.disps = make([]int64, len(ents))
+		for i, e := range ents {
+			r.disps[i] = e.disp
+		}
+		r.ents, r.prefix = nil, nil
+	}
 	return r
 }
 
@@ -167,5 +180,45 @@ func regular(ents []entry) bool {
 
 // entryAt returns the index of the list entry holding packed byte p.
 func (nd *node) entryAt(p int64) int {
+	if nd.ulen > 0 {
+		return int(p / nd.ulen)
+	}
 	return sort.Search(len(nd.ents), func(i int) bool { return nd.prefix[i+1] > p })
+}
+
+// start returns the packed offset of list entry i.
+func (nd *node) start(i int) int64 {
+	if nd.ulen > 0 {
+		return int64(i) * nd.ulen
+	}
+	return nd.prefix[i]
+}
+
+// entry returns list entry i.
+func (nd *node) entry(i int) entry {
+	if nd.ulen > 0 {
+		return entry{disp: nd.disps[i], len: nd.ulen}
+	}
+	return nd.ents[i]
+}
+
+func mergeLeaves(ents []entry, a *arith) []entry {
+	out := make([]entry, 0, len(ents))
+	for _, e := range ents {
+		if k := len(out) - 1; k >= 0 && e.nd == nil && out[k].nd == nil && a.add(out[k].disp, out[k].len, "bounds") == e.disp {
+			out[k].len = a.add(out[k].len, e.len, "size")
+			continue
+		}
+		out = append(out, e)
+	}
+	return out
+}
+
+func uniformLeaves(ents []entry) bool {
+	for _, e := range ents {
+		if e.nd != nil || e.len != ents[0].len {
+			return false
+		}
+	}
+	return true
 }

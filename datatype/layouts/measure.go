@@ -1,0 +1,102 @@
+package layouts
+
+import (
+	"fmt"
+	"time"
+
+)
+
+// Result is one layout's measured bandwidths in GB/s (10^9 bytes per
+// second of packed data), each the best of a few rounds.
+type Result struct {
+	Layout     string  `json:"layout"`
+	Bytes      int64   `json:"bytes"`
+	PackGBps   float64 `json:"pack_GBps"`
+	UnpackGBps float64 `json:"unpack_GBps"`
+	CopyGBps   float64 `json:"copy_GBps"`
+}
+
+// Buffers allocates and fills the source buffer of l and a packed buffer.
+func (l Layout) Buffers() (src, packed []byte) {
+	src = make([]byte, l.Alloc)
+	Fill(src, l.Base)
+	return src, make([]byte, l.Packed)
+}
+
+// Measure measures pack, unpack and copy of the same number of bytes for l
+// with warm caches: each operation is repeated until a round lasts about
+// round, and the best of rounds rounds is reported.
+func Measure(l Layout, round time.Duration, rounds int) (Result, error) {
+	src, packed := l.Buffers()
+	if n, err := l.Type.Pack(packed, src, l.Base, 1); err != nil || n != l.Packed {
+		return Result{}, fmt.Errorf("layouts: %s: pack returned %d, %v; want %d bytes", l.Name, n, err, l.Packed)
+	}
+	cpy := make([]byte, l.Packed)
+	ops := []func() error{
+		func() error { _, err := l.Type.Pack(packed, src, l.Base, 1); return err },
+		func() error { _, err := l.Type.Unpack(src, packed, l.Base, 1); return err },
+		func() error { copy(cpy, packed); return nil },
+	}
+	var gbps [3]float64
+	for i, op := range ops {
+		g, err := rate(op, l.Packed, round, rounds)
+		if err != nil {
+			return Result{}, fmt.Errorf("layouts: %s: %w", l.Name, err)
+		}
+		gbps[i] = g
+	}
+	return Result{Layout: l.Name, Bytes: l.Packed, PackGBps: gbps[0], UnpackGBps: gbps[1], CopyGBps: gbps[2]}, nil
+}
+
+// rate returns the best bandwidth of op over rounds rounds of about round.
+func rate(op func() error, bytes int64, round time.Duration, rounds int) (float64, error) {
+	// Warm up and calibrate.
+	n := 1
+	for {
+		start := time.Now()
+		for i := 0; i < n; i++ {
+			if err := op(); err != nil {
+				return 0, err
+			}
+		}
+		el := time.Since(start)
+		if el >= round/4 || n >= 1<<30 {
+			n = int(float64(n) * float64(round) / float64(max(el, time.Microsecond)))
+			n = max(n, 1)
+			break
+		}
+		n *= 4
+	}
+	best := 0.0
+	for r := 0; r < max(rounds, 1); r++ {
+		start := time.Now()
+		for i := 0; i < n; i++ {
+			if err := op(); err != nil {
+				return 0, err
+			}
+		}
+		el := time.Since(start).Seconds()
+		if g := float64(bytes) * float64(n) / el / 1e9; g > best {
+			best = g
+		}
+	}
+	return best, nil
+}
+
+// MeasureAll builds and measures every layout in table order.
+func MeasureAll(round time.Duration, rounds int) ([]Result, error) {
+	var out []Result
+	for _, name := range Names {
+		l, err := Build(name)
+		if err != nil {
+			return nil, err
+		}
+		r, err := Measure(l, round, rounds)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, r)
+	}
+	return out, nil
+}
+
