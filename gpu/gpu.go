@@ -39,21 +39,21 @@ const (
 // Errors returned by the package. Errors wrap these sentinels; test with
 // errors.Is.
 var (
-	ErrClosed           = errors.New("gpu: system closed")
-	ErrFreed            = errors.New("gpu: use of freed buffer")
-	ErrOutOfBounds      = errors.New("gpu: out of bounds")
-	ErrSizeMismatch     = errors.New("gpu: buffer sizes differ")
-	ErrZeroBuffer       = errors.New("gpu: zero Buffer")
-	ErrNotHostMemory    = errors.New("gpu: buffer is not host-accessible through a Go slice (use CopyToHost)")
-	ErrUnsupportedKind  = errors.New("gpu: operation not supported for this memory kind")
-	ErrMisaligned       = errors.New("gpu: address not 8-byte aligned")
-	ErrNotAllocation    = errors.New("gpu: not the base of an allocation made by this system")
-	ErrForeign          = errors.New("gpu: object belongs to another system")
-	ErrDestroyed        = errors.New("gpu: stream or event destroyed")
-	ErrPoolExhausted    = errors.New("gpu: pinned pool exhausted")
-	ErrNotSupported     = errors.New("gpu: not supported by this backend")
-	ErrUnknownPointer   = errors.New("gpu: pointer not known to this system")
-	ErrUnavailable      = errors.New("gpu: backend unavailable")
+	ErrClosed          = errors.New("gpu: system closed")
+	ErrFreed           = errors.New("gpu: use of freed buffer")
+	ErrOutOfBounds     = errors.New("gpu: out of bounds")
+	ErrSizeMismatch    = errors.New("gpu: buffer sizes differ")
+	ErrZeroBuffer      = errors.New("gpu: zero Buffer")
+	ErrNotHostMemory   = errors.New("gpu: buffer is not host-accessible through a Go slice (use CopyToHost)")
+	ErrUnsupportedKind = errors.New("gpu: operation not supported for this memory kind")
+	ErrMisaligned      = errors.New("gpu: address not 8-byte aligned")
+	ErrNotAllocation   = errors.New("gpu: not the base of an allocation made by this system")
+	ErrForeign         = errors.New("gpu: object belongs to another system")
+	ErrDestroyed       = errors.New("gpu: stream or event destroyed")
+	ErrPoolExhausted   = errors.New("gpu: pinned pool exhausted")
+	ErrNotSupported    = errors.New("gpu: not supported by this backend")
+	ErrUnknownPointer  = errors.New("gpu: pointer not known to this system")
+	ErrUnavailable     = errors.New("gpu: backend unavailable")
 )
 
 // Kind is the kind of memory a pointer refers to.
@@ -127,7 +127,7 @@ func (c Cond) holds(cur, v uint64) bool {
 	case AND:
 		return cur&v != 0
 	case NOR:
-		return ^(cur|v) != 0
+		return ^(cur | v) != 0
 	}
 	return false
 }

@@ -1,0 +1,106 @@
+package gpu_test
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/troupe-hpc/troupe/gpu"
+)
+
+// Allocate device memory, fill it from Go memory, and read it back with
+// explicit copies: device memory is never exposed as a Go slice.
+func Example() {
+	sys, err := gpu.OpenBackend("host") // gpu.Open() honours TROUPE_GPU
+	if err != nil {
+		panic(err)
+	}
+	defer sys.Close()
+	dev := sys.Devices()[0]
+
+	buf, err := dev.Alloc(8)
+	if err != nil {
+		panic(err)
+	}
+	defer gpu.Free(buf)
+	if err := gpu.CopyFromHost(buf, []byte("troupe!!")); err != nil {
+		panic(err)
+	}
+	kind, owner := sys.KindOf(buf.Ptr())
+	out := make([]byte, 4)
+	head, _ := buf.Slice(0, 4)
+	if err := gpu.CopyToHost(out, head); err != nil {
+		panic(err)
+	}
+	_, err = buf.Bytes()
+	fmt.Println(kind, owner == dev, string(out))
+	fmt.Println(err != nil)
+	// Output:
+	// device true trou
+	// true
+}
+
+// Stream B waits for a flag that stream A writes after producing data; the
+// host only enqueues and never blocks until it synchronizes.
+func ExampleWaitValue64() {
+	sys, _ := gpu.OpenBackend("host")
+	defer sys.Close()
+	dev := sys.Devices()[0]
+	a, _ := dev.NewStream()
+	b, _ := dev.NewStream()
+
+	flag, _ := sys.AllocHost(8)
+	data, _ := dev.Alloc(4)
+	out, _ := sys.AllocHost(4)
+
+	// Consumer first: it waits on the stream, not on the host.
+	_ = gpu.WaitValue64(b, flag, 1, gpu.GEQ)
+	_ = gpu.CopyAsync(b, out, data)
+
+	// Producer.
+	_ = gpu.MemsetAsync(a, data, 'x')
+	_ = gpu.WriteValue64(a, flag, 1)
+
+	_ = b.Synchronize()
+	p, _ := out.Bytes()
+	fmt.Println(string(p))
+	// Output: xxxx
+}
+
+// A host agent (for example a progress engine) waits for a trigger counter
+// written by a stream and answers with a completion counter the stream waits
+// on.
+func ExampleWaitValue64Host() {
+	sys, _ := gpu.OpenBackend("host")
+	defer sys.Close()
+	st, _ := sys.Devices()[0].NewStream()
+	counters, _ := sys.AllocHost(16)
+	trigger, _ := counters.Slice(0, 8)
+	completion, _ := counters.Slice(8, 8)
+
+	_ = gpu.WriteValue64(st, trigger, 1)            // "start"
+	_ = gpu.WaitValue64(st, completion, 1, gpu.GEQ) // "wait"
+
+	go func() {
+		_ = gpu.WaitValue64Host(context.Background(), trigger, 1, gpu.GEQ)
+		// ... issue the communication, then:
+		_ = gpu.WriteValue64Host(completion, 1)
+	}()
+	fmt.Println(st.Synchronize())
+	// Output: <nil>
+}
+
+// Pinned staging buffers come from a bounded pool.
+func ExamplePinnedPool() {
+	sys, _ := gpu.OpenBackend("host")
+	defer sys.Close()
+	pool, _ := sys.NewPinnedPool(gpu.PoolConfig{MinSize: 4096, MaxSize: 1 << 20, MaxBytes: 4 << 20})
+	defer pool.Close()
+	b, _ := pool.Get(10000)
+	fmt.Println(b.Kind(), b.Len())
+	_ = pool.Put(b)
+	held, inUse, idle := pool.Stats()
+	fmt.Println(held, inUse, idle)
+	// Output:
+	// pinned 10000
+	// 16384 0 1
+}

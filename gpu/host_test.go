@@ -1,0 +1,291 @@
+package gpu
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+	"pgregory.net/rapid"
+)
+
+func openHost(t *testing.T) *System {
+	t.Helper()
+	s, err := OpenBackend(BackendHost)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
+	return s
+}
+
+func TestSelectionByEnv(t *testing.T) {
+	t.Setenv(EnvBackend, "host")
+	s, err := Open()
+	require.NoError(t, err)
+	assert.Equal(t, BackendHost, s.Backend())
+	require.NoError(t, s.Close())
+
+	t.Setenv(EnvBackend, "bogus")
+	_, err = Open()
+	assert.ErrorContains(t, err, "want auto, host or cuda")
+
+	t.Setenv(EnvBackend, "auto")
+	s, err = Open()
+	require.NoError(t, err)
+	if CUDAAvailable() != nil {
+		assert.Equal(t, BackendHost, s.Backend(), "auto falls back to host without a GPU")
+	} else {
+		assert.Equal(t, BackendCUDA, s.Backend())
+	}
+	require.NoError(t, s.Close())
+
+	t.Setenv(EnvBackend, "cuda")
+	s, err = Open()
+	if cerr := CUDAAvailable(); cerr != nil {
+		require.Error(t, err)
+		assert.ErrorIs(t, err, ErrUnavailable)
+		// The error names the failing call or library.
+		msg := err.Error()
+		assert.True(t, strings.Contains(msg, "libcuda.so.1") || strings.Contains(msg, "cu"), msg)
+		t.Logf("TROUPE_GPU=cuda here: %v", err)
+	} else {
+		require.NoError(t, err)
+		require.NoError(t, s.Close())
+	}
+}
+
+func TestHostMultipleDevices(t *testing.T) {
+	t.Setenv(EnvHostDevices, "3")
+	s := openHost(t)
+	require.Len(t, s.Devices(), 3)
+	d2, err := s.Device(2)
+	require.NoError(t, err)
+	b, err := d2.Alloc(64)
+	require.NoError(t, err)
+	k, d := s.KindOf(b.Ptr())
+	assert.Equal(t, KindDevice, k)
+	assert.Same(t, d2, d)
+	d0, _ := s.Device(0)
+	c, err := d0.Alloc(64)
+	require.NoError(t, err)
+	require.NoError(t, Memset(b, 9))
+	require.NoError(t, Copy(c, b)) // peer copy
+	got := make([]byte, 64)
+	require.NoError(t, CopyToHost(got, c))
+	assert.Equal(t, byte(9), got[63])
+}
+
+// Freeing a buffer that enqueued work still uses is safe: the work runs on
+// valid memory and the release happens after it.
+func TestHostFreeWithPendingWork(t *testing.T) {
+	s := openHost(t)
+	d := dev0(t, s)
+	st, err := d.NewStream()
+	require.NoError(t, err)
+	gate, err := s.AllocHost(8)
+	require.NoError(t, err)
+	src, err := d.Alloc(1 << 20)
+	require.NoError(t, err)
+	dst, err := s.AllocHost(1 << 20)
+	require.NoError(t, err)
+	require.NoError(t, Memset(src, 0x77))
+
+	require.NoError(t, WaitValue64(st, gate, 1, GEQ))
+	require.NoError(t, CopyAsync(st, dst, src))
+	require.NoError(t, Free(src)) // returns at once
+	assert.ErrorIs(t, MemsetAsync(st, src, 0), ErrFreed)
+	k, _ := s.KindOf(src.Ptr())
+	assert.Equal(t, KindHost, k)
+	src.a.mu.Lock()
+	released := src.a.released
+	src.a.mu.Unlock()
+	assert.False(t, released, "memory released while a copy from it is pending")
+
+	require.NoError(t, WriteValue64Host(gate, 1))
+	require.NoError(t, st.Synchronize())
+	p, _ := dst.Bytes()
+	assert.Equal(t, byte(0x77), p[0])
+	assert.Equal(t, byte(0x77), p[len(p)-1])
+	src.a.mu.Lock()
+	released = src.a.released
+	src.a.mu.Unlock()
+	assert.True(t, released)
+}
+
+// Close releases blocked stream waits and joins every stream goroutine.
+func TestHostCloseNoLeaks(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	s, err := OpenBackend(BackendHost)
+	require.NoError(t, err)
+	d := dev0(t, s)
+	gate, err := s.AllocHost(8)
+	require.NoError(t, err)
+	var streams []*Stream
+	for range 8 {
+		st, err := d.NewStream()
+		require.NoError(t, err)
+		require.NoError(t, WaitValue64(st, gate, 1, EQ)) // never satisfied
+		streams = append(streams, st)
+	}
+	ev, err := d.NewEvent()
+	require.NoError(t, err)
+	require.NoError(t, ev.Record(streams[0]))
+	require.NoError(t, streams[1].WaitEvent(ev))
+	require.NoError(t, streams[2].Destroy()) // destroyed while blocked
+
+	hostWait := make(chan error, 1)
+	go func() { hostWait <- WaitValue64Host(context.Background(), gate, 1, EQ) }()
+	evWait := make(chan error, 1)
+	go func() { evWait <- ev.Synchronize() }()
+	time.Sleep(10 * time.Millisecond)
+
+	require.NoError(t, s.Close())
+	assert.ErrorIs(t, <-hostWait, ErrClosed)
+	assert.ErrorIs(t, <-evWait, ErrClosed)
+	assert.ErrorIs(t, streams[0].Synchronize(), ErrClosed)
+	assert.ErrorIs(t, Memset(gate, 0), ErrClosed)
+	_, err = d.NewStream()
+	assert.ErrorIs(t, err, ErrClosed)
+	require.NoError(t, s.Close()) // idempotent
+}
+
+func TestHostStreamDestroyDrains(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	s, err := OpenBackend(BackendHost)
+	require.NoError(t, err)
+	defer s.Close()
+	d := dev0(t, s)
+	st, err := d.NewStream()
+	require.NoError(t, err)
+	w, err := s.AllocHost(8)
+	require.NoError(t, err)
+	for i := range 100 {
+		require.NoError(t, WriteValue64(st, w, uint64(i+1)))
+	}
+	require.NoError(t, st.Destroy()) // like cuStreamDestroy: work still runs
+	require.NoError(t, WaitValue64Host(context.Background(), w, 100, EQ))
+	require.NoError(t, s.Close())
+}
+
+// Property: a random program of async operations on two streams, ordered by
+// events, gives the result of running it sequentially.
+func TestHostStreamsMatchSequentialModel(t *testing.T) {
+	s := openHost(t)
+	d := dev0(t, s)
+	const n = 64
+	bufs := make([]Buffer, 3)
+	for i := range bufs {
+		b, err := d.Alloc(n)
+		require.NoError(t, err)
+		bufs[i] = b
+	}
+	streams := make([]*Stream, 2)
+	for i := range streams {
+		st, err := d.NewStream()
+		require.NoError(t, err)
+		streams[i] = st
+	}
+	ev, err := d.NewEvent()
+	require.NoError(t, err)
+
+	rapid.Check(t, func(rt *rapid.T) {
+		model := make([][]byte, len(bufs))
+		for i := range model {
+			model[i] = make([]byte, n)
+			require.NoError(rt, Memset(bufs[i], 0))
+		}
+		cur := 0 // operations go to one stream; switching hands over with an event
+		steps := rapid.IntRange(1, 40).Draw(rt, "steps")
+		for range steps {
+			st := streams[cur]
+			switch rapid.IntRange(0, 2).Draw(rt, "op") {
+			case 0:
+				i := rapid.IntRange(0, len(bufs)-1).Draw(rt, "buf")
+				off := rapid.IntRange(0, n-1).Draw(rt, "off")
+				ln := rapid.IntRange(0, n-off).Draw(rt, "len")
+				v := rapid.Byte().Draw(rt, "v")
+				sl, err := bufs[i].Slice(off, ln)
+				require.NoError(rt, err)
+				require.NoError(rt, MemsetAsync(st, sl, v))
+				fill(model[i][off:off+ln], v)
+			case 1:
+				i := rapid.IntRange(0, len(bufs)-1).Draw(rt, "dst")
+				j := rapid.IntRange(0, len(bufs)-1).Draw(rt, "src")
+				if i == j {
+					continue
+				}
+				require.NoError(rt, CopyAsync(st, bufs[i], bufs[j]))
+				copy(model[i], model[j])
+			case 2:
+				next := 1 - cur
+				require.NoError(rt, ev.Record(st))
+				require.NoError(rt, streams[next].WaitEvent(ev))
+				cur = next
+			}
+		}
+		require.NoError(rt, streams[0].Synchronize())
+		require.NoError(rt, streams[1].Synchronize())
+		for i := range bufs {
+			got := make([]byte, n)
+			require.NoError(rt, CopyToHost(got, bufs[i]))
+			require.Equal(rt, model[i], got, "buffer %d", i)
+		}
+	})
+}
+
+func TestHostSystemsAreSeparate(t *testing.T) {
+	a := openHost(t)
+	b := openHost(t)
+	x, err := dev0(t, a).Alloc(8)
+	require.NoError(t, err)
+	y, err := dev0(t, b).Alloc(8)
+	require.NoError(t, err)
+	assert.ErrorIs(t, Copy(x, y), ErrForeign)
+	st, err := dev0(t, b).NewStream()
+	require.NoError(t, err)
+	assert.ErrorIs(t, WriteValue64(st, x, 1), ErrForeign)
+	ev, err := dev0(t, a).NewEvent()
+	require.NoError(t, err)
+	assert.ErrorIs(t, st.WaitEvent(ev), ErrForeign)
+	_, err = b.BufferAt(x.Ptr(), 8)
+	assert.True(t, errors.Is(err, ErrUnknownPointer))
+}
+
+func TestHostPoolConcurrent(t *testing.T) {
+	s := openHost(t)
+	p, err := s.NewPinnedPool(PoolConfig{MinSize: 4096, MaxSize: 65536, MaxBytes: 4 * 65536})
+	require.NoError(t, err)
+	defer p.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	errc := make(chan error, 8)
+	for g := range 8 {
+		go func() {
+			for i := range 50 {
+				b, err := p.GetWait(ctx, 1+(g*977+i*131)%65536)
+				if err != nil {
+					errc <- err
+					return
+				}
+				held, _, _ := p.Stats()
+				if held > 4*65536 {
+					errc <- errors.New("pool over its bound")
+					return
+				}
+				if err := p.Put(b); err != nil {
+					errc <- err
+					return
+				}
+			}
+			errc <- nil
+		}()
+	}
+	for range 8 {
+		require.NoError(t, <-errc)
+	}
+	_, inUse, _ := p.Stats()
+	assert.Zero(t, inUse)
+}
