@@ -282,6 +282,7 @@ func Launch(ctx context.Context, cfg LaunchConfig) error {
 		for range n {
 			ev := <-exits
 			ranks[ev.rank].signalGroup(syscall.SIGKILL)
+			waitGroupDead(ranks[ev.rank].cmd.Process.Pid, outputDrain)
 			ranks[ev.rank].drain(outputDrain)
 		}
 		return err
@@ -320,6 +321,9 @@ func Launch(ctx context.Context, cfg LaunchConfig) error {
 			rp.done = true
 			// Whatever the rank left behind in its group goes with it.
 			rp.signalGroup(syscall.SIGKILL)
+			if !waitGroupDead(rp.cmd.Process.Pid, outputDrain) {
+				log.Warn("processes left by a rank survived SIGKILL", zap.Int("rank", rp.rank))
+			}
 			rp.drain(outputDrain)
 			ok := ev.err == nil && ev.state != nil && ev.state.Success()
 			log.Debug("rank exited", zap.Int("rank", ev.rank), zap.Stringer("state", ev.state), zap.Bool("ok", ok))
