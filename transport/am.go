@@ -1,0 +1,183 @@
+package transport
+
+import (
+	"fmt"
+
+	"github.com/troupe-hpc/troupe/transport/ucx"
+)
+
+// AMHandler handles an active message. It runs on whichever goroutine
+// progressed the worker, one message at a time and in arrival order, without
+// the worker lock: it may call the transport. The message's header and eager
+// data are valid only until the handler returns, unless it calls Keep.
+type AMHandler func(m *AMMessage)
+
+// AMMessage is an arrived active message.
+type AMMessage struct {
+	t        *Transport
+	ev       ucx.Event
+	kept     bool
+	consumed bool
+	// Header is the message header.
+	Header []byte
+	// Size is the data length in bytes.
+	Size int
+	// Rendezvous reports that the data has not moved yet: fetch it with RecvData.
+	Rendezvous bool
+}
+
+// Data returns eager data (nil for rendezvous messages).
+func (m *AMMessage) Data() []byte { return m.ev.AMData() }
+
+// Keep keeps the message (header and data) valid after the handler returns;
+// the caller must then call RecvData or Release exactly once.
+func (m *AMMessage) Keep() { m.kept = true }
+
+// RecvData moves the message's data into dst: for rendezvous messages the
+// data is fetched straight into dst (zero copy); eager data is copied. The
+// returned request completes when dst holds the data. dst must be exactly
+// Size bytes long.
+func (m *AMMessage) RecvData(dst []byte) (*Request, error) {
+	if m.consumed {
+		return nil, fmt.Errorf("%w: active message data already received or released", ErrInvalid)
+	}
+	if len(dst) != m.Size {
+		return nil, fmt.Errorf("%w: active message of %d bytes into a buffer of %d", ErrInvalid, m.Size, len(dst))
+	}
+	m.consumed = true
+	t := m.t
+	r := t.newRequest("am-recv", -1, 0, len(dst))
+	r.hold = dst
+	if !m.Rendezvous {
+		copy(dst, m.ev.AMData())
+		t.mu.Lock()
+		if t.w != nil {
+			m.ev.ReleaseData(t.w)
+		}
+		m.ev.FreeHeader()
+		t.complete(r)
+		t.mu.Unlock()
+		return r, nil
+	}
+	ev := m.ev
+	t.exec(func() {
+		defer ev.FreeHeader()
+		if t.closed {
+			t.w.AMDataRelease(ev.AMDescriptor())
+			t.fail(r, ErrClosed)
+			return
+		}
+		ureq, n, err := t.w.AMRecvData(ev.AMDescriptor(), ucx.Buffer{Ptr: bytesPtr(dst), Len: len(dst)})
+		switch {
+		case err != nil:
+			t.fail(r, fmt.Errorf("transport: receiving active message data: %w", err))
+		case !ureq.Pending():
+			r.status.Size = n
+			t.complete(r)
+		default:
+			t.track(r, ureq, bytesPtr(dst))
+		}
+	})
+	return r, nil
+}
+
+// Release drops the message without receiving its data.
+func (m *AMMessage) Release() {
+	if m.consumed {
+		return
+	}
+	m.consumed = true
+	t := m.t
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.w != nil {
+		if m.Rendezvous {
+			t.w.AMDataRelease(m.ev.AMDescriptor())
+		} else {
+			m.ev.ReleaseData(t.w)
+		}
+	}
+	m.ev.FreeHeader()
+}
+
+// SetAMHandler installs h for active messages with id. Install handlers
+// before peers may send them: a message without a handler is dropped by UCX.
+func (t *Transport) SetAMHandler(id uint16, h AMHandler) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return ErrClosed
+	}
+	if _, ok := t.amh[id]; !ok {
+		if err := t.w.SetAMHandler(id); err != nil {
+			return fmt.Errorf("transport: %w", err)
+		}
+	}
+	t.amh[id] = h
+	return nil
+}
+
+// AM send modes.
+const (
+	AMAuto  uint32 = 0               // UCX picks eager or rendezvous by size
+	AMEager uint32 = ucx.AMSendEager // force eager
+	AMRndv  uint32 = ucx.AMSendRndv  // force rendezvous
+)
+
+// SendAM starts sending an active message with header and data to dst.
+// Neither may be modified until the request completes.
+func (t *Transport) SendAM(dst int, id uint16, header, data []byte, mode uint32) (*Request, error) {
+	if err := t.checkRank(dst, "am-send"); err != nil {
+		return nil, err
+	}
+	r := t.newRequest("am-send", dst, int(id), len(data))
+	r.hold = [2][]byte{header, data}
+	t.exec(func() {
+		p, err := t.peerLocked(dst, "am-send")
+		if err != nil {
+			t.fail(r, err)
+			return
+		}
+		ureq, err := t.w.AMSend(p.ep, id, header, ucx.Buffer{Ptr: bytesPtr(data), Len: len(data)}, mode)
+		switch {
+		case err != nil:
+			t.fail(r, fmt.Errorf("transport: active message to rank %d: %w", dst, err))
+		case !ureq.Pending():
+			t.complete(r)
+		default:
+			t.track(r, ureq, bytesPtr(header), bytesPtr(data))
+		}
+	})
+	return r, nil
+}
+
+// deliverAM runs handlers for queued active messages, in arrival order.
+func (t *Transport) deliverAM() {
+	t.amMu.Lock()
+	defer t.amMu.Unlock()
+	for {
+		t.mu.Lock()
+		q := t.amq
+		t.amq = nil
+		t.mu.Unlock()
+		if len(q) == 0 {
+			return
+		}
+		for i := range q {
+			t.deliverOne(q[i])
+		}
+	}
+}
+
+func (t *Transport) deliverOne(ev ucx.Event) {
+	m := &AMMessage{t: t, ev: ev, Header: ev.AMHeader(), Size: ev.Length(), Rendezvous: ev.AMRendezvous()}
+	t.mu.Lock()
+	h := t.amh[ev.AMID()]
+	t.mu.Unlock()
+	if h != nil {
+		h(m)
+	}
+	if !m.kept {
+		m.Release()
+	}
+}

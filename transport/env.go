@@ -1,0 +1,5 @@
+package transport
+
+import "syscall"
+
+func syscallGetenv(k string) (string, bool) { return syscall.Getenv(k) }

@@ -1,0 +1,246 @@
+package transport
+
+import (
+	"context"
+	"fmt"
+	"time"
+	"unsafe"
+
+	"github.com/troupe-hpc/troupe/transport/ucx"
+)
+
+func bytesPtr(b []byte) unsafe.Pointer {
+	if len(b) == 0 {
+		return nil
+	}
+	return unsafe.Pointer(unsafe.SliceData(b))
+}
+
+// iovOf builds a C IOV list over bufs and the pointers to pin.
+func iovOf(bufs [][]byte) (*ucx.IOV, []unsafe.Pointer, int) {
+	v := ucx.NewIOV(len(bufs))
+	pins := make([]unsafe.Pointer, 0, len(bufs))
+	total := 0
+	for i, b := range bufs {
+		p := bytesPtr(b)
+		v.Set(i, p, len(b))
+		pins = append(pins, p)
+		total += len(b)
+	}
+	return v, pins, total
+}
+
+// Isend starts sending buf to rank dst with a user tag (0..MaxUserTag). buf
+// must not be modified until the request completes.
+func (t *Transport) Isend(dst, tag int, buf []byte) (*Request, error) {
+	return t.isend(dst, tag, ucx.Buffer{Ptr: bytesPtr(buf), Len: len(buf)}, nil, buf)
+}
+
+// IsendIOV starts sending the concatenation of bufs as one message.
+func (t *Transport) IsendIOV(dst, tag int, bufs [][]byte) (*Request, error) {
+	v, pins, total := iovOf(bufs)
+	return t.isend(dst, tag, ucx.Buffer{IOV: v, Len: total}, pins, bufs)
+}
+
+func (t *Transport) isend(dst, tag int, b ucx.Buffer, pins []unsafe.Pointer, hold any) (*Request, error) {
+	if err := t.checkRank(dst, "send"); err != nil {
+		b.IOV.Free()
+		return nil, err
+	}
+	if err := checkTag(tag, "send"); err != nil {
+		b.IOV.Free()
+		return nil, err
+	}
+	r := t.newRequest("send", dst, tag, b.Len)
+	r.iov = b.IOV
+	r.hold = hold
+	t.exec(func() {
+		p, err := t.peerLocked(dst, "send")
+		if err != nil {
+			t.fail(r, err)
+			return
+		}
+		key := seqKey{dst, tag}
+		seq := t.sendSeq[key]
+		t.sendSeq[key] = (seq + 1) & userSeqMask
+		ureq, err := t.w.TagSend(p.ep, b, MakeUserTag(uint32(t.rank), uint16(tag), seq))
+		if err != nil {
+			t.fail(r, fmt.Errorf("transport: send to rank %d tag %d: %w", dst, tag, err))
+			return
+		}
+		if !ureq.Pending() {
+			t.complete(r)
+			return
+		}
+		if pins == nil {
+			pins = []unsafe.Pointer{b.Ptr}
+		}
+		t.track(r, ureq, pins...)
+	})
+	return r, nil
+}
+
+// Send sends buf to rank dst with a user tag and waits until buf may be reused.
+func (t *Transport) Send(ctx context.Context, dst, tag int, buf []byte) error {
+	r, err := t.Isend(dst, tag, buf)
+	if err != nil {
+		return err
+	}
+	_, err = r.Wait(ctx)
+	return err
+}
+
+// SendIOV sends the concatenation of bufs as one message and waits.
+func (t *Transport) SendIOV(ctx context.Context, dst, tag int, bufs [][]byte) error {
+	r, err := t.IsendIOV(dst, tag, bufs)
+	if err != nil {
+		return err
+	}
+	_, err = r.Wait(ctx)
+	return err
+}
+
+// Irecv starts receiving the next message from rank src with a user tag into
+// buf. Messages from one source with one tag are received in the order they
+// were sent. A message larger than buf fails with a *TruncatedError.
+func (t *Transport) Irecv(src, tag int, buf []byte) (*Request, error) {
+	return t.irecv(src, tag, ucx.Buffer{Ptr: bytesPtr(buf), Len: len(buf)}, nil, buf)
+}
+
+// IrecvIOV starts receiving one message scattered over bufs in order.
+func (t *Transport) IrecvIOV(src, tag int, bufs [][]byte) (*Request, error) {
+	v, pins, total := iovOf(bufs)
+	return t.irecv(src, tag, ucx.Buffer{IOV: v, Len: total}, pins, bufs)
+}
+
+func (t *Transport) irecv(src, tag int, b ucx.Buffer, pins []unsafe.Pointer, hold any) (*Request, error) {
+	if err := t.checkRank(src, "recv"); err != nil {
+		b.IOV.Free()
+		return nil, err
+	}
+	if err := checkTag(tag, "recv"); err != nil {
+		b.IOV.Free()
+		return nil, err
+	}
+	r := t.newRequest("recv", src, tag, b.Len)
+	r.recv = true
+	r.iov = b.IOV
+	r.hold = hold
+	t.exec(func() {
+		// The endpoint exists so that the peer's death is noticed.
+		if _, err := t.peerLocked(src, "recv"); err != nil {
+			t.fail(r, err)
+			return
+		}
+		r.key = seqKey{src, tag}
+		c := t.recvCounter(r.key)
+		r.seq = c.take()
+		ureq, info, err := t.w.TagRecv(b, MakeUserTag(uint32(src), uint16(tag), r.seq), FullMask)
+		switch {
+		case ucx.StatusOf(err) == ucx.StatusTruncated:
+			r.status = Status{Source: src, Tag: tag, Size: info.Length}
+			t.fail(r, &TruncatedError{Source: src, Tag: tag, Size: info.Length, BufLen: b.Len})
+		case err != nil:
+			t.freeSeq(r)
+			t.fail(r, fmt.Errorf("transport: recv from rank %d tag %d: %w", src, tag, err))
+		case !ureq.Pending():
+			r.status = Status{Source: src, Tag: tag, Size: info.Length}
+			t.complete(r)
+		default:
+			if pins == nil {
+				pins = []unsafe.Pointer{b.Ptr}
+			}
+			t.track(r, ureq, pins...)
+		}
+	})
+	return r, nil
+}
+
+func (t *Transport) recvCounter(k seqKey) *recvCounter {
+	c := t.recvSeq[k]
+	if c == nil {
+		c = &recvCounter{}
+		t.recvSeq[k] = c
+	}
+	return c
+}
+
+// freeSeq returns a cancelled receive's sequence number for reuse; the worker
+// lock is held.
+func (t *Transport) freeSeq(r *Request) {
+	c := t.recvCounter(r.key)
+	c.freed = append(c.freed, r.seq)
+}
+
+// Recv receives the next message from rank src with a user tag into buf.
+func (t *Transport) Recv(ctx context.Context, src, tag int, buf []byte) (Status, error) {
+	r, err := t.Irecv(src, tag, buf)
+	if err != nil {
+		return Status{}, err
+	}
+	return r.Wait(ctx)
+}
+
+// RecvIOV receives one message scattered over bufs.
+func (t *Transport) RecvIOV(ctx context.Context, src, tag int, bufs [][]byte) (Status, error) {
+	r, err := t.IrecvIOV(src, tag, bufs)
+	if err != nil {
+		return Status{}, err
+	}
+	return r.Wait(ctx)
+}
+
+// Iprobe reports whether the next message from src with tag has arrived, and
+// its size, without receiving it.
+func (t *Transport) Iprobe(src, tag int) (Status, bool, error) {
+	if err := t.checkRank(src, "probe"); err != nil {
+		return Status{}, false, err
+	}
+	if err := checkTag(tag, "probe"); err != nil {
+		return Status{}, false, err
+	}
+	if t.opts.Progress == ProgressDirect {
+		t.progressOnce()
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return Status{}, false, ErrClosed
+	}
+	if p := t.peers[src]; p != nil && p.lost != nil {
+		return Status{}, false, &PeerLostError{Rank: src, Op: "probe", Reason: p.lost.Reason}
+	}
+	seq := t.recvCounter(seqKey{src, tag}).peek()
+	_, info, ok := t.w.TagProbe(MakeUserTag(uint32(src), uint16(tag), seq), FullMask, false)
+	if !ok {
+		return Status{}, false, nil
+	}
+	return Status{Source: src, Tag: tag, Size: info.Length}, true, nil
+}
+
+// Probe waits until the next message from src with tag has arrived and
+// returns its size without receiving it.
+func (t *Transport) Probe(ctx context.Context, src, tag int) (Status, error) {
+	spinUntil := time.Now().Add(t.opts.WaitSpin)
+	for {
+		st, ok, err := t.Iprobe(src, tag)
+		if err != nil || ok {
+			return st, err
+		}
+		if time.Now().Before(spinUntil) {
+			continue
+		}
+		t.mu.Lock()
+		if t.arrival == nil {
+			t.arrival = make(chan struct{})
+		}
+		ch := t.arrival
+		t.mu.Unlock()
+		t.wake()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return Status{}, ctx.Err()
+		}
+	}
+}

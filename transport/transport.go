@@ -1,0 +1,736 @@
+// Package transport is troupe's UCX transport: one UCP context and worker per
+// rank, progressed by one goroutine locked to an OS thread, with an MPI-style
+// tagged API (Send, Recv, Probe and their non-blocking forms), RMA over
+// registered memory, and active messages for the actor runtime.
+//
+// Every UCX call on the worker is serialised by one lock (the worker lock).
+// In the default direct progress mode, callers take the lock and call UCX
+// themselves, and a goroutine waiting for a request progresses the worker
+// itself for a short while before parking; the progress goroutine covers the
+// time nobody waits, spinning briefly after activity and then sleeping on the
+// worker's event file descriptor. In queue mode every call is handed to the
+// progress goroutine instead. docs/transport.md compares the two.
+package transport
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
+
+	"github.com/troupe-hpc/troupe/transport/bootstrap"
+	"github.com/troupe-hpc/troupe/transport/ucx"
+)
+
+// ProgressMode chooses how calls into the worker are serialised.
+type ProgressMode int
+
+const (
+	// ProgressDirect: callers lock the worker and call UCX directly; waiters
+	// progress the worker themselves before parking. The default.
+	ProgressDirect ProgressMode = iota
+	// ProgressQueue: calls are queued to the progress goroutine, which alone
+	// touches the worker; waiters spin on their request, then park.
+	ProgressQueue
+)
+
+func (m ProgressMode) String() string {
+	if m == ProgressQueue {
+		return "queue"
+	}
+	return "direct"
+}
+
+// Options configure a Transport.
+type Options struct {
+	// Bootstrap tells the rank who it is and exchanges worker addresses. Required.
+	Bootstrap bootstrap.Bootstrapper
+	// Progress selects the progress mode (default ProgressDirect).
+	Progress ProgressMode
+	// Spin is how long the progress goroutine keeps polling after its last
+	// activity before it sleeps on the event fd (default 50µs).
+	Spin time.Duration
+	// WaitSpin is how long Wait progresses (direct) or spins (queue) before
+	// parking the calling goroutine (default 200µs).
+	WaitSpin time.Duration
+	// KeepAlive is UCX's keepalive interval, which bounds how quickly a dead
+	// peer is noticed on transports without a connection (default 200ms;
+	// UCX_KEEPALIVE_INTERVAL in the environment wins).
+	KeepAlive time.Duration
+	// Log receives transport logs; nil means a no-op logger.
+	Log *zap.Logger
+}
+
+func (o *Options) defaults() {
+	if o.Spin == 0 {
+		o.Spin = 50 * time.Microsecond
+	}
+	if o.WaitSpin == 0 {
+		o.WaitSpin = 200 * time.Microsecond
+	}
+	if o.KeepAlive == 0 {
+		o.KeepAlive = 200 * time.Millisecond
+	}
+	if o.Log == nil {
+		o.Log = zap.NewNop()
+	}
+}
+
+// PeerEvent reports that a peer was lost.
+type PeerEvent struct {
+	Rank   int
+	Reason string
+}
+
+// Transport is one rank's endpoint into the job.
+type Transport struct {
+	opts Options
+	log  *zap.Logger
+	rank int
+	size int
+
+	ctx *ucx.Context
+	w   *ucx.Worker
+	efd int
+
+	mu       sync.Mutex // the worker lock: guards w and everything below
+	addrs    [][]byte
+	peers    []*peer
+	epOwner  map[uintptr]int
+	ops      map[ucx.Request]*Request
+	evbuf    []ucx.Event
+	sendSeq  map[seqKey]uint32
+	recvSeq  map[seqKey]*recvCounter
+	amq      []ucx.Event
+	amh      map[uint16]AMHandler
+	submit   []func() // queue mode: calls waiting for the progress goroutine
+	arrival  chan struct{}
+	reg      *regCache
+	lostSubs []chan PeerEvent
+	closed   bool
+
+	amMu sync.Mutex // orders active-message delivery
+
+	spinners atomic.Int32
+	sleeping atomic.Bool
+	stopping atomic.Bool
+	kick     chan struct{}
+	loopDone chan struct{}
+}
+
+type seqKey struct {
+	peer int
+	tag  int
+}
+
+// recvCounter is the receive side of trace-based matching for one (peer,
+// tag): the next sequence number, plus numbers freed by cancelled receives,
+// which the next receives reuse first so that no message is skipped.
+type recvCounter struct {
+	next  uint32
+	freed []uint32
+}
+
+func (c *recvCounter) take() uint32 {
+	if len(c.freed) > 0 {
+		s := c.freed[0]
+		c.freed = c.freed[1:]
+		return s
+	}
+	s := c.next
+	c.next = (c.next + 1) & userSeqMask
+	return s
+}
+
+func (c *recvCounter) peek() uint32 {
+	if len(c.freed) > 0 {
+		return c.freed[0]
+	}
+	return c.next
+}
+
+type peer struct {
+	rank    int
+	ep      *ucx.Endpoint
+	lost    *PeerLostError
+	pending map[*Request]struct{}
+	rkeys   map[string]*ucx.Rkey
+}
+
+// New creates the rank's UCX context and worker, exchanges worker addresses
+// through the bootstrapper and starts the progress goroutine.
+func New(ctx context.Context, opts Options) (*Transport, error) {
+	if opts.Bootstrap == nil {
+		return nil, fmt.Errorf("%w: Options.Bootstrap is nil", ErrInvalid)
+	}
+	opts.defaults()
+	t := &Transport{
+		opts:     opts,
+		rank:     opts.Bootstrap.Rank(),
+		size:     opts.Bootstrap.Size(),
+		epOwner:  map[uintptr]int{},
+		ops:      map[ucx.Request]*Request{},
+		evbuf:    make([]ucx.Event, 128),
+		sendSeq:  map[seqKey]uint32{},
+		recvSeq:  map[seqKey]*recvCounter{},
+		amh:      map[uint16]AMHandler{},
+		kick:     make(chan struct{}, 1),
+		loopDone: make(chan struct{}),
+	}
+	t.log = opts.Log.With(zap.Int("rank", t.rank))
+	cfg := map[string]string{}
+	if !envSet("UCX_KEEPALIVE_INTERVAL") {
+		cfg["KEEPALIVE_INTERVAL"] = fmt.Sprintf("%dus", opts.KeepAlive.Microseconds())
+	}
+	uc, err := ucx.NewContext(ucx.FeatureTag|ucx.FeatureRMA|ucx.FeatureAM|ucx.FeatureWakeup, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("transport: rank %d: %w", t.rank, err)
+	}
+	t.ctx = uc
+	w, err := uc.NewWorker(ucx.ThreadSerialized)
+	if err != nil {
+		uc.Close()
+		return nil, fmt.Errorf("transport: rank %d: %w", t.rank, err)
+	}
+	t.w = w
+	fail := func(err error) (*Transport, error) {
+		w.Close()
+		uc.Close()
+		return nil, fmt.Errorf("transport: rank %d: %w", t.rank, err)
+	}
+	if t.efd, err = w.EventFD(); err != nil {
+		return fail(err)
+	}
+	addr, err := w.Address()
+	if err != nil {
+		return fail(err)
+	}
+	t.addrs, err = opts.Bootstrap.AllGather(ctx, "troupe.transport.worker-address", addr)
+	if err != nil {
+		return fail(fmt.Errorf("exchanging worker addresses: %w", err))
+	}
+	if len(t.addrs) != t.size {
+		return fail(fmt.Errorf("address exchange returned %d addresses for %d ranks", len(t.addrs), t.size))
+	}
+	t.peers = make([]*peer, t.size)
+	t.reg = newRegCache(defaultRegCacheUnused, t.mapMemory, t.unmapMemory)
+	go t.loop()
+	t.log.Debug("transport up", zap.Int("size", t.size), zap.String("ucx", ucx.Version()), zap.Stringer("progress", opts.Progress))
+	return t, nil
+}
+
+func envSet(k string) bool { _, ok := syscallGetenv(k); return ok }
+
+// Rank is this process's rank in the job.
+func (t *Transport) Rank() int { return t.rank }
+
+// Size is the number of ranks in the job.
+func (t *Transport) Size() int { return t.size }
+
+// Bootstrap returns the bootstrapper the transport was created with.
+func (t *Transport) Bootstrap() bootstrap.Bootstrapper { return t.opts.Bootstrap }
+
+// PeerLost returns a channel that receives an event for every peer lost from
+// now on. It is buffered for every rank of the job, so no event is dropped.
+func (t *Transport) PeerLost() <-chan PeerEvent {
+	ch := make(chan PeerEvent, t.size)
+	t.mu.Lock()
+	t.lostSubs = append(t.lostSubs, ch)
+	t.mu.Unlock()
+	return ch
+}
+
+// exec runs fn with the worker lock held: directly in direct mode, on the
+// progress goroutine in queue mode. fn must report its outcome through the
+// request it serves.
+func (t *Transport) exec(fn func()) {
+	if t.opts.Progress == ProgressQueue {
+		t.mu.Lock()
+		t.submit = append(t.submit, fn)
+		t.mu.Unlock()
+		t.wake()
+		return
+	}
+	t.mu.Lock()
+	fn()
+	t.mu.Unlock()
+}
+
+// wake makes sure the progress goroutine is not asleep.
+func (t *Transport) wake() {
+	select {
+	case t.kick <- struct{}{}:
+	default:
+	}
+	if t.sleeping.Load() {
+		_ = t.w.Signal()
+	}
+}
+
+// progressOnce progresses the worker once and handles what it produced.
+// It reports whether anything happened.
+func (t *Transport) progressOnce() bool {
+	t.mu.Lock()
+	if t.w == nil {
+		t.mu.Unlock()
+		return false
+	}
+	active := false
+	if len(t.submit) > 0 {
+		calls := t.submit
+		t.submit = nil
+		for _, fn := range calls {
+			fn()
+		}
+		active = true
+	}
+	n, progressed := t.w.Progress(t.evbuf)
+	for n > 0 {
+		active = true
+		t.handle(t.evbuf[:n])
+		if n < len(t.evbuf) {
+			break
+		}
+		n = t.w.Drain(t.evbuf)
+	}
+	if progressed {
+		active = true
+		if t.arrival != nil {
+			close(t.arrival)
+			t.arrival = nil
+		}
+	}
+	am := len(t.amq) > 0
+	t.mu.Unlock()
+	if am {
+		t.deliverAM()
+	}
+	return active
+}
+
+// loop is the progress goroutine.
+func (t *Transport) loop() {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	defer close(t.loopDone)
+	fds := []unix.PollFd{{Fd: int32(t.efd), Events: unix.POLLIN}}
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	var idle time.Time
+	for !t.stopping.Load() {
+		if t.progressOnce() {
+			idle = time.Time{}
+			continue
+		}
+		now := time.Now()
+		if idle.IsZero() {
+			idle = now
+			continue
+		}
+		if now.Sub(idle) < t.opts.Spin {
+			continue
+		}
+		idle = time.Time{}
+		if t.spinners.Load() > 0 {
+			// A waiter is progressing the worker; stay out of its way.
+			timer.Reset(time.Millisecond)
+			select {
+			case <-t.kick:
+			case <-timer.C:
+			}
+			continue
+		}
+		t.mu.Lock()
+		err := t.w.Arm()
+		pending := len(t.submit) > 0
+		t.mu.Unlock()
+		if pending || ucx.StatusOf(err) == ucx.StatusBusy {
+			continue
+		}
+		if err != nil {
+			t.log.Warn("ucp_worker_arm failed; polling instead", zap.Error(err))
+			continue
+		}
+		t.sleeping.Store(true)
+		t.mu.Lock()
+		pending = len(t.submit) > 0
+		t.mu.Unlock()
+		if !pending && !t.stopping.Load() {
+			// The timeout lets UCX run its keepalive while endpoints exist.
+			_, _ = unix.Poll(fds, 100)
+		}
+		t.sleeping.Store(false)
+		select {
+		case <-t.kick:
+		default:
+		}
+	}
+}
+
+// handle processes queued UCX events; the worker lock is held.
+func (t *Transport) handle(evs []ucx.Event) {
+	for i := range evs {
+		e := &evs[i]
+		switch e.Kind() {
+		case ucx.EventSend, ucx.EventRecv, ucx.EventAMData:
+			req := e.Request()
+			r := t.ops[req]
+			delete(t.ops, req)
+			req.Free()
+			if r != nil {
+				t.finish(r, e.Status(), e.Length())
+			}
+		case ucx.EventEPError:
+			if rank, ok := t.epOwner[e.Endpoint()]; ok {
+				t.peerFailed(rank, e.Status().String())
+			}
+		case ucx.EventAM:
+			t.amq = append(t.amq, *e)
+		}
+	}
+}
+
+// Status describes a completed receive or probe.
+type Status struct {
+	Source int // sender's rank
+	Tag    int // user tag
+	Size   int // message size in bytes
+}
+
+// Request is a non-blocking operation in flight.
+type Request struct {
+	t      *Transport
+	op     string
+	peer   int
+	tag    int
+	bufLen int
+	recv   bool
+	key    seqKey
+	seq    uint32
+	ureq   ucx.Request
+	pin    runtime.Pinner
+	pinned bool
+	iov    *ucx.IOV
+	hold   any // keeps memory referenced by C alive until completion
+
+	fin     atomic.Bool
+	done    chan struct{}
+	status  Status
+	err     error
+	failErr error
+	then    func(*Request) // internal completion hook, worker lock held
+}
+
+func (t *Transport) newRequest(op string, peer, tag, bufLen int) *Request {
+	return &Request{t: t, op: op, peer: peer, tag: tag, bufLen: bufLen}
+}
+
+// Test reports whether the request has completed, without blocking; it makes
+// one progress pass first in direct mode.
+func (r *Request) Test() (bool, Status, error) {
+	if !r.fin.Load() && r.t.opts.Progress == ProgressDirect {
+		r.t.progressOnce()
+	}
+	if !r.fin.Load() {
+		return false, Status{}, nil
+	}
+	return true, r.status, r.err
+}
+
+// Done returns a channel closed when the request completes.
+func (r *Request) Done() <-chan struct{} {
+	r.t.mu.Lock()
+	defer r.t.mu.Unlock()
+	if r.done == nil {
+		r.done = make(chan struct{})
+		if r.fin.Load() {
+			close(r.done)
+		}
+	}
+	return r.done
+}
+
+// Wait blocks until the request completes or ctx ends. A receive is cancelled
+// when ctx ends (unless it completed first) and reports ctx's error; a send,
+// put or get cannot be recalled: Wait returns ctx's error while the operation
+// goes on, and its buffer stays in use until Done is closed.
+func (r *Request) Wait(ctx context.Context) (Status, error) {
+	if r.fin.Load() {
+		return r.status, r.err
+	}
+	t := r.t
+	deadline := time.Now().Add(t.opts.WaitSpin)
+	t.spinners.Add(1)
+	for i := 0; !r.fin.Load(); i++ {
+		if t.opts.Progress == ProgressDirect {
+			t.progressOnce()
+		} else if i&63 == 63 {
+			runtime.Gosched()
+		}
+		if i&15 == 15 && time.Now().After(deadline) {
+			break
+		}
+	}
+	t.spinners.Add(-1)
+	if r.fin.Load() {
+		return r.status, r.err
+	}
+	done := r.Done()
+	t.wake()
+	select {
+	case <-done:
+		return r.status, r.err
+	case <-ctx.Done():
+	}
+	if !r.recv {
+		return Status{}, fmt.Errorf("transport: %s rank %d tag %d: %w (operation still in flight)", r.op, r.peer, r.tag, ctx.Err())
+	}
+	t.exec(func() {
+		if !r.fin.Load() && r.ureq.Pending() {
+			r.failErr = ctx.Err()
+			t.w.Cancel(r.ureq)
+		}
+	})
+	t.wake()
+	<-done
+	return r.status, r.err
+}
+
+// finish completes r with a UCX status; the worker lock is held.
+func (t *Transport) finish(r *Request, st ucx.Status, length int) {
+	switch {
+	case st == ucx.StatusOK:
+		if r.recv {
+			r.status = Status{Source: r.peer, Tag: r.tag, Size: length}
+		}
+	case st == ucx.StatusCanceled && r.failErr != nil:
+		r.err = r.failErr
+		if r.recv {
+			t.freeSeq(r)
+		}
+	case st == ucx.StatusTruncated:
+		r.status = Status{Source: r.peer, Tag: r.tag, Size: length}
+		r.err = &TruncatedError{Source: r.peer, Tag: r.tag, Size: length, BufLen: r.bufLen}
+	default:
+		if p := t.peers[r.peer]; p != nil && p.lost != nil {
+			r.err = &PeerLostError{Rank: r.peer, Op: r.op, Reason: p.lost.Reason}
+		} else if r.failErr != nil {
+			r.err = r.failErr
+		} else {
+			r.err = fmt.Errorf("transport: %s rank %d: %w", r.op, r.peer, &ucx.Error{Op: r.op, Status: st})
+		}
+	}
+	t.complete(r)
+}
+
+// complete marks r done; the worker lock is held.
+func (t *Transport) complete(r *Request) {
+	if r.fin.Load() {
+		return
+	}
+	if r.pinned {
+		r.pin.Unpin()
+		r.pinned = false
+	}
+	if r.iov != nil {
+		r.iov.Free()
+		r.iov = nil
+	}
+	r.hold = nil
+	if r.peer >= 0 && r.peer < len(t.peers) {
+		if p := t.peers[r.peer]; p != nil {
+			delete(p.pending, r)
+		}
+	}
+	r.ureq = ucx.Request{}
+	r.fin.Store(true)
+	if r.done != nil {
+		close(r.done)
+	}
+	if r.then != nil {
+		r.then(r)
+	}
+}
+
+// fail completes r with err; the worker lock is held.
+func (t *Transport) fail(r *Request, err error) {
+	r.err = err
+	t.complete(r)
+}
+
+// track records an in-flight UCX request for r and pins what it uses; the
+// worker lock is held.
+func (t *Transport) track(r *Request, ureq ucx.Request, pins ...unsafe.Pointer) {
+	r.ureq = ureq
+	for _, p := range pins {
+		if p != nil {
+			r.pin.Pin(p)
+			r.pinned = true
+		}
+	}
+	t.ops[ureq] = r
+	if p := t.peers[r.peer]; p != nil {
+		p.pending[r] = struct{}{}
+	}
+}
+
+// peerLocked returns the peer, connecting on first use; the worker lock is held.
+func (t *Transport) peerLocked(rank int, op string) (*peer, error) {
+	if t.closed {
+		return nil, fmt.Errorf("transport: %s rank %d: %w", op, rank, ErrClosed)
+	}
+	p := t.peers[rank]
+	if p == nil {
+		p = &peer{rank: rank, pending: map[*Request]struct{}{}, rkeys: map[string]*ucx.Rkey{}}
+		t.peers[rank] = p
+	}
+	if p.lost != nil {
+		return nil, &PeerLostError{Rank: rank, Op: op, Reason: p.lost.Reason}
+	}
+	if p.ep == nil {
+		ep, err := t.w.Connect(t.addrs[rank], true)
+		if err != nil {
+			return nil, fmt.Errorf("transport: connecting to rank %d: %w", rank, err)
+		}
+		p.ep = ep
+		t.epOwner[ep.Handle()] = rank
+	}
+	return p, nil
+}
+
+// peerFailed declares rank lost and fails everything pending on it; the
+// worker lock is held.
+func (t *Transport) peerFailed(rank int, reason string) {
+	p := t.peers[rank]
+	if p == nil || p.lost != nil {
+		return
+	}
+	p.lost = &PeerLostError{Rank: rank, Op: "endpoint", Reason: reason}
+	t.log.Warn("peer lost", zap.Int("peer", rank), zap.String("reason", reason))
+	for r := range p.pending {
+		r.failErr = &PeerLostError{Rank: rank, Op: r.op, Reason: reason}
+		if r.recv && r.ureq.Pending() {
+			t.w.Cancel(r.ureq)
+		}
+	}
+	for _, k := range p.rkeys {
+		k.Destroy()
+	}
+	p.rkeys = map[string]*ucx.Rkey{}
+	if p.ep != nil {
+		delete(t.epOwner, p.ep.Handle())
+		if req, err := t.w.CloseEndpoint(p.ep, true); err == nil && req.Pending() {
+			t.ops[req] = nil
+		}
+		p.ep = nil
+	}
+	ev := PeerEvent{Rank: rank, Reason: reason}
+	for _, ch := range t.lostSubs {
+		select {
+		case ch <- ev:
+		default:
+		}
+	}
+}
+
+func (t *Transport) checkRank(rank int, op string) error {
+	if rank < 0 || rank >= t.size {
+		return fmt.Errorf("%w: %s: rank %d outside job of %d ranks", ErrInvalid, op, rank, t.size)
+	}
+	return nil
+}
+
+func checkTag(tag int, op string) error {
+	if tag < 0 || tag > MaxUserTag {
+		return fmt.Errorf("%w: %s: tag %d outside 0..%d", ErrInvalid, op, tag, MaxUserTag)
+	}
+	return nil
+}
+
+// Close fails pending operations with ErrClosed, closes endpoints (flushing
+// what is in flight, for at most a second), stops the progress goroutine and
+// releases UCX. It is safe to call twice.
+func (t *Transport) Close() error {
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		return nil
+	}
+	t.closed = true
+	for _, r := range t.ops {
+		if r != nil && r.recv && r.ureq.Pending() {
+			r.failErr = fmt.Errorf("transport: %s rank %d: %w", r.op, r.peer, ErrClosed)
+			t.w.Cancel(r.ureq)
+		}
+	}
+	var closing []ucx.Request
+	for _, p := range t.peers {
+		if p == nil || p.ep == nil {
+			continue
+		}
+		for _, k := range p.rkeys {
+			k.Destroy()
+		}
+		p.rkeys = nil
+		delete(t.epOwner, p.ep.Handle())
+		if req, err := t.w.CloseEndpoint(p.ep, false); err == nil && req.Pending() {
+			t.ops[req] = nil
+			closing = append(closing, req)
+		}
+		p.ep = nil
+	}
+	t.mu.Unlock()
+	deadline := time.Now().Add(time.Second)
+	for time.Now().Before(deadline) {
+		t.mu.Lock()
+		left := 0
+		for _, req := range closing {
+			if _, ok := t.ops[req]; ok {
+				left++
+			}
+		}
+		t.mu.Unlock()
+		if left == 0 {
+			break
+		}
+		t.progressOnce()
+	}
+	t.stopping.Store(true)
+	t.wake()
+	_ = t.w.Signal()
+	<-t.loopDone
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	// Calls still queued (queue mode) see the transport closed and fail their requests.
+	for _, fn := range t.submit {
+		fn()
+	}
+	t.submit = nil
+	for req, r := range t.ops {
+		if r != nil {
+			t.fail(r, fmt.Errorf("transport: %s rank %d: %w", r.op, r.peer, ErrClosed))
+		}
+		delete(t.ops, req)
+	}
+	t.reg.closeAll()
+	var ev [64]ucx.Event
+	for n := t.w.Drain(ev[:]); n > 0; n = t.w.Drain(ev[:]) {
+		for i := range ev[:n] {
+			ev[i].Discard(t.w)
+		}
+	}
+	for _, e := range t.amq {
+		e.Discard(t.w)
+	}
+	t.amq = nil
+	t.w.Close()
+	t.ctx.Close()
+	t.w = nil
+	return nil
+}

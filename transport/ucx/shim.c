@@ -1,0 +1,261 @@
+#include "shim.h"
+#include <stdlib.h>
+#include <string.h>
+
+troupe_queue_t *troupe_queue_new(void) {
+    return calloc(1, sizeof(troupe_queue_t));
+}
+
+void troupe_queue_free(troupe_queue_t *q) {
+    if (q == NULL) return;
+    free(q->ev);
+    free(q);
+}
+
+static troupe_ev_t *push(troupe_queue_t *q) {
+    if (q->n == q->cap) {
+        size_t cap = q->cap ? q->cap * 2 : 256;
+        troupe_ev_t *ev = realloc(q->ev, cap * sizeof(*ev));
+        if (ev == NULL) { q->oom = 1; return NULL; }
+        q->ev = ev;
+        q->cap = cap;
+    }
+    troupe_ev_t *e = &q->ev[q->n++];
+    memset(e, 0, sizeof(*e));
+    return e;
+}
+
+size_t troupe_drain(troupe_queue_t *q, troupe_ev_t *out, size_t max) {
+    size_t k = q->n < max ? q->n : max;
+    if (k == 0) return 0;
+    memcpy(out, q->ev, k * sizeof(*out));
+    if (k < q->n) memmove(q->ev, q->ev + k, (q->n - k) * sizeof(*out));
+    q->n -= k;
+    return k;
+}
+
+size_t troupe_progress_drain(ucp_worker_h w, troupe_queue_t *q, troupe_ev_t *out,
+                             size_t max, unsigned *progressed) {
+    *progressed = ucp_worker_progress(w);
+    return troupe_drain(q, out, max);
+}
+
+static void send_cb(void *req, ucs_status_t status, void *user) {
+    troupe_ev_t *e = push((troupe_queue_t *)user);
+    if (e == NULL) return;
+    e->kind = TROUPE_EV_SEND;
+    e->status = status;
+    e->req = req;
+}
+
+static void recv_cb(void *req, ucs_status_t status, const ucp_tag_recv_info_t *info,
+                    void *user) {
+    troupe_ev_t *e = push((troupe_queue_t *)user);
+    if (e == NULL) return;
+    e->kind = TROUPE_EV_RECV;
+    e->status = status;
+    e->req = req;
+    if (info != NULL) {
+        e->tag = info->sender_tag;
+        e->length = info->length;
+    }
+}
+
+static void am_data_cb(void *req, ucs_status_t status, size_t length, void *user) {
+    troupe_ev_t *e = push((troupe_queue_t *)user);
+    if (e == NULL) return;
+    e->kind = TROUPE_EV_AM_DATA;
+    e->status = status;
+    e->req = req;
+    e->length = length;
+}
+
+static void ep_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status) {
+    troupe_ev_t *e = push((troupe_queue_t *)arg);
+    if (e == NULL) return;
+    e->kind = TROUPE_EV_EP_ERROR;
+    e->status = status;
+    e->req = (void *)ep;
+}
+
+typedef struct { troupe_queue_t *q; uint16_t id; } am_arg_t;
+
+static ucs_status_t am_cb(void *arg, const void *header, size_t header_len, void *data,
+                          size_t length, const ucp_am_recv_param_t *param) {
+    am_arg_t *a = arg;
+    troupe_ev_t *e = push(a->q);
+    if (e == NULL) return UCS_OK; /* dropped; q->oom tells Go */
+    e->kind = TROUPE_EV_AM;
+    e->am_id = a->id;
+    e->am_flags = (uint32_t)param->recv_attr;
+    e->length = length;
+    e->reply_ep = (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) ? (uintptr_t)param->reply_ep : 0;
+    if (header_len > 0) {
+        e->header = malloc(header_len);
+        if (e->header == NULL) { a->q->n--; a->q->oom = 1; return UCS_OK; }
+        memcpy(e->header, header, header_len);
+    }
+    e->header_len = header_len;
+    if (param->recv_attr & (UCP_AM_RECV_ATTR_FLAG_DATA | UCP_AM_RECV_ATTR_FLAG_RNDV)) {
+        e->data = data;            /* held until released or received */
+        return UCS_INPROGRESS;
+    }
+    /* Volatile eager data: copy it out now. */
+    if (length > 0) {
+        e->data = malloc(length);
+        if (e->data == NULL) { free(e->header); a->q->n--; a->q->oom = 1; return UCS_OK; }
+        memcpy(e->data, data, length);
+    }
+    return UCS_OK;
+}
+
+ucs_status_t troupe_ep_create(ucp_worker_h w, const void *addr, troupe_queue_t *q,
+                              int err_mode_peer, ucp_ep_h *ep) {
+    ucp_ep_params_t p;
+    memset(&p, 0, sizeof(p));
+    p.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                   UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    p.address = (const ucp_address_t *)addr;
+    p.err_mode = err_mode_peer ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
+    p.err_handler.cb = ep_err_cb;
+    p.err_handler.arg = q;
+    return ucp_ep_create(w, &p, ep);
+}
+
+ucs_status_t troupe_set_am_handler(ucp_worker_h w, uint16_t id, troupe_queue_t *q) {
+    /* The argument lives as long as the process: handlers are registered once
+     * per worker and id, and re-registration replaces them. */
+    am_arg_t *a = malloc(sizeof(*a));
+    if (a == NULL) return UCS_ERR_NO_MEMORY;
+    a->q = q;
+    a->id = id;
+    ucp_am_handler_param_t p;
+    memset(&p, 0, sizeof(p));
+    p.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_FLAGS |
+                   UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;
+    p.id = id;
+    p.flags = UCP_AM_FLAG_WHOLE_MSG | UCP_AM_FLAG_PERSISTENT_DATA;
+    p.cb = am_cb;
+    p.arg = a;
+    return ucp_worker_set_am_recv_handler(w, &p);
+}
+
+static void send_param(ucp_request_param_t *p, troupe_queue_t *q, int iov) {
+    memset(p, 0, sizeof(*p));
+    p->op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    p->cb.send = send_cb;
+    p->user_data = q;
+    if (iov) {
+        p->op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE;
+        p->datatype = ucp_dt_make_iov();
+    }
+}
+
+ucs_status_ptr_t troupe_tag_send(ucp_ep_h ep, const void *buf, size_t len, int iov,
+                                 uint64_t tag, troupe_queue_t *q) {
+    ucp_request_param_t p;
+    send_param(&p, q, iov);
+    return ucp_tag_send_nbx(ep, buf, len, tag, &p);
+}
+
+static void recv_param(ucp_request_param_t *p, troupe_queue_t *q, int iov,
+                       ucp_tag_recv_info_t *imm) {
+    memset(p, 0, sizeof(*p));
+    /* UCX 1.13 does not fill recv_info on every immediate-completion path,
+     * so receives always complete through the callback, which reports the
+     * sender tag and the message's length. */
+    p->op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                      UCP_OP_ATTR_FIELD_RECV_INFO | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+    p->cb.recv = recv_cb;
+    p->user_data = q;
+    p->recv_info.tag_info = imm;
+    if (iov) {
+        p->op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE;
+        p->datatype = ucp_dt_make_iov();
+    }
+}
+
+ucs_status_ptr_t troupe_tag_recv(ucp_worker_h w, void *buf, size_t len, int iov,
+                                 uint64_t tag, uint64_t mask, troupe_queue_t *q,
+                                 ucp_tag_recv_info_t *imm) {
+    ucp_request_param_t p;
+    recv_param(&p, q, iov, imm);
+    return ucp_tag_recv_nbx(w, buf, len, tag, mask, &p);
+}
+
+ucs_status_ptr_t troupe_tag_msg_recv(ucp_worker_h w, void *buf, size_t len, int iov,
+                                     ucp_tag_message_h msg, troupe_queue_t *q,
+                                     ucp_tag_recv_info_t *imm) {
+    ucp_request_param_t p;
+    recv_param(&p, q, iov, imm);
+    return ucp_tag_msg_recv_nbx(w, buf, len, msg, &p);
+}
+
+ucs_status_ptr_t troupe_am_send(ucp_ep_h ep, uint16_t id, const void *hdr, size_t hdr_len,
+                                const void *buf, size_t len, int iov, uint32_t flags,
+                                troupe_queue_t *q) {
+    ucp_request_param_t p;
+    send_param(&p, q, iov);
+    p.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;
+    p.flags = flags;
+    return ucp_am_send_nbx(ep, id, hdr, hdr_len, buf, len, &p);
+}
+
+ucs_status_ptr_t troupe_am_recv_data(ucp_worker_h w, void *desc, void *buf, size_t len,
+                                     int iov, troupe_queue_t *q, size_t *imm_len) {
+    ucp_request_param_t p;
+    memset(&p, 0, sizeof(p));
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                     UCP_OP_ATTR_FIELD_RECV_INFO;
+    p.cb.recv_am = am_data_cb;
+    p.user_data = q;
+    p.recv_info.length = imm_len;
+    if (iov) {
+        p.op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE;
+        p.datatype = ucp_dt_make_iov();
+    }
+    return ucp_am_recv_data_nbx(w, desc, buf, len, &p);
+}
+
+ucs_status_ptr_t troupe_put(ucp_ep_h ep, const void *buf, size_t len, uint64_t raddr,
+                            ucp_rkey_h rkey, troupe_queue_t *q) {
+    ucp_request_param_t p;
+    send_param(&p, q, 0);
+    return ucp_put_nbx(ep, buf, len, raddr, rkey, &p);
+}
+
+ucs_status_ptr_t troupe_get(ucp_ep_h ep, void *buf, size_t len, uint64_t raddr,
+                            ucp_rkey_h rkey, troupe_queue_t *q) {
+    ucp_request_param_t p;
+    send_param(&p, q, 0);
+    return ucp_get_nbx(ep, buf, len, raddr, rkey, &p);
+}
+
+ucs_status_ptr_t troupe_ep_flush(ucp_ep_h ep, troupe_queue_t *q) {
+    ucp_request_param_t p;
+    send_param(&p, q, 0);
+    return ucp_ep_flush_nbx(ep, &p);
+}
+
+ucs_status_ptr_t troupe_worker_flush(ucp_worker_h w, troupe_queue_t *q) {
+    ucp_request_param_t p;
+    send_param(&p, q, 0);
+    return ucp_worker_flush_nbx(w, &p);
+}
+
+ucs_status_ptr_t troupe_ep_close(ucp_ep_h ep, int force, troupe_queue_t *q) {
+    ucp_request_param_t p;
+    send_param(&p, q, 0);
+    p.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;
+    p.flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0;
+    return ucp_ep_close_nbx(ep, &p);
+}
+
+ucs_status_t troupe_mem_map(ucp_context_h ctx, uintptr_t addr, size_t len, ucp_mem_h *memh) {
+    ucp_mem_map_params_t p;
+    memset(&p, 0, sizeof(p));
+    p.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
+    p.address = (void *)addr;
+    p.length = len;
+    return ucp_mem_map(ctx, &p, memh);
+}
