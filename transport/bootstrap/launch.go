@@ -319,6 +319,7 @@ func Launch(ctx context.Context, cfg LaunchConfig) error {
 			running--
 			rp := ranks[ev.rank]
 			rp.done = true
+			srv.rankExited(ev.rank)
 			// Whatever the rank left behind in its group goes with it.
 			rp.signalGroup(syscall.SIGKILL)
 			if !waitGroupDead(rp.cmd.Process.Pid, outputDrain) {

@@ -32,6 +32,7 @@ const (
 	hangEnv       = "TROUPE_TEST_HANG"        // "1": other ranks wait to be stopped
 	ignoreTermEnv = "TROUPE_TEST_IGNORE_TERM" // "1": hanging ranks ignore SIGTERM
 	grandEnv      = "TROUPE_TEST_GRANDCHILD"  // "1": hanging ranks fork a sleeping grandchild
+	skipRankEnv   = "TROUPE_TEST_SKIP_RANK"   // rank that exits 0 without joining
 )
 
 func TestMain(m *testing.M) {
@@ -44,6 +45,9 @@ func TestMain(m *testing.M) {
 // childMain is a rank: it joins with FromEnv, all-gathers a value, prints
 // what it saw, meets the others at a barrier, then exits as told.
 func childMain() int {
+	if sr := os.Getenv(skipRankEnv); sr != "" && sr == os.Getenv(EnvRank) {
+		return 0
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	b, err := FromEnv(ctx)
@@ -275,6 +279,18 @@ func TestLaunchForwardsSignal(t *testing.T) {
 	assert.Contains(t, err.Error(), "interrupted by interrupt")
 	assert.Contains(t, stderr.String(), "troupe: got interrupt, forwarding interrupt to 2 rank(s)")
 	assertGone(t, stderr.String())
+}
+
+func TestLaunchRankExitsWithoutJoining(t *testing.T) {
+	// Rank 1 exits with status 0 before joining: rank 0's all-gather fails
+	// naming it (no hang), and rank 0's exit is the reported failure.
+	cfg, stdout, stderr := launchCfg(t, 2, skipRankEnv+"=1")
+	err := Launch(t.Context(), cfg)
+	var rf *RankFailure
+	require.ErrorAs(t, err, &rf, "stdout:\n%s\nstderr:\n%s", stdout, stderr)
+	assert.Equal(t, 0, rf.Rank)
+	assert.Equal(t, 11, rf.ExitCode)
+	assert.Contains(t, strings.Join(rf.Tail, "\n"), `rank 1 disconnected before collective "hello" completed`)
 }
 
 func TestLaunchBadConfig(t *testing.T) {

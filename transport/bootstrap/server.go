@@ -322,21 +322,7 @@ func (s *Server) drop(p *peer, orderly bool, cause error) {
 	if s.peers[p.rank] == p {
 		s.peers[p.rank] = nil
 	}
-	if s.lost < 0 {
-		s.lost = p.rank
-	}
-	var out []outgoing
-	for key, c := range s.colls {
-		b, _ := encodeFrame(lostFrame(key, p.rank))
-		o := outgoing{b: b}
-		for r, have := range c.have {
-			if have && s.peers[r] != nil {
-				o.to = append(o.to, s.peers[r])
-			}
-		}
-		out = append(out, o)
-		delete(s.colls, key)
-	}
+	out := s.failPendingLocked(p.rank)
 	closed := s.closed
 	s.mu.Unlock()
 
@@ -351,6 +337,46 @@ func (s *Server) drop(p *peer, orderly bool, cause error) {
 		// ranks that were waiting get a RankLostError.
 		log.Info("rank lost", zap.Error(cause), zap.Int("failed_collectives", len(out)))
 	}
+	for _, o := range out {
+		o.deliver(s)
+	}
+}
+
+// failPendingLocked records rank as lost and fails every pending collective,
+// returning the error frames to deliver once s.mu is released.
+func (s *Server) failPendingLocked(rank int) []outgoing {
+	if s.lost < 0 {
+		s.lost = rank
+	}
+	var out []outgoing
+	for key, c := range s.colls {
+		b, _ := encodeFrame(lostFrame(key, rank))
+		o := outgoing{b: b}
+		for r, have := range c.have {
+			if have && s.peers[r] != nil {
+				o.to = append(o.to, s.peers[r])
+			}
+		}
+		out = append(out, o)
+		delete(s.colls, key)
+	}
+	return out
+}
+
+// rankExited is called by the launcher when rank's process has exited. A rank
+// that never joined can no longer join, so the job's collectives fail now,
+// naming it, instead of waiting for it forever. (A rank that joined is
+// handled when the server sees its connection close.)
+func (s *Server) rankExited(rank int) {
+	s.mu.Lock()
+	if rank < 0 || rank >= s.size || s.joined[rank] {
+		s.mu.Unlock()
+		return
+	}
+	s.joined[rank] = true
+	out := s.failPendingLocked(rank)
+	s.mu.Unlock()
+	s.log.Info("rank exited without joining", zap.Int("rank", rank), zap.Int("failed_collectives", len(out)))
 	for _, o := range out {
 		o.deliver(s)
 	}
