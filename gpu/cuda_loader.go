@@ -219,11 +219,13 @@ import "C"
 
 import (
 	"fmt"
+	"os"
 	"sync"
 	"unsafe"
 )
 
-// cuLibPath is the driver library the loader opens.
+// cuLibPath is the driver library the loader opens, unless
+// TROUPE_CUDA_LIBRARY names another file.
 const cuLibPath = "libcuda.so.1"
 
 // CUresult values the package interprets.
@@ -292,7 +294,11 @@ var (
 // loadCUDA dlopens the driver and calls cuInit, once per process.
 func loadCUDA() (*cuLib, error) {
 	loadOnce.Do(func() {
-		p := C.CString(cuLibPath)
+		path := cuLibPath
+		if v := os.Getenv(EnvCUDALibrary); v != "" {
+			path = v
+		}
+		p := C.CString(path)
 		defer C.free(unsafe.Pointer(p))
 		if msg := C.tr_load(p); msg != nil {
 			loadErr = fmt.Errorf("gpu: cuda: no CUDA driver: %s", C.GoString(msg))

@@ -30,6 +30,10 @@ import (
 // "auto" (or empty), "host" or "cuda".
 const EnvBackend = "TROUPE_GPU"
 
+// EnvCUDALibrary overrides the path of the CUDA driver library the cuda
+// backend loads (default "libcuda.so.1", found by the dynamic loader).
+const EnvCUDALibrary = "TROUPE_CUDA_LIBRARY"
+
 // Backend names.
 const (
 	BackendHost = "host"

@@ -1,0 +1,453 @@
+// A fake CUDA driver for testing troupe's GPU loader and cuda backend on
+// machines without a GPU. It implements the handful of driver entry points
+// the loader resolves, on host memory: device memory is malloc'd, streams
+// are queues drained by one pthread each (asynchronous and in order), events
+// mark points in them, stream memory operations write and poll 64-bit words.
+// It is a test double only; nothing here is a model of real performance.
+//
+// Build: cc -shared -fPIC -o libcuda.so.1 fakecuda.c -lpthread
+// Env:   FAKECUDA_INIT=<n> makes cuInit return CUresult n.
+//        FAKECUDA_DEVICES=<n> sets the device count (default 1).
+
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+typedef int CUresult;
+typedef int CUdevice;
+typedef unsigned long long CUdeviceptr;
+typedef struct { char reserved[64]; } CUipcMemHandle;
+
+enum {
+	OK = 0,
+	ERR_INVALID_VALUE = 1,
+	ERR_NOT_INITIALIZED = 3,
+	ERR_NO_DEVICE = 100,
+	ERR_INVALID_DEVICE = 101,
+	ERR_INVALID_CONTEXT = 201,
+	ERR_INVALID_HANDLE = 400,
+	ERR_NOT_READY = 600,
+};
+
+static pthread_mutex_t g = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t gc = PTHREAD_COND_INITIALIZER;
+static int inited;
+static int ndev = 1;
+static char ctxs[8];
+
+// ---- allocations ------------------------------------------------------
+
+enum { M_DEVICE = 2, M_HOST = 1 };
+
+typedef struct alloc {
+	uintptr_t base;
+	size_t size;
+	int type;
+	int managed;
+	int dev;
+	struct alloc *next;
+} alloc;
+
+static alloc *allocs;
+
+static alloc *find(uintptr_t p) {
+	for (alloc *a = allocs; a; a = a->next)
+		if (p >= a->base && p - a->base < a->size) return a;
+	return NULL;
+}
+
+static int cur_dev(void *ctx) {
+	if (ctx == NULL) return 0;
+	return (int)((char *)ctx - ctxs);
+}
+
+static __thread void *current;
+
+static CUresult add_alloc(void **out, size_t n, int type, int managed) {
+	if (!inited) return ERR_NOT_INITIALIZED;
+	if (n == 0) return ERR_INVALID_VALUE;
+	void *p = NULL;
+	if (posix_memalign(&p, 256, n) != 0) return 2; // OUT_OF_MEMORY
+	memset(p, 0, n);
+	alloc *a = calloc(1, sizeof *a);
+	a->base = (uintptr_t)p;
+	a->size = n;
+	a->type = type;
+	a->managed = managed;
+	a->dev = cur_dev(current);
+	pthread_mutex_lock(&g);
+	a->next = allocs;
+	allocs = a;
+	pthread_mutex_unlock(&g);
+	*out = p;
+	return OK;
+}
+
+static CUresult drop_alloc(uintptr_t p, int type) {
+	pthread_mutex_lock(&g);
+	for (alloc **pp = &allocs; *pp; pp = &(*pp)->next) {
+		alloc *a = *pp;
+		if (a->base == p && a->type == type) {
+			*pp = a->next;
+			pthread_mutex_unlock(&g);
+			free((void *)a->base);
+			free(a);
+			return OK;
+		}
+	}
+	pthread_mutex_unlock(&g);
+	return ERR_INVALID_VALUE;
+}
+
+// ---- streams and events -------------------------------------------------
+
+typedef struct event {
+	unsigned long long target, completed;
+} event;
+
+enum { OP_COPY, OP_SET, OP_WRITE, OP_WAIT, OP_RECORD, OP_WAITEV };
+
+typedef struct op {
+	int kind;
+	uintptr_t dst, src;
+	size_t n;
+	unsigned long long v;
+	unsigned flags;
+	event *ev;
+	unsigned long long gen;
+	struct op *next;
+} op;
+
+typedef struct stream {
+	op *head, *tail;
+	unsigned long long enq, done;
+	int destroyed;
+	pthread_t th;
+} stream;
+
+static int holds(unsigned long long cur, unsigned long long v, unsigned flags) {
+	switch (flags & 3) {
+	case 0: return (long long)(cur - v) >= 0;
+	case 1: return cur == v;
+	case 2: return (cur & v) != 0;
+	case 3: return ~(cur | v) != 0;
+	}
+	return 0;
+}
+
+static void timed_wait(void) {
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	ts.tv_nsec += 200000;
+	if (ts.tv_nsec >= 1000000000) {
+		ts.tv_sec++;
+		ts.tv_nsec -= 1000000000;
+	}
+	pthread_cond_timedwait(&gc, &g, &ts);
+}
+
+static void *worker(void *arg) {
+	stream *s = arg;
+	pthread_mutex_lock(&g);
+	for (;;) {
+		while (s->head == NULL && !s->destroyed) pthread_cond_wait(&gc, &g);
+		if (s->head == NULL) break;
+		op *o = s->head;
+		s->head = o->next;
+		if (s->head == NULL) s->tail = NULL;
+		switch (o->kind) {
+		case OP_COPY:
+			pthread_mutex_unlock(&g);
+			memmove((void *)o->dst, (void *)o->src, o->n);
+			pthread_mutex_lock(&g);
+			break;
+		case OP_SET:
+			pthread_mutex_unlock(&g);
+			memset((void *)o->dst, (int)o->v, o->n);
+			pthread_mutex_lock(&g);
+			break;
+		case OP_WRITE:
+			__atomic_store_n((unsigned long long *)o->dst, o->v, __ATOMIC_SEQ_CST);
+			break;
+		case OP_WAIT:
+			// Host code writes these words without telling us: poll.
+			while (!holds(__atomic_load_n((unsigned long long *)o->dst, __ATOMIC_SEQ_CST), o->v, o->flags))
+				timed_wait();
+			break;
+		case OP_RECORD:
+			if (o->ev->completed < o->gen) o->ev->completed = o->gen;
+			break;
+		case OP_WAITEV:
+			while (o->ev->completed < o->gen) pthread_cond_wait(&gc, &g);
+			break;
+		}
+		free(o);
+		s->done++;
+		pthread_cond_broadcast(&gc);
+	}
+	pthread_mutex_unlock(&g);
+	free(s);
+	return NULL;
+}
+
+static CUresult push(stream *s, op o) {
+	if (s == NULL) return ERR_INVALID_HANDLE;
+	op *p = malloc(sizeof *p);
+	*p = o;
+	p->next = NULL;
+	pthread_mutex_lock(&g);
+	if (s->tail) s->tail->next = p; else s->head = p;
+	s->tail = p;
+	s->enq++;
+	pthread_cond_broadcast(&gc);
+	pthread_mutex_unlock(&g);
+	return OK;
+}
+
+// ---- entry points -----------------------------------------------------
+
+CUresult cuInit(unsigned flags) {
+	(void)flags;
+	const char *e = getenv("FAKECUDA_INIT");
+	if (e && atoi(e) != 0) return atoi(e);
+	const char *d = getenv("FAKECUDA_DEVICES");
+	if (d) ndev = atoi(d);
+	if (ndev < 0 || ndev > 8) ndev = 1;
+	inited = 1;
+	return OK;
+}
+
+CUresult cuDriverGetVersion(int *v) { *v = 12040; return OK; }
+
+CUresult cuGetErrorName(CUresult r, const char **s) {
+	switch (r) {
+	case OK: *s = "CUDA_SUCCESS"; return OK;
+	case ERR_INVALID_VALUE: *s = "CUDA_ERROR_INVALID_VALUE"; return OK;
+	case ERR_NOT_INITIALIZED: *s = "CUDA_ERROR_NOT_INITIALIZED"; return OK;
+	case ERR_NO_DEVICE: *s = "CUDA_ERROR_NO_DEVICE"; return OK;
+	case ERR_INVALID_CONTEXT: *s = "CUDA_ERROR_INVALID_CONTEXT"; return OK;
+	case ERR_INVALID_HANDLE: *s = "CUDA_ERROR_INVALID_HANDLE"; return OK;
+	case ERR_NOT_READY: *s = "CUDA_ERROR_NOT_READY"; return OK;
+	}
+	*s = NULL;
+	return ERR_INVALID_VALUE;
+}
+
+CUresult cuGetErrorString(CUresult r, const char **s) {
+	switch (r) {
+	case ERR_NO_DEVICE: *s = "no CUDA-capable device is detected"; return OK;
+	case ERR_INVALID_CONTEXT: *s = "invalid device context"; return OK;
+	}
+	*s = NULL;
+	return ERR_INVALID_VALUE;
+}
+
+CUresult cuDeviceGetCount(int *n) {
+	if (!inited) return ERR_NOT_INITIALIZED;
+	*n = ndev;
+	return OK;
+}
+
+CUresult cuDeviceGet(CUdevice *d, int ord) {
+	if (ord < 0 || ord >= ndev) return ERR_INVALID_DEVICE;
+	*d = ord;
+	return OK;
+}
+
+CUresult cuDeviceGetName(char *buf, int n, CUdevice d) {
+	(void)d;
+	strncpy(buf, "troupe fake CUDA device", n - 1);
+	buf[n - 1] = 0;
+	return OK;
+}
+
+CUresult cuDeviceTotalMem_v2(size_t *n, CUdevice d) { (void)d; *n = (size_t)1 << 30; return OK; }
+
+CUresult cuDevicePrimaryCtxRetain(void **ctx, CUdevice d) {
+	if (d < 0 || d >= ndev) return ERR_INVALID_DEVICE;
+	*ctx = &ctxs[d];
+	return OK;
+}
+
+CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d) { (void)d; return OK; }
+
+CUresult cuCtxSetCurrent(void *ctx) {
+	if (ctx != NULL && ((char *)ctx < ctxs || (char *)ctx >= ctxs + ndev)) return ERR_INVALID_CONTEXT;
+	current = ctx;
+	return OK;
+}
+
+CUresult cuMemGetInfo_v2(size_t *fr, size_t *tot) {
+	*tot = (size_t)1 << 30;
+	*fr = *tot / 2;
+	return OK;
+}
+
+CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) {
+	void *q;
+	CUresult r = add_alloc(&q, n, M_DEVICE, 0);
+	if (r == OK) *p = (CUdeviceptr)(uintptr_t)q;
+	return r;
+}
+
+CUresult cuMemAllocManaged(CUdeviceptr *p, size_t n, unsigned flags) {
+	(void)flags;
+	void *q;
+	CUresult r = add_alloc(&q, n, M_DEVICE, 1);
+	if (r == OK) *p = (CUdeviceptr)(uintptr_t)q;
+	return r;
+}
+
+CUresult cuMemFree_v2(CUdeviceptr p) { return drop_alloc((uintptr_t)p, M_DEVICE); }
+CUresult cuMemHostAlloc(void **p, size_t n, unsigned flags) { (void)flags; return add_alloc(p, n, M_HOST, 0); }
+CUresult cuMemFreeHost(void *p) { return drop_alloc((uintptr_t)p, M_HOST); }
+
+CUresult cuMemcpy(CUdeviceptr d, CUdeviceptr s, size_t n) {
+	memmove((void *)(uintptr_t)d, (void *)(uintptr_t)s, n);
+	return OK;
+}
+
+CUresult cuMemsetD8_v2(CUdeviceptr d, unsigned char v, size_t n) {
+	pthread_mutex_lock(&g);
+	alloc *a = find((uintptr_t)d);
+	pthread_mutex_unlock(&g);
+	if (a == NULL) return ERR_INVALID_VALUE;
+	memset((void *)(uintptr_t)d, v, n);
+	return OK;
+}
+
+CUresult cuStreamCreate(stream **out, unsigned flags) {
+	(void)flags;
+	stream *s = calloc(1, sizeof *s);
+	pthread_create(&s->th, NULL, worker, s);
+	pthread_detach(s->th);
+	*out = s;
+	return OK;
+}
+
+CUresult cuStreamDestroy_v2(stream *s) {
+	if (s == NULL) return ERR_INVALID_HANDLE;
+	pthread_mutex_lock(&g);
+	s->destroyed = 1;
+	pthread_cond_broadcast(&gc);
+	pthread_mutex_unlock(&g);
+	return OK;
+}
+
+CUresult cuStreamSynchronize(stream *s) {
+	if (s == NULL) return ERR_INVALID_HANDLE;
+	pthread_mutex_lock(&g);
+	unsigned long long target = s->enq;
+	while (s->done < target) pthread_cond_wait(&gc, &g);
+	pthread_mutex_unlock(&g);
+	return OK;
+}
+
+CUresult cuStreamQuery(stream *s) {
+	if (s == NULL) return ERR_INVALID_HANDLE;
+	pthread_mutex_lock(&g);
+	int done = s->done == s->enq;
+	pthread_mutex_unlock(&g);
+	return done ? OK : ERR_NOT_READY;
+}
+
+CUresult cuMemcpyAsync(CUdeviceptr d, CUdeviceptr s, size_t n, stream *st) {
+	return push(st, (op){.kind = OP_COPY, .dst = (uintptr_t)d, .src = (uintptr_t)s, .n = n});
+}
+
+CUresult cuMemsetD8Async(CUdeviceptr d, unsigned char v, size_t n, stream *st) {
+	pthread_mutex_lock(&g);
+	alloc *a = find((uintptr_t)d);
+	pthread_mutex_unlock(&g);
+	if (a == NULL) return ERR_INVALID_VALUE;
+	return push(st, (op){.kind = OP_SET, .dst = (uintptr_t)d, .v = v, .n = n});
+}
+
+CUresult cuStreamWriteValue64_v2(stream *st, CUdeviceptr p, unsigned long long v, unsigned flags) {
+	(void)flags;
+	return push(st, (op){.kind = OP_WRITE, .dst = (uintptr_t)p, .v = v});
+}
+
+CUresult cuStreamWaitValue64_v2(stream *st, CUdeviceptr p, unsigned long long v, unsigned flags) {
+	return push(st, (op){.kind = OP_WAIT, .dst = (uintptr_t)p, .v = v, .flags = flags});
+}
+
+CUresult cuEventCreate(event **out, unsigned flags) {
+	(void)flags;
+	*out = calloc(1, sizeof(event));
+	return OK;
+}
+
+CUresult cuEventRecord(event *e, stream *st) {
+	if (e == NULL) return ERR_INVALID_HANDLE;
+	pthread_mutex_lock(&g);
+	unsigned long long gen = ++e->target;
+	pthread_mutex_unlock(&g);
+	return push(st, (op){.kind = OP_RECORD, .ev = e, .gen = gen});
+}
+
+CUresult cuEventSynchronize(event *e) {
+	pthread_mutex_lock(&g);
+	unsigned long long target = e->target;
+	while (e->completed < target) pthread_cond_wait(&gc, &g);
+	pthread_mutex_unlock(&g);
+	return OK;
+}
+
+CUresult cuEventQuery(event *e) {
+	pthread_mutex_lock(&g);
+	int done = e->completed >= e->target;
+	pthread_mutex_unlock(&g);
+	return done ? OK : ERR_NOT_READY;
+}
+
+CUresult cuEventDestroy_v2(event *e) { (void)e; return OK; } // leaked: streams may still reference it
+
+CUresult cuStreamWaitEvent(stream *st, event *e, unsigned flags) {
+	(void)flags;
+	pthread_mutex_lock(&g);
+	unsigned long long gen = e->target;
+	pthread_mutex_unlock(&g);
+	return push(st, (op){.kind = OP_WAITEV, .ev = e, .gen = gen});
+}
+
+CUresult cuPointerGetAttribute(void *out, int attr, CUdeviceptr p) {
+	pthread_mutex_lock(&g);
+	alloc *a = find((uintptr_t)p);
+	alloc c = a ? *a : (alloc){0};
+	pthread_mutex_unlock(&g);
+	if (a == NULL) return ERR_INVALID_VALUE;
+	switch (attr) {
+	case 2: *(unsigned *)out = (unsigned)c.type; return OK;
+	case 8: *(unsigned *)out = (unsigned)c.managed; return OK;
+	case 9: *(int *)out = c.dev; return OK;
+	}
+	return ERR_INVALID_VALUE;
+}
+
+CUresult cuMemGetAddressRange_v2(CUdeviceptr *base, size_t *n, CUdeviceptr p) {
+	pthread_mutex_lock(&g);
+	alloc *a = find((uintptr_t)p);
+	alloc c = a ? *a : (alloc){0};
+	pthread_mutex_unlock(&g);
+	if (a == NULL) return ERR_INVALID_VALUE;
+	if (base) *base = c.base;
+	if (n) *n = c.size;
+	return OK;
+}
+
+CUresult cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr p) {
+	memset(h, 0, sizeof *h);
+	memcpy(h->reserved, &p, sizeof p);
+	return OK;
+}
+
+// Like the real driver, refuse to open a handle exported by this process.
+CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *p, CUipcMemHandle h, unsigned flags) {
+	(void)p; (void)h; (void)flags;
+	return ERR_INVALID_CONTEXT;
+}
+
+CUresult cuIpcCloseMemHandle(CUdeviceptr p) { (void)p; return OK; }
