@@ -393,3 +393,38 @@ func TestPMIxSeam(t *testing.T) {
 	_, err := FromEnv(context.Background())
 	assert.ErrorIs(t, err, sentinel)
 }
+
+func TestFrameLimits(t *testing.T) {
+	const size = 2
+	s, tok, _ := newTestServer(t, size)
+	ctx := testCtx(t)
+	bs := joinAll(t, ctx, s, tok, size)
+
+	// A value that cannot fit in a frame is refused locally.
+	_, err := bs[0].AllGather(ctx, "huge", make([]byte, MaxFrameSize))
+	assert.ErrorContains(t, err, "frame too large")
+
+	if testing.Short() {
+		return
+	}
+	// Values that fit but whose combined result does not: every rank gets
+	// an error, and the connection stays usable.
+	errs := make([]error, size)
+	var wg sync.WaitGroup
+	for r, b := range bs {
+		wg.Go(func() { _, errs[r] = b.AllGather(ctx, "big", make([]byte, 7<<20)) })
+	}
+	wg.Wait()
+	for r := range size {
+		assert.ErrorContains(t, errs[r], "result exceeds", "rank %d", r)
+	}
+	for r, b := range bs {
+		wg.Go(func() {
+			vals, err := b.AllGather(ctx, "small", []byte{byte(r)})
+			if assert.NoError(t, err) {
+				assert.Equal(t, [][]byte{{0}, {1}}, vals)
+			}
+		})
+	}
+	wg.Wait()
+}
