@@ -242,26 +242,6 @@ type (
 	cuEvent   = C.CUevent
 )
 
-// CUDAError is a failed driver call.
-type CUDAError struct {
-	Call   string // the driver entry point, e.g. "cuMemAlloc_v2"
-	Result int    // the CUresult
-	Name   string // cuGetErrorName, when available
-	Text   string // cuGetErrorString, when available
-}
-
-func (e *CUDAError) Error() string {
-	s := fmt.Sprintf("gpu: cuda: %s failed: CUresult %d", e.Call, e.Result)
-	if e.Name != "" {
-		s += " (" + e.Name
-		if e.Text != "" {
-			s += ": " + e.Text
-		}
-		s += ")"
-	}
-	return s
-}
-
 // cuErr turns a CUresult from a loader helper into an error naming call.
 func cuErr(call string, r C.CUresult) error {
 	if r == cuSuccess {

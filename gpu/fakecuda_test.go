@@ -52,6 +52,11 @@ func TestCUDABackendOnFakeDriver(t *testing.T) {
 	require.NotContains(t, out, "--- SKIP: TestSuite/cuda", out)
 	require.NotContains(t, out, "FAIL", out)
 
+	// IPC handle cache (the fake lets a process open its own handles).
+	out = runSelf(t, []string{EnvCUDALibrary + "=" + lib, "FAKECUDA_IPC=1"}, "-test.run=^TestSuite$/^cuda$/^IPC$")
+	require.Contains(t, out, "--- PASS: TestSuite/cuda/IPC ", out)
+	require.NotContains(t, out, "FAIL", out)
+
 	// A failing driver call is named with its CUresult and error name.
 	out = runSelf(t, []string{EnvCUDALibrary + "=" + lib, "FAKECUDA_INIT=100", EnvBackend + "=cuda"}, "-test.run=^TestSelectionByEnv$")
 	require.Contains(t, out, "cuInit failed: CUresult 100 (CUDA_ERROR_NO_DEVICE", out)

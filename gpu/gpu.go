@@ -60,6 +60,26 @@ var (
 	ErrUnavailable     = errors.New("gpu: backend unavailable")
 )
 
+// CUDAError is a failed driver call.
+type CUDAError struct {
+	Call   string // the driver entry point, e.g. "cuMemAlloc_v2"
+	Result int    // the CUresult
+	Name   string // cuGetErrorName, when available
+	Text   string // cuGetErrorString, when available
+}
+
+func (e *CUDAError) Error() string {
+	s := fmt.Sprintf("gpu: cuda: %s failed: CUresult %d", e.Call, e.Result)
+	if e.Name != "" {
+		s += " (" + e.Name
+		if e.Text != "" {
+			s += ": " + e.Text
+		}
+		s += ")"
+	}
+	return s
+}
+
 // Kind is the kind of memory a pointer refers to.
 type Kind uint8
 

@@ -644,11 +644,34 @@ func testIPC(t *testing.T, s *System) {
 	require.NoError(t, err)
 	assert.Equal(t, uint64(1024), h.Offset)
 	assert.Equal(t, uint64(512), h.Length)
-	// Opening a handle in the process that exported it is refused by CUDA;
-	// the cross-process test lives with the transport. Check the error names
-	// the call.
-	_, err = dev0(t, s).IPCOpen(h)
+	// The real driver refuses to open a handle in the process that exported
+	// it (cross-process use is tested with the transport); the error names
+	// the call. The fake driver can be told to allow it, to test the cache.
+	d := dev0(t, s)
+	x, err := d.IPCOpen(h)
 	if err != nil {
 		assert.Contains(t, err.Error(), "cuIpcOpenMemHandle")
+		return
 	}
+	require.NoError(t, CopyFromHost(sl, pattern(512, 9)))
+	y, err := d.IPCOpen(h) // cached: same mapping
+	require.NoError(t, err)
+	assert.Equal(t, x.Ptr(), y.Ptr())
+	assert.Equal(t, 512, x.Len())
+	got := make([]byte, 512)
+	require.NoError(t, CopyToHost(got, x))
+	assert.Equal(t, pattern(512, 9), got)
+	k, kd := s.KindOf(x.Ptr())
+	assert.Equal(t, KindDevice, k)
+	assert.Same(t, d, kd)
+	assert.ErrorIs(t, Free(x), ErrNotAllocation, "IPC mappings are closed, not freed")
+	require.NoError(t, IPCClose(x))
+	require.NoError(t, CopyToHost(got, y), "mapping still referenced")
+	require.NoError(t, IPCClose(y))
+	assert.ErrorIs(t, CopyToHost(got, y), ErrFreed)
+	assert.ErrorIs(t, IPCClose(y), ErrFreed)
+	bad := h
+	bad.Offset = 1 << 40
+	_, err = d.IPCOpen(bad)
+	assert.ErrorIs(t, err, ErrOutOfBounds)
 }

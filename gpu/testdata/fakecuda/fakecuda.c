@@ -7,6 +7,7 @@
 //
 // Build: cc -shared -fPIC -o libcuda.so.1 fakecuda.c -lpthread
 // Env:   FAKECUDA_INIT=<n> makes cuInit return CUresult n.
+//        FAKECUDA_IPC=1 lets cuIpcOpenMemHandle succeed in the exporting process.
 //        FAKECUDA_DEVICES=<n> sets the device count (default 1).
 
 #include <pthread.h>
@@ -444,10 +445,15 @@ CUresult cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr p) {
 	return OK;
 }
 
-// Like the real driver, refuse to open a handle exported by this process.
+// Like the real driver, refuse to open a handle exported by this process,
+// unless FAKECUDA_IPC=1: then "map" it at its original address, so the
+// caller's handle cache can be tested in one process.
 CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *p, CUipcMemHandle h, unsigned flags) {
-	(void)p; (void)h; (void)flags;
-	return ERR_INVALID_CONTEXT;
+	(void)flags;
+	const char *e = getenv("FAKECUDA_IPC");
+	if (e == NULL || atoi(e) != 1) return ERR_INVALID_CONTEXT;
+	memcpy(p, h.reserved, sizeof *p);
+	return OK;
 }
 
 CUresult cuIpcCloseMemHandle(CUdeviceptr p) { (void)p; return OK; }
