@@ -246,8 +246,6 @@ func (r *registry) find(ptr uintptr) *allocation {
 
 func (r *registry) all() []*allocation { return append([]*allocation(nil), r.allocs...) }
 
-func (r *registry) len() int { return len(r.allocs) }
-
 // kindCache memoizes KindOf per address. It is bounded: when full it starts
 // over (a cache miss only costs a registry lookup or a driver query).
 type kindCache struct {

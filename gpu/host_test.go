@@ -289,3 +289,28 @@ func TestHostPoolConcurrent(t *testing.T) {
 	_, inUse, _ := p.Stats()
 	assert.Zero(t, inUse)
 }
+
+func TestDefaultAndStrings(t *testing.T) {
+	s, err := Default()
+	require.NoError(t, err)
+	s2, err := Default()
+	require.NoError(t, err)
+	assert.Same(t, s, s2)
+	d := s.Devices()[0]
+	assert.Contains(t, d.String(), s.Backend()+":0")
+	b, err := d.Alloc(16)
+	require.NoError(t, err)
+	defer Free(b)
+	assert.Same(t, d, b.Device())
+	assert.Same(t, s, b.System())
+	assert.Contains(t, b.String(), "device dev=0")
+	assert.Equal(t, "gpu.Buffer{}", Buffer{}.String())
+	p, err := s.AllocHost(8)
+	require.NoError(t, err)
+	defer Free(p)
+	assert.Nil(t, p.Device())
+	assert.Equal(t, "GEQ", GEQ.String())
+	assert.Equal(t, "managed", KindManaged.String())
+	assert.True(t, KindPinned.HostAccessible())
+	assert.False(t, KindDevice.HostAccessible())
+}
