@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -22,14 +24,24 @@ func openOrSkip(name string) func(t *testing.T) *System {
 	return func(t *testing.T) *System {
 		t.Helper()
 		if name == BackendCUDA {
-			if err := CUDAAvailable(); err != nil {
-				t.Skipf("cuda backend skipped: no CUDA driver/device: %v", err)
-			}
+			skipWithoutCUDA(t)
 		}
 		s, err := OpenBackend(name)
 		require.NoError(t, err)
 		t.Cleanup(func() { assert.NoError(t, s.Close()) })
 		return s
+	}
+}
+
+// skipWithoutCUDA skips when the cuda backend is unusable, or fails when
+// TROUPE_GPU=cuda asks for it.
+func skipWithoutCUDA(t *testing.T) {
+	t.Helper()
+	if err := CUDAAvailable(); err != nil {
+		if strings.EqualFold(os.Getenv(EnvBackend), BackendCUDA) {
+			t.Fatalf("%s=cuda but the cuda backend is unavailable: %v", EnvBackend, err)
+		}
+		t.Skipf("cuda backend skipped: no CUDA driver/device: %v", err)
 	}
 }
 
@@ -43,10 +55,8 @@ var backendCases = []backendCase{
 func TestSuite(t *testing.T) {
 	for _, bc := range backendCases {
 		t.Run(bc.name, func(t *testing.T) {
-			if name := bc.name; name == BackendCUDA {
-				if err := CUDAAvailable(); err != nil {
-					t.Skipf("cuda backend skipped: no CUDA driver/device: %v", err)
-				}
+			if bc.name == BackendCUDA {
+				skipWithoutCUDA(t)
 			}
 			for _, tc := range suiteTests {
 				t.Run(tc.name, func(t *testing.T) {
