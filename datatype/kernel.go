@@ -248,13 +248,30 @@ func listMove[B any](e *engine, org int64, disps []int64) {
 	var z B
 	l := int64(unsafe.Sizeof(z))
 	u, p, pos := e.user, e.packed, e.pos
+	i := 0
 	if e.unpack {
-		for i, d := range disps {
-			*(*B)(unsafe.Add(u, org+d)) = *(*B)(unsafe.Add(p, pos+int64(i)*l))
+		for ; i+4 <= len(disps); i += 4 {
+			d := disps[i : i+4 : i+4]
+			q := pos + int64(i)*l
+			*(*B)(unsafe.Add(u, org+d[0])) = *(*B)(unsafe.Add(p, q))
+			*(*B)(unsafe.Add(u, org+d[1])) = *(*B)(unsafe.Add(p, q+l))
+			*(*B)(unsafe.Add(u, org+d[2])) = *(*B)(unsafe.Add(p, q+2*l))
+			*(*B)(unsafe.Add(u, org+d[3])) = *(*B)(unsafe.Add(p, q+3*l))
+		}
+		for ; i < len(disps); i++ {
+			*(*B)(unsafe.Add(u, org+disps[i])) = *(*B)(unsafe.Add(p, pos+int64(i)*l))
 		}
 	} else {
-		for i, d := range disps {
-			*(*B)(unsafe.Add(p, pos+int64(i)*l)) = *(*B)(unsafe.Add(u, org+d))
+		for ; i+4 <= len(disps); i += 4 {
+			d := disps[i : i+4 : i+4]
+			q := pos + int64(i)*l
+			*(*B)(unsafe.Add(p, q)) = *(*B)(unsafe.Add(u, org+d[0]))
+			*(*B)(unsafe.Add(p, q+l)) = *(*B)(unsafe.Add(u, org+d[1]))
+			*(*B)(unsafe.Add(p, q+2*l)) = *(*B)(unsafe.Add(u, org+d[2]))
+			*(*B)(unsafe.Add(p, q+3*l)) = *(*B)(unsafe.Add(u, org+d[3]))
+		}
+		for ; i < len(disps); i++ {
+			*(*B)(unsafe.Add(p, pos+int64(i)*l)) = *(*B)(unsafe.Add(u, org+disps[i]))
 		}
 	}
 	e.pos += int64(len(disps)) * l

@@ -60,7 +60,9 @@ func runDDT(cmd *cobra.Command, _ []string) error {
 		}
 		fmt.Fprintf(tw, "%s\t%d\t%.1f\t%.1f\t%.1f\t%.2f\t%.2f\t\n", r.Layout, r.Bytes,
 			r.PackGBps, r.UnpackGBps, r.CopyGBps, r.PackGBps/r.CopyGBps, r.UnpackGBps/r.CopyGBps)
-		tw.Flush()
+	}
+	if tw != nil {
+		return tw.Flush()
 	}
 	return nil
 }
