@@ -33,10 +33,10 @@ type entry struct {
 type node struct {
 	op     opcode
 	off    int64
-	length int64 // leaf
-	n      int64 // loop
-	stride int64 // loop
-	child  *node // loop
+	length int64   // leaf
+	n      int64   // loop
+	stride int64   // loop
+	child  *node   // loop
 	ents   []entry // list, unless uniform
 	prefix []int64 // list, unless uniform: prefix[i] = packed bytes before entry i
 	leafs  bool    // list: every entry is a leaf

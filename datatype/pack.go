@@ -21,7 +21,6 @@ type countProg struct {
 	nd    *node
 }
 
-
 // program returns the compiled program of count elements of t, or nil when
 // there is no data.
 func (t *Type) program(count int64) (*node, error) {

@@ -3,7 +3,6 @@ package layouts
 import (
 	"fmt"
 	"time"
-
 )
 
 // Result is one layout's measured bandwidths in GB/s (10^9 bytes per
@@ -99,4 +98,3 @@ func MeasureAll(round time.Duration, rounds int) ([]Result, error) {
 	}
 	return out, nil
 }
-
