@@ -198,8 +198,9 @@ func hindexed(fn string, comb Combiner, blocklens, disps []int64, old *Type) (*T
 
 // Struct returns blocks of blocklens[i] copies of types[i] at byte
 // displacements byteDisps[i] (MPI_Type_create_struct). The extent is
-// ub - lb with no alignment padding (see the package documentation of
-// docs/datatype.md); use Resized to add C-struct padding.
+// exactly ub - lb: no alignment epsilon is added (MPI leaves the epsilon to
+// the implementation; see docs/datatype.md). Use Resized to add C-struct
+// padding.
 func Struct(blocklens, byteDisps []int64, types []*Type) (*Type, error) {
 	if len(blocklens) != len(byteDisps) || len(blocklens) != len(types) {
 		return nil, invalid("Struct: %d block lengths, %d displacements, %d types",

@@ -39,9 +39,6 @@ func copies(old *ref, disps []int64) *ref {
 		for _, e := range old.tm {
 			r.tm = append(r.tm, refElem{d + e.disp, e.t})
 		}
-		if old.empty && old.lb == 0 && old.ub == 0 && len(old.tm) == 0 {
-			// A copy of an empty, unbounded type still has bounds 0, 0.
-		}
 		lo, hi := d+old.lb, d+old.ub
 		if r.empty || lo < r.lb {
 			r.lb = lo
