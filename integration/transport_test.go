@@ -1,0 +1,210 @@
+package integration
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/troupe-hpc/troupe/transport/bootstrap"
+)
+
+// syncBuffer is an io.Writer safe for the launcher's concurrent writes.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+type jobResult struct {
+	err            error
+	stdout, stderr string
+	wall           time.Duration
+}
+
+func (j jobResult) dump() string {
+	return fmt.Sprintf("launch error: %v\n--- stdout ---\n%s--- stderr ---\n%s", j.err, j.stdout, j.stderr)
+}
+
+var tlsModes = []string{"tcp", "shm"}
+
+// launch runs n copies of this test binary as the ranks of role, with UCX
+// limited to tls, through the embedded launcher.
+func launch(t *testing.T, role string, n int, tls string) jobResult {
+	t.Helper()
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), rankTimeout+10*time.Second)
+	defer cancel()
+	var stdout, stderr syncBuffer
+	start := time.Now()
+	err = bootstrap.Launch(ctx, bootstrap.LaunchConfig{
+		N:       n,
+		Program: exe,
+		Env:     []string{roleEnv + "=" + role},
+		TLS:     tls,
+		Stdout:  &stdout,
+		Stderr:  &stderr,
+		// Survivors of a dead rank finish their checks after the
+		// launcher's SIGTERM; they need far less than this.
+		Grace: 15 * time.Second,
+	})
+	res := jobResult{err: err, stdout: stdout.String(), stderr: stderr.String(), wall: time.Since(start)}
+	t.Logf("%s over %s: %d ranks, %v", role, tls, n, res.wall.Round(time.Millisecond))
+	return res
+}
+
+// okLine is what rankMain prints, prefixed by the launcher, on success.
+func okLine(role string, r int) string { return fmt.Sprintf("[%d] %s: rank %d OK\n", r, role, r) }
+
+// checkTLS requires every rank to have run with UCX limited to tls.
+func checkTLS(t *testing.T, res jobResult, n int, tls string) {
+	t.Helper()
+	for r := 0; r < n; r++ {
+		if want := fmt.Sprintf("[%d] rank %d: UCX_TLS=%s\n", r, r, bootstrap.UCXTLS(tls)); !strings.Contains(res.stdout, want) {
+			t.Fatalf("rank %d did not run with %q:\n%s", r, strings.TrimSpace(want), res.dump())
+		}
+	}
+}
+
+// runJob launches a role and requires every rank to succeed.
+func runJob(t *testing.T, role string, n int, tls string) jobResult {
+	t.Helper()
+	res := launch(t, role, n, tls)
+	if res.err != nil {
+		t.Fatalf("job failed:\n%s", res.dump())
+	}
+	for r := 0; r < n; r++ {
+		if !strings.Contains(res.stdout, okLine(role, r)) {
+			t.Fatalf("rank %d did not report success:\n%s", r, res.dump())
+		}
+	}
+	if strings.Contains(res.stderr, "FAILED") {
+		t.Fatalf("a rank reported a failure:\n%s", res.dump())
+	}
+	checkTLS(t, res, n, tls)
+	if testing.Verbose() {
+		t.Logf("output:\n%s", res.stdout)
+	}
+	return res
+}
+
+func forTLS(t *testing.T, f func(t *testing.T, tls string)) {
+	for _, tls := range tlsModes {
+		t.Run(tls, func(t *testing.T) { f(t, tls) })
+	}
+}
+
+func TestDataIntegrity(t *testing.T) {
+	forTLS(t, func(t *testing.T, tls string) {
+		res := runJob(t, "integrity", 2, tls)
+		for _, n := range integritySizes {
+			if !strings.Contains(res.stdout, fmt.Sprintf("[0] rank 0: %d B round trip ok", n)) {
+				t.Fatalf("no round trip line for %d B:\n%s", n, res.dump())
+			}
+		}
+	})
+}
+
+func TestIOV(t *testing.T) {
+	forTLS(t, func(t *testing.T, tls string) { runJob(t, "iov", 2, tls) })
+}
+
+func TestRMA(t *testing.T) {
+	forTLS(t, func(t *testing.T, tls string) {
+		res := runJob(t, "rma", 2, tls)
+		if !strings.Contains(res.stdout, "[1] rank 1: memory holds rank 0's puts") {
+			t.Fatalf("rank 1 did not verify its memory:\n%s", res.dump())
+		}
+	})
+}
+
+func TestSameTagOrder(t *testing.T) {
+	forTLS(t, func(t *testing.T, tls string) {
+		res := runJob(t, "order", 2, tls)
+		if !strings.Contains(res.stdout, fmt.Sprintf("%d same-tag messages arrived in order", orderN)) {
+			t.Fatalf("no ordering line:\n%s", res.dump())
+		}
+	})
+}
+
+func TestTruncation(t *testing.T) {
+	forTLS(t, func(t *testing.T, tls string) {
+		res := runJob(t, "truncate", 2, tls)
+		if !strings.Contains(res.stdout, "[1] rank 1: got *TruncatedError with the real sizes") {
+			t.Fatalf("no truncation line:\n%s", res.dump())
+		}
+	})
+}
+
+var nsLine = regexp.MustCompile(`(?m)^\[(\d)\] rank \d: (KILL|LOST)_AT_NS=(\d+)$`)
+
+// TestDeadPeer: rank 2 of 3 kills itself with SIGKILL; ranks 0 and 1 see
+// their pending receives from it fail with ErrPeerLost within 2 s and keep
+// exchanging messages. The launcher reports rank 2's death, and only that.
+func TestDeadPeer(t *testing.T) {
+	forTLS(t, func(t *testing.T, tls string) {
+		res := launch(t, "deadpeer", 3, tls)
+		var rf *bootstrap.RankFailure
+		if !errors.As(res.err, &rf) {
+			t.Fatalf("Launch returned %v, want a *RankFailure for rank 2:\n%s", res.err, res.dump())
+		}
+		if rf.Rank != 2 || rf.Signal != syscall.SIGKILL {
+			t.Fatalf("Launch reported rank %d %s, want rank 2 killed by SIGKILL:\n%s", rf.Rank, rf.Status(), res.dump())
+		}
+		for r := 0; r < 2; r++ {
+			if !strings.Contains(res.stdout, okLine("deadpeer", r)) {
+				t.Fatalf("survivor rank %d did not report success:\n%s", r, res.dump())
+			}
+		}
+		if strings.Contains(res.stderr, "FAILED") {
+			t.Fatalf("a rank reported a failure:\n%s", res.dump())
+		}
+		checkTLS(t, res, 3, tls)
+		var kill int64
+		lostAt := map[int]int64{}
+		for _, m := range nsLine.FindAllStringSubmatch(res.stdout, -1) {
+			r, _ := strconv.Atoi(m[1])
+			ns, _ := strconv.ParseInt(m[3], 10, 64)
+			if m[2] == "KILL" {
+				kill = ns
+			} else {
+				lostAt[r] = ns
+			}
+		}
+		if kill == 0 || len(lostAt) != 2 {
+			t.Fatalf("missing KILL_AT_NS/LOST_AT_NS lines:\n%s", res.dump())
+		}
+		for r := 0; r < 2; r++ {
+			d := time.Duration(lostAt[r] - kill)
+			t.Logf("%s: rank %d saw rank 2's death %v after its SIGKILL", tls, r, d.Round(time.Microsecond))
+			if d > detectLimit {
+				t.Errorf("rank %d: pending receive failed %v after the kill, more than %v", r, d, detectLimit)
+			}
+		}
+		if testing.Verbose() {
+			t.Logf("output:\n%s\nstderr:\n%s", res.stdout, res.stderr)
+		}
+	})
+}
