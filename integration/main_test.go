@@ -15,8 +15,12 @@ import (
 	"github.com/troupe-hpc/troupe/transport/bootstrap"
 )
 
-// roleEnv names the scenario a re-executed test binary plays as a rank.
-const roleEnv = "TROUPE_ITEST_ROLE"
+// roleEnv names the scenario a re-executed test binary plays as a rank;
+// progressEnv its transport's progress mode ("direct" or "queue").
+const (
+	roleEnv     = "TROUPE_ITEST_ROLE"
+	progressEnv = "TROUPE_ITEST_PROGRESS"
+)
 
 // rankTimeout bounds a rank's whole life.
 const rankTimeout = 40 * time.Second
@@ -67,13 +71,22 @@ func rankMain(role string) int {
 		return 3
 	}
 	defer b.Close()
-	tr, err := transport.New(ctx, transport.Options{Bootstrap: b})
+	opts := transport.Options{Bootstrap: b}
+	switch p := os.Getenv(progressEnv); p {
+	case "", "direct":
+	case "queue":
+		opts.Progress = transport.ProgressQueue
+	default:
+		fmt.Fprintf(os.Stderr, "integration: unknown progress mode %q\n", p)
+		return 2
+	}
+	tr, err := transport.New(ctx, opts)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "%s: rank %d: transport.New: %v\n", role, b.Rank(), err)
 		return 4
 	}
 	r := &rank{t: tr, b: b}
-	r.logf("UCX_TLS=%s", os.Getenv("UCX_TLS"))
+	r.logf("UCX_TLS=%s progress=%v", os.Getenv("UCX_TLS"), opts.Progress)
 	if err := sc(ctx, r); err != nil {
 		fmt.Fprintf(os.Stderr, "%s: rank %d FAILED: %v\n", role, b.Rank(), err)
 		return 1

@@ -626,6 +626,11 @@ func deadPeer(ctx context.Context, r *rank) error {
 	case res := <-pp:
 		return fmt.Errorf("exchange with rank 1 before the kill: %v", res.err)
 	}
+	// A rendezvous-sized send rank 2 never receives stays pending.
+	pendingSend, err := t.Isend(2, tagNever, pattern(4<<20, 1))
+	if err != nil {
+		return fmt.Errorf("isend to 2: %w", err)
+	}
 	goAt := time.Now()
 	if err := t.Send(ctx, 2, tagGo, []byte("go")); err != nil {
 		return fmt.Errorf("go to 2: %w", err)
@@ -636,6 +641,13 @@ func deadPeer(ctx context.Context, r *rank) error {
 		return err
 	}
 	r.logf("pending receive failed with ErrPeerLost %v after telling rank 2 to die", elapsed.Round(time.Microsecond))
+	sctx, cancel := context.WithTimeout(ctx, detectLimit)
+	_, err = pendingSend.Wait(sctx)
+	cancel()
+	if !errors.Is(err, transport.ErrPeerLost) {
+		return fmt.Errorf("pending 4 MiB send to the dead rank: %v (%v after the kill), want ErrPeerLost", err, time.Since(goAt))
+	}
+	r.logf("pending send failed with ErrPeerLost %v after telling rank 2 to die", time.Since(goAt).Round(time.Microsecond))
 
 	// New operations on the dead peer fail at once.
 	if err := t.Send(ctx, 2, tagHello, []byte("x")); !errors.Is(err, transport.ErrPeerLost) {

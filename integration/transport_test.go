@@ -45,11 +45,13 @@ func (j jobResult) dump() string {
 	return fmt.Sprintf("launch error: %v\n--- stdout ---\n%s--- stderr ---\n%s", j.err, j.stdout, j.stderr)
 }
 
-var tlsModes = []string{"tcp", "shm"}
+// cfg is how a job runs: UCX transports (a LaunchConfig.TLS value) and the
+// transport's progress mode.
+type cfg struct{ tls, progress string }
 
-// launch runs n copies of this test binary as the ranks of role, with UCX
-// limited to tls, through the embedded launcher.
-func launch(t *testing.T, role string, n int, tls string) jobResult {
+// launch runs n copies of this test binary as the ranks of role through the
+// embedded launcher.
+func launch(t *testing.T, role string, n int, c cfg) jobResult {
 	t.Helper()
 	exe, err := os.Executable()
 	if err != nil {
@@ -62,8 +64,8 @@ func launch(t *testing.T, role string, n int, tls string) jobResult {
 	err = bootstrap.Launch(ctx, bootstrap.LaunchConfig{
 		N:       n,
 		Program: exe,
-		Env:     []string{roleEnv + "=" + role},
-		TLS:     tls,
+		Env:     []string{roleEnv + "=" + role, progressEnv + "=" + c.progress},
+		TLS:     c.tls,
 		Stdout:  &stdout,
 		Stderr:  &stderr,
 		// Survivors of a dead rank finish their checks after the
@@ -71,7 +73,7 @@ func launch(t *testing.T, role string, n int, tls string) jobResult {
 		Grace: 15 * time.Second,
 	})
 	res := jobResult{err: err, stdout: stdout.String(), stderr: stderr.String(), wall: time.Since(start)}
-	t.Logf("%s over %s: %d ranks, %v", role, tls, n, res.wall.Round(time.Millisecond))
+	t.Logf("%s over %s, %s progress: %d ranks, %v", role, c.tls, c.progress, n, res.wall.Round(time.Millisecond))
 	return res
 }
 
@@ -79,19 +81,19 @@ func launch(t *testing.T, role string, n int, tls string) jobResult {
 func okLine(role string, r int) string { return fmt.Sprintf("[%d] %s: rank %d OK\n", r, role, r) }
 
 // checkTLS requires every rank to have run with UCX limited to tls.
-func checkTLS(t *testing.T, res jobResult, n int, tls string) {
+func checkTLS(t *testing.T, res jobResult, n int, c cfg) {
 	t.Helper()
 	for r := 0; r < n; r++ {
-		if want := fmt.Sprintf("[%d] rank %d: UCX_TLS=%s\n", r, r, bootstrap.UCXTLS(tls)); !strings.Contains(res.stdout, want) {
+		if want := fmt.Sprintf("[%d] rank %d: UCX_TLS=%s progress=%s\n", r, r, bootstrap.UCXTLS(c.tls), c.progress); !strings.Contains(res.stdout, want) {
 			t.Fatalf("rank %d did not run with %q:\n%s", r, strings.TrimSpace(want), res.dump())
 		}
 	}
 }
 
 // runJob launches a role and requires every rank to succeed.
-func runJob(t *testing.T, role string, n int, tls string) jobResult {
+func runJob(t *testing.T, role string, n int, c cfg) jobResult {
 	t.Helper()
-	res := launch(t, role, n, tls)
+	res := launch(t, role, n, c)
 	if res.err != nil {
 		t.Fatalf("job failed:\n%s", res.dump())
 	}
@@ -103,22 +105,27 @@ func runJob(t *testing.T, role string, n int, tls string) jobResult {
 	if strings.Contains(res.stderr, "FAILED") {
 		t.Fatalf("a rank reported a failure:\n%s", res.dump())
 	}
-	checkTLS(t, res, n, tls)
+	checkTLS(t, res, n, c)
 	if testing.Verbose() {
 		t.Logf("output:\n%s", res.stdout)
 	}
 	return res
 }
 
-func forTLS(t *testing.T, f func(t *testing.T, tls string)) {
-	for _, tls := range tlsModes {
-		t.Run(tls, func(t *testing.T) { f(t, tls) })
+// forTLS runs f over TCP and over shared memory, each in both progress modes.
+func forTLS(t *testing.T, f func(t *testing.T, c cfg)) {
+	for _, tls := range []string{"tcp", "shm"} {
+		t.Run(tls, func(t *testing.T) {
+			for _, p := range []string{"direct", "queue"} {
+				t.Run(p, func(t *testing.T) { f(t, cfg{tls, p}) })
+			}
+		})
 	}
 }
 
 func TestDataIntegrity(t *testing.T) {
-	forTLS(t, func(t *testing.T, tls string) {
-		res := runJob(t, "integrity", 2, tls)
+	forTLS(t, func(t *testing.T, c cfg) {
+		res := runJob(t, "integrity", 2, c)
 		for _, n := range integritySizes {
 			if !strings.Contains(res.stdout, fmt.Sprintf("[0] rank 0: %d B round trip ok", n)) {
 				t.Fatalf("no round trip line for %d B:\n%s", n, res.dump())
@@ -128,12 +135,12 @@ func TestDataIntegrity(t *testing.T) {
 }
 
 func TestIOV(t *testing.T) {
-	forTLS(t, func(t *testing.T, tls string) { runJob(t, "iov", 2, tls) })
+	forTLS(t, func(t *testing.T, c cfg) { runJob(t, "iov", 2, c) })
 }
 
 func TestRMA(t *testing.T) {
-	forTLS(t, func(t *testing.T, tls string) {
-		res := runJob(t, "rma", 2, tls)
+	forTLS(t, func(t *testing.T, c cfg) {
+		res := runJob(t, "rma", 2, c)
 		if !strings.Contains(res.stdout, "[1] rank 1: memory holds rank 0's puts") {
 			t.Fatalf("rank 1 did not verify its memory:\n%s", res.dump())
 		}
@@ -141,8 +148,8 @@ func TestRMA(t *testing.T) {
 }
 
 func TestSameTagOrder(t *testing.T) {
-	forTLS(t, func(t *testing.T, tls string) {
-		res := runJob(t, "order", 2, tls)
+	forTLS(t, func(t *testing.T, c cfg) {
+		res := runJob(t, "order", 2, c)
 		if !strings.Contains(res.stdout, fmt.Sprintf("%d same-tag messages arrived in order", orderN)) {
 			t.Fatalf("no ordering line:\n%s", res.dump())
 		}
@@ -150,8 +157,8 @@ func TestSameTagOrder(t *testing.T) {
 }
 
 func TestTruncation(t *testing.T) {
-	forTLS(t, func(t *testing.T, tls string) {
-		res := runJob(t, "truncate", 2, tls)
+	forTLS(t, func(t *testing.T, c cfg) {
+		res := runJob(t, "truncate", 2, c)
 		if !strings.Contains(res.stdout, "[1] rank 1: got *TruncatedError with the real sizes") {
 			t.Fatalf("no truncation line:\n%s", res.dump())
 		}
@@ -164,8 +171,8 @@ var nsLine = regexp.MustCompile(`(?m)^\[(\d)\] rank \d: (KILL|LOST)_AT_NS=(\d+)$
 // their pending receives from it fail with ErrPeerLost within 2 s and keep
 // exchanging messages. The launcher reports rank 2's death, and only that.
 func TestDeadPeer(t *testing.T) {
-	forTLS(t, func(t *testing.T, tls string) {
-		res := launch(t, "deadpeer", 3, tls)
+	forTLS(t, func(t *testing.T, c cfg) {
+		res := launch(t, "deadpeer", 3, c)
 		var rf *bootstrap.RankFailure
 		if !errors.As(res.err, &rf) {
 			t.Fatalf("Launch returned %v, want a *RankFailure for rank 2:\n%s", res.err, res.dump())
@@ -181,7 +188,7 @@ func TestDeadPeer(t *testing.T) {
 		if strings.Contains(res.stderr, "FAILED") {
 			t.Fatalf("a rank reported a failure:\n%s", res.dump())
 		}
-		checkTLS(t, res, 3, tls)
+		checkTLS(t, res, 3, c)
 		var kill int64
 		lostAt := map[int]int64{}
 		for _, m := range nsLine.FindAllStringSubmatch(res.stdout, -1) {
@@ -198,7 +205,7 @@ func TestDeadPeer(t *testing.T) {
 		}
 		for r := 0; r < 2; r++ {
 			d := time.Duration(lostAt[r] - kill)
-			t.Logf("%s: rank %d saw rank 2's death %v after its SIGKILL", tls, r, d.Round(time.Microsecond))
+			t.Logf("%s/%s: rank %d saw rank 2's death %v after its SIGKILL", c.tls, c.progress, r, d.Round(time.Microsecond))
 			if d > detectLimit {
 				t.Errorf("rank %d: pending receive failed %v after the kill, more than %v", r, d, detectLimit)
 			}
