@@ -3,6 +3,7 @@ package datatype_test
 import (
 	"bytes"
 	"encoding/binary"
+	"math"
 	"testing"
 
 	dt "github.com/troupe-hpc/troupe/datatype"
@@ -127,10 +128,18 @@ func exercise(t *testing.T, x *dt.Type, count, off, chunk int64) {
 	}
 	lo, hi := x.TrueLB(), x.TrueUB()
 	if count > 1 {
+		if e := x.Extent(); e > 0 && (count-1) > (math.MaxInt64-max(hi, 0))/e {
+			// The data of count elements do not fit in 64 bits: Pack
+			// must refuse, not panic.
+			if _, err := x.Pack(make([]byte, n), nil, 0, count); err == nil && n > 0 {
+				t.Fatal("Pack accepted a span beyond 64 bits")
+			}
+			return
+		}
 		hi += (count - 1) * x.Extent()
 	}
 	lo, hi = min(lo, 0), max(hi, 0)
-	if hi-lo > 1<<16 {
+	if hi-lo > 1<<16 || hi-lo < 0 { // negative: the span wrapped around
 		return
 	}
 	src := make([]byte, hi-lo)

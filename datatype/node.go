@@ -80,7 +80,8 @@ func repeat(nd *node, n, stride int64, a *arith) *node {
 	if nd.op == opLeaf && stride == nd.length {
 		return leafNode(nd.off, size, a)
 	}
-	if nd.op == opLoop && nd.n > 0 && stride == a.mul(nd.n, nd.stride, "stride") {
+	var tile arith // only a comparison: an overflow here just means "no fusion"
+	if nd.op == opLoop && stride == tile.mul(nd.n, nd.stride, "") && !tile.bad {
 		inner := shift(nd.child, 0, a)
 		return loopNode(nd.off, a.mul(n, nd.n, "count"), nd.stride, inner, a)
 	}
