@@ -34,7 +34,7 @@ func derive(comb Combiner, root *node, lb, ub int64, parts []sigPart, a *arith) 
 	if root != nil {
 		t.size = root.size
 	}
-	a.add(ub, -lb, "extent")
+	a.sub(ub, lb, "extent")
 	for _, p := range parts {
 		a.mul(p.k, p.t.elements, "signature length")
 	}

@@ -48,6 +48,14 @@ func (a *arith) add(x, y int64, what string) int64 {
 	return s
 }
 
+func (a *arith) sub(x, y int64, what string) int64 {
+	d := x - y
+	if (y < 0 && d < x) || (y > 0 && d > x) {
+		a.fail(what)
+	}
+	return d
+}
+
 func (a *arith) mul(x, y int64, what string) int64 {
 	if x == 0 || y == 0 {
 		return 0

@@ -170,13 +170,14 @@ func regular(ents []entry) bool {
 	if ents[0].nd != nil {
 		return false
 	}
-	d := ents[1].disp - ents[0].disp
+	var a arith // a delta that overflows just means "not regular"
+	d := a.sub(ents[1].disp, ents[0].disp, "")
 	for i := 1; i < len(ents); i++ {
-		if ents[i].nd != nil || ents[i].len != ents[0].len || ents[i].disp-ents[i-1].disp != d {
+		if ents[i].nd != nil || ents[i].len != ents[0].len || a.sub(ents[i].disp, ents[i-1].disp, "") != d {
 			return false
 		}
 	}
-	return true
+	return !a.bad
 }
 
 // entryAt returns the index of the list entry holding packed byte p.
