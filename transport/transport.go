@@ -73,6 +73,11 @@ func (o *Options) defaults() {
 	}
 	if o.WaitSpin == 0 {
 		o.WaitSpin = 200 * time.Microsecond
+		if o.Progress == ProgressQueue {
+			// Only the progress goroutine can complete a request: a waiter
+			// that spins too just competes with it for a core.
+			o.WaitSpin = time.Nanosecond
+		}
 	}
 	if o.KeepAlive == 0 {
 		o.KeepAlive = 200 * time.Millisecond
@@ -184,6 +189,16 @@ func New(ctx context.Context, opts Options) (*Transport, error) {
 		loopDone: make(chan struct{}),
 	}
 	t.log = opts.Log.With(zap.Int("rank", t.rank))
+	// Shared-memory transports serve endpoints with peer-failure handling
+	// only when asked to; without it UCX would refuse them for troupe's
+	// endpoints and fall back to TCP (or fail with UCX_TLS=sm).
+	for _, k := range []string{"UCX_POSIX_ERROR_HANDLING", "UCX_SYSV_ERROR_HANDLING"} {
+		if !envSet(k) {
+			if err := syscallSetenv(k, "y"); err != nil {
+				return nil, fmt.Errorf("transport: setting %s: %w", k, err)
+			}
+		}
+	}
 	cfg := map[string]string{}
 	if !envSet("UCX_KEEPALIVE_INTERVAL") {
 		cfg["KEEPALIVE_INTERVAL"] = fmt.Sprintf("%dus", opts.KeepAlive.Microseconds())
@@ -290,14 +305,11 @@ func (t *Transport) progressOnce() bool {
 		}
 		active = true
 	}
-	n, progressed := t.w.Progress(t.evbuf)
-	for n > 0 {
+	evs, progressed := t.w.Progress()
+	for len(evs) > 0 {
 		active = true
-		t.handle(t.evbuf[:n])
-		if n < len(t.evbuf) {
-			break
-		}
-		n = t.w.Drain(t.evbuf)
+		t.handle(evs)
+		evs = t.w.Drain()
 	}
 	if progressed {
 		active = true
@@ -322,8 +334,21 @@ func (t *Transport) loop() {
 	fds := []unix.PollFd{{Fd: int32(t.efd), Events: unix.POLLIN}}
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
+	direct := t.opts.Progress == ProgressDirect
 	var idle time.Time
 	for !t.stopping.Load() {
+		if direct && t.spinners.Load() > 0 {
+			// A waiter is progressing the worker itself; competing for the
+			// worker lock would only slow it down. Come back when it parks
+			// (it kicks us) or after a millisecond.
+			timer.Reset(time.Millisecond)
+			select {
+			case <-t.kick:
+			case <-timer.C:
+			}
+			idle = time.Time{}
+			continue
+		}
 		if t.progressOnce() {
 			idle = time.Time{}
 			continue
@@ -333,19 +358,12 @@ func (t *Transport) loop() {
 			idle = now
 			continue
 		}
-		if now.Sub(idle) < t.opts.Spin {
+		if now.Sub(idle) < t.opts.Spin || (!direct && t.spinners.Load() > 0) {
+			// Spin briefly after activity; in queue mode, never sleep while
+			// somebody waits for a result only this goroutine can produce.
 			continue
 		}
 		idle = time.Time{}
-		if t.spinners.Load() > 0 {
-			// A waiter is progressing the worker; stay out of its way.
-			timer.Reset(time.Millisecond)
-			select {
-			case <-t.kick:
-			case <-timer.C:
-			}
-			continue
-		}
 		t.mu.Lock()
 		err := t.w.Arm()
 		pending := len(t.submit) > 0
@@ -361,7 +379,7 @@ func (t *Transport) loop() {
 		t.mu.Lock()
 		pending = len(t.submit) > 0
 		t.mu.Unlock()
-		if !pending && !t.stopping.Load() {
+		if !pending && !t.stopping.Load() && (direct || t.spinners.Load() == 0) {
 			// The timeout lets UCX run its keepalive while endpoints exist.
 			_, _ = unix.Poll(fds, 100)
 		}
@@ -482,7 +500,7 @@ func (r *Request) Wait(ctx context.Context) (Status, error) {
 		return r.status, r.err
 	}
 	done := r.Done()
-	t.wake()
+	t.wake() // the progress goroutine takes over while this goroutine parks
 	select {
 	case <-done:
 		return r.status, r.err
@@ -719,10 +737,9 @@ func (t *Transport) Close() error {
 		delete(t.ops, req)
 	}
 	t.reg.closeAll()
-	var ev [64]ucx.Event
-	for n := t.w.Drain(ev[:]); n > 0; n = t.w.Drain(ev[:]) {
-		for i := range ev[:n] {
-			ev[i].Discard(t.w)
+	for evs := t.w.Drain(); len(evs) > 0; evs = t.w.Drain() {
+		for i := range evs {
+			evs[i].Discard(t.w)
 		}
 	}
 	for _, e := range t.amq {

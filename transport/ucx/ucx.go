@@ -145,19 +145,30 @@ type Worker struct {
 	h   C.ucp_worker_h
 	q   *C.troupe_queue_t
 	ctx *Context
+	// ev is a C array events are drained into: a Go array would make cgo
+	// scan every entry's pointer fields on every call.
+	ev  *C.troupe_ev_t
+	nev int
 }
+
+// eventBatch is how many events one Progress or Drain call returns at most.
+const eventBatch = 128
 
 // NewWorker creates a worker on the context.
 func (c *Context) NewWorker(mode ThreadMode) (*Worker, error) {
 	var p C.ucp_worker_params_t
 	p.field_mask = C.UCP_WORKER_PARAM_FIELD_THREAD_MODE
 	p.thread_mode = C.ucs_thread_mode_t(mode)
-	w := &Worker{ctx: c, q: C.troupe_queue_new()}
-	if w.q == nil {
+	w := &Worker{ctx: c, q: C.troupe_queue_new(), nev: eventBatch}
+	w.ev = (*C.troupe_ev_t)(C.calloc(C.size_t(w.nev), C.size_t(unsafe.Sizeof(C.troupe_ev_t{}))))
+	if w.q == nil || w.ev == nil {
+		C.troupe_queue_free(w.q)
+		C.free(unsafe.Pointer(w.ev))
 		return nil, &Error{Op: "troupe_queue_new", Status: C.UCS_ERR_NO_MEMORY}
 	}
 	if err := check("ucp_worker_create", C.ucp_worker_create(c.h, &p, &w.h)); err != nil {
 		C.troupe_queue_free(w.q)
+		C.free(unsafe.Pointer(w.ev))
 		return nil, err
 	}
 	return w, nil
@@ -169,19 +180,15 @@ func (w *Worker) Close() {
 	if w.h == nil {
 		return
 	}
-	var ev [64]Event
-	for {
-		n := w.Drain(ev[:])
-		if n == 0 {
-			break
-		}
-		for i := range ev[:n] {
+	for ev := w.Drain(); len(ev) > 0; ev = w.Drain() {
+		for i := range ev {
 			ev[i].Discard(w)
 		}
 	}
 	C.ucp_worker_destroy(w.h)
 	C.troupe_queue_free(w.q)
-	w.h, w.q = nil, nil
+	C.free(unsafe.Pointer(w.ev))
+	w.h, w.q, w.ev = nil, nil, nil
 }
 
 // Address returns the worker's address, to be sent to peers.
@@ -212,17 +219,26 @@ func (w *Worker) Arm() error { return check("ucp_worker_arm", C.ucp_worker_arm(w
 // the one call that is safe without serialisation.
 func (w *Worker) Signal() error { return check("ucp_worker_signal", C.ucp_worker_signal(w.h)) }
 
-// Progress calls ucp_worker_progress once and moves queued events into ev.
-// It returns the number of events and whether UCX reported progress.
-func (w *Worker) Progress(ev []Event) (int, bool) {
+// Progress calls ucp_worker_progress once and returns up to eventBatch queued
+// events, and whether UCX reported progress. The events live in the worker's
+// C memory: they are valid until the next Progress or Drain call.
+func (w *Worker) Progress() ([]Event, bool) {
 	var progressed C.uint
-	n := C.troupe_progress_drain(w.h, w.q, (*C.troupe_ev_t)(unsafe.Pointer(unsafe.SliceData(ev))), C.size_t(len(ev)), &progressed)
-	return int(n), progressed != 0
+	n := C.troupe_progress_drain(w.h, w.q, w.ev, C.size_t(w.nev), &progressed)
+	return w.events(int(n)), progressed != 0
 }
 
-// Drain moves queued events into ev without progressing.
-func (w *Worker) Drain(ev []Event) int {
-	return int(C.troupe_drain(w.q, (*C.troupe_ev_t)(unsafe.Pointer(unsafe.SliceData(ev))), C.size_t(len(ev))))
+// Drain returns up to eventBatch queued events without progressing, valid
+// until the next Progress or Drain call.
+func (w *Worker) Drain() []Event {
+	return w.events(int(C.troupe_drain(w.q, w.ev, C.size_t(w.nev))))
+}
+
+func (w *Worker) events(n int) []Event {
+	if n == 0 {
+		return nil
+	}
+	return unsafe.Slice((*Event)(unsafe.Pointer(w.ev)), n)
 }
 
 // Pending reports the number of queued events and whether an event was lost

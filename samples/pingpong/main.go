@@ -1,0 +1,64 @@
+// Command pingpong is troupe's two-rank ping-pong: an OSU-style table of
+// one-way latency and bandwidth over the transport. Run it through the
+// embedded launcher:
+//
+//	troupe run -n 2 -- pingpong [-max 4194304] [-progress direct|queue]
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/troupe-hpc/troupe/transport"
+	"github.com/troupe-hpc/troupe/transport/bootstrap"
+	"github.com/troupe-hpc/troupe/transport/perf"
+)
+
+func main() {
+	maxSize := flag.Int("max", 4<<20, "largest message size in bytes")
+	scale := flag.Float64("scale", 1, "iteration count multiplier")
+	progress := flag.String("progress", "direct", "progress mode: direct or queue")
+	flag.Parse()
+	if err := run(*maxSize, *scale, *progress); err != nil {
+		fmt.Fprintln(os.Stderr, "pingpong:", err)
+		os.Exit(1)
+	}
+}
+
+func run(maxSize int, scale float64, progress string) error {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	boot, err := bootstrap.FromEnv(ctx)
+	if err != nil {
+		return err
+	}
+	defer boot.Close()
+	if boot.Size() < 2 {
+		return fmt.Errorf("needs at least 2 ranks, job has %d (troupe run -n 2 -- pingpong)", boot.Size())
+	}
+	opts := transport.Options{Bootstrap: boot}
+	if progress == "queue" {
+		opts.Progress = transport.ProgressQueue
+	}
+	t, err := transport.New(ctx, opts)
+	if err != nil {
+		return err
+	}
+	defer t.Close()
+	if t.Rank() == 0 {
+		fmt.Printf("# troupe ping-pong, ranks 0 <-> 1, progress %s, UCX_TLS=%s\n", opts.Progress, os.Getenv("UCX_TLS"))
+		fmt.Printf("%-10s %14s %16s\n", "# size", "latency (us)", "bandwidth (MB/s)")
+	}
+	_, err = perf.Sweep(ctx, t, perf.Config{MaxSize: maxSize, Scale: scale}, func(p perf.Point) {
+		fmt.Printf("%-10s %14.2f %16.1f\n", perf.FormatSize(p.Size), p.LatUs, p.BwMBs)
+	})
+	if err != nil {
+		return err
+	}
+	// Nobody leaves while the other may still be draining its last messages.
+	return boot.Barrier(ctx, "pingpong.done")
+}
