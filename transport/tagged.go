@@ -33,60 +33,74 @@ func iovOf(bufs [][]byte) (*ucx.IOV, []unsafe.Pointer, int) {
 // Isend starts sending buf to rank dst with a user tag (0..MaxUserTag). buf
 // must not be modified until the request completes.
 func (t *Transport) Isend(dst, tag int, buf []byte) (*Request, error) {
-	return t.isend(dst, tag, ucx.Buffer{Ptr: bytesPtr(buf), Len: len(buf)}, nil, buf)
+	if err := t.checkSend(dst, tag); err != nil {
+		return nil, err
+	}
+	r := t.newRequest("send", dst, tag, len(buf))
+	r.b, r.hold = ucx.Buffer{Ptr: bytesPtr(buf), Len: len(buf)}, buf
+	t.execReq(r, startSend)
+	return r, nil
 }
 
 // IsendIOV starts sending the concatenation of bufs as one message.
 func (t *Transport) IsendIOV(dst, tag int, bufs [][]byte) (*Request, error) {
+	if err := t.checkSend(dst, tag); err != nil {
+		return nil, err
+	}
 	v, pins, total := iovOf(bufs)
-	return t.isend(dst, tag, ucx.Buffer{IOV: v, Len: total}, pins, bufs)
+	r := t.newRequest("send", dst, tag, total)
+	r.b, r.pins, r.iov, r.hold = ucx.Buffer{IOV: v, Len: total}, pins, v, bufs
+	t.execReq(r, startSend)
+	return r, nil
 }
 
-func (t *Transport) isend(dst, tag int, b ucx.Buffer, pins []unsafe.Pointer, hold any) (*Request, error) {
+func (t *Transport) checkSend(dst, tag int) error {
 	if err := t.checkRank(dst, "send"); err != nil {
-		b.IOV.Free()
-		return nil, err
+		return err
 	}
-	if err := checkTag(tag, "send"); err != nil {
-		b.IOV.Free()
-		return nil, err
+	return checkTag(tag, "send")
+}
+
+// startSend posts r's tagged send; the worker lock is held.
+func startSend(t *Transport, r *Request) {
+	p, err := t.peerLocked(r.peer, "send")
+	if err != nil {
+		t.fail(r, err)
+		return
 	}
-	r := t.newRequest("send", dst, tag, b.Len)
-	r.iov = b.IOV
-	r.hold = hold
-	t.exec(func() {
-		p, err := t.peerLocked(dst, "send")
-		if err != nil {
-			t.fail(r, err)
-			return
-		}
-		key := seqKey{dst, tag}
-		seq := t.sendSeq[key]
-		t.sendSeq[key] = (seq + 1) & userSeqMask
-		ureq, err := t.w.TagSend(p.ep, b, MakeUserTag(uint32(t.rank), uint16(tag), seq))
-		if err != nil {
-			t.fail(r, fmt.Errorf("transport: send to rank %d tag %d: %w", dst, tag, err))
-			return
-		}
-		if !ureq.Pending() {
-			t.complete(r)
-			return
-		}
-		if pins == nil {
-			pins = []unsafe.Pointer{b.Ptr}
-		}
-		t.track(r, ureq, pins...)
-	})
-	return r, nil
+	key := seqKey{r.peer, r.tag}
+	seq := t.sendSeq[key]
+	t.sendSeq[key] = (seq + 1) & userSeqMask
+	ureq, err := t.w.TagSend(p.ep, r.b, MakeUserTag(uint32(t.rank), uint16(r.tag), seq))
+	switch {
+	case err != nil:
+		t.fail(r, fmt.Errorf("transport: send to rank %d tag %d: %w", r.peer, r.tag, err))
+	case !ureq.Pending():
+		t.complete(r)
+	default:
+		t.trackBuffer(r, ureq)
+	}
+}
+
+// trackBuffer tracks r's in-flight request, pinning its memory.
+func (t *Transport) trackBuffer(r *Request, ureq ucx.Request) {
+	if r.pins != nil {
+		t.track(r, ureq, r.pins...)
+	} else {
+		t.track(r, ureq, r.b.Ptr)
+	}
 }
 
 // Send sends buf to rank dst with a user tag and waits until buf may be reused.
 func (t *Transport) Send(ctx context.Context, dst, tag int, buf []byte) error {
-	r, err := t.Isend(dst, tag, buf)
-	if err != nil {
+	if err := t.checkSend(dst, tag); err != nil {
 		return err
 	}
-	_, err = r.Wait(ctx)
+	r := t.pooledRequest("send", dst, tag, len(buf))
+	r.b, r.hold = ucx.Buffer{Ptr: bytesPtr(buf), Len: len(buf)}, buf
+	t.execReq(r, startSend)
+	_, err := r.Wait(ctx)
+	r.recycle()
 	return err
 }
 
@@ -104,56 +118,56 @@ func (t *Transport) SendIOV(ctx context.Context, dst, tag int, bufs [][]byte) er
 // buf. Messages from one source with one tag are received in the order they
 // were sent. A message larger than buf fails with a *TruncatedError.
 func (t *Transport) Irecv(src, tag int, buf []byte) (*Request, error) {
-	return t.irecv(src, tag, ucx.Buffer{Ptr: bytesPtr(buf), Len: len(buf)}, nil, buf)
+	if err := t.checkRecv(src, tag); err != nil {
+		return nil, err
+	}
+	r := t.newRequest("recv", src, tag, len(buf))
+	r.recv = true
+	r.b, r.hold = ucx.Buffer{Ptr: bytesPtr(buf), Len: len(buf)}, buf
+	t.execReq(r, startRecv)
+	return r, nil
 }
 
 // IrecvIOV starts receiving one message scattered over bufs in order.
 func (t *Transport) IrecvIOV(src, tag int, bufs [][]byte) (*Request, error) {
+	if err := t.checkRecv(src, tag); err != nil {
+		return nil, err
+	}
 	v, pins, total := iovOf(bufs)
-	return t.irecv(src, tag, ucx.Buffer{IOV: v, Len: total}, pins, bufs)
+	r := t.newRequest("recv", src, tag, total)
+	r.recv = true
+	r.b, r.pins, r.iov, r.hold = ucx.Buffer{IOV: v, Len: total}, pins, v, bufs
+	t.execReq(r, startRecv)
+	return r, nil
 }
 
-func (t *Transport) irecv(src, tag int, b ucx.Buffer, pins []unsafe.Pointer, hold any) (*Request, error) {
+func (t *Transport) checkRecv(src, tag int) error {
 	if err := t.checkRank(src, "recv"); err != nil {
-		b.IOV.Free()
-		return nil, err
+		return err
 	}
-	if err := checkTag(tag, "recv"); err != nil {
-		b.IOV.Free()
-		return nil, err
+	return checkTag(tag, "recv")
+}
+
+// startRecv posts r's tagged receive; the worker lock is held.
+func startRecv(t *Transport, r *Request) {
+	// The endpoint exists so that the peer's death is noticed.
+	if _, err := t.peerLocked(r.peer, "recv"); err != nil {
+		t.fail(r, err)
+		return
 	}
-	r := t.newRequest("recv", src, tag, b.Len)
-	r.recv = true
-	r.iov = b.IOV
-	r.hold = hold
-	t.exec(func() {
-		// The endpoint exists so that the peer's death is noticed.
-		if _, err := t.peerLocked(src, "recv"); err != nil {
-			t.fail(r, err)
-			return
-		}
-		r.key = seqKey{src, tag}
-		c := t.recvCounter(r.key)
-		r.seq = c.take()
-		ureq, info, err := t.w.TagRecv(b, MakeUserTag(uint32(src), uint16(tag), r.seq), FullMask)
-		switch {
-		case ucx.StatusOf(err) == ucx.StatusTruncated:
-			r.status = Status{Source: src, Tag: tag, Size: info.Length}
-			t.fail(r, &TruncatedError{Source: src, Tag: tag, Size: info.Length, BufLen: b.Len})
-		case err != nil:
-			t.freeSeq(r)
-			t.fail(r, fmt.Errorf("transport: recv from rank %d tag %d: %w", src, tag, err))
-		case !ureq.Pending():
-			r.status = Status{Source: src, Tag: tag, Size: info.Length}
-			t.complete(r)
-		default:
-			if pins == nil {
-				pins = []unsafe.Pointer{b.Ptr}
-			}
-			t.track(r, ureq, pins...)
-		}
-	})
-	return r, nil
+	r.key = seqKey{r.peer, r.tag}
+	r.seq = t.recvCounter(r.key).take()
+	ureq, err := t.w.TagRecv(r.b, MakeUserTag(uint32(r.peer), uint16(r.tag), r.seq), FullMask)
+	switch {
+	case err != nil:
+		t.freeSeq(r)
+		t.fail(r, fmt.Errorf("transport: recv from rank %d tag %d: %w", r.peer, r.tag, err))
+	case !ureq.Pending():
+		t.freeSeq(r)
+		t.fail(r, fmt.Errorf("transport: recv from rank %d tag %d: UCX completed a receive without reporting it", r.peer, r.tag))
+	default:
+		t.trackBuffer(r, ureq)
+	}
 }
 
 func (t *Transport) recvCounter(k seqKey) *recvCounter {
@@ -174,11 +188,16 @@ func (t *Transport) freeSeq(r *Request) {
 
 // Recv receives the next message from rank src with a user tag into buf.
 func (t *Transport) Recv(ctx context.Context, src, tag int, buf []byte) (Status, error) {
-	r, err := t.Irecv(src, tag, buf)
-	if err != nil {
+	if err := t.checkRecv(src, tag); err != nil {
 		return Status{}, err
 	}
-	return r.Wait(ctx)
+	r := t.pooledRequest("recv", src, tag, len(buf))
+	r.recv = true
+	r.b, r.hold = ucx.Buffer{Ptr: bytesPtr(buf), Len: len(buf)}, buf
+	t.execReq(r, startRecv)
+	st, err := r.Wait(ctx)
+	r.recycle()
+	return st, err
 }
 
 // RecvIOV receives one message scattered over bufs.

@@ -70,6 +70,10 @@ type Options struct {
 func (o *Options) defaults() {
 	if o.Spin == 0 {
 		o.Spin = 50 * time.Microsecond
+		if o.Progress == ProgressDirect {
+			// Waiters progress for themselves: the loop only bridges gaps.
+			o.Spin = 5 * time.Microsecond
+		}
 	}
 	if o.WaitSpin == 0 {
 		o.WaitSpin = 200 * time.Microsecond
@@ -114,7 +118,7 @@ type Transport struct {
 	recvSeq  map[seqKey]*recvCounter
 	amq      []ucx.Event
 	amh      map[uint16]AMHandler
-	submit   []func() // queue mode: calls waiting for the progress goroutine
+	submit   []submission // queue mode: calls waiting for the progress goroutine
 	arrival  chan struct{}
 	reg      *regCache
 	lostSubs []chan PeerEvent
@@ -261,19 +265,42 @@ func (t *Transport) PeerLost() <-chan PeerEvent {
 	return ch
 }
 
+// submission is a call waiting for the worker lock: fn, or start(t, r).
+type submission struct {
+	fn    func()
+	start func(*Transport, *Request)
+	r     *Request
+}
+
+func (s submission) run(t *Transport) {
+	if s.fn != nil {
+		s.fn()
+	} else {
+		s.start(t, s.r)
+	}
+}
+
 // exec runs fn with the worker lock held: directly in direct mode, on the
 // progress goroutine in queue mode. fn must report its outcome through the
 // request it serves.
-func (t *Transport) exec(fn func()) {
+func (t *Transport) exec(fn func()) { t.submitCall(submission{fn: fn}) }
+
+// execReq is exec for the hot paths: start is a plain function, so nothing
+// is allocated to capture the call's arguments, which live in r.
+func (t *Transport) execReq(r *Request, start func(*Transport, *Request)) {
+	t.submitCall(submission{start: start, r: r})
+}
+
+func (t *Transport) submitCall(s submission) {
 	if t.opts.Progress == ProgressQueue {
 		t.mu.Lock()
-		t.submit = append(t.submit, fn)
+		t.submit = append(t.submit, s)
 		t.mu.Unlock()
 		t.wake()
 		return
 	}
 	t.mu.Lock()
-	fn()
+	s.run(t)
 	t.mu.Unlock()
 }
 
@@ -300,8 +327,8 @@ func (t *Transport) progressOnce() bool {
 	if len(t.submit) > 0 {
 		calls := t.submit
 		t.submit = nil
-		for _, fn := range calls {
-			fn()
+		for _, c := range calls {
+			c.run(t)
 		}
 		active = true
 	}
@@ -336,6 +363,7 @@ func (t *Transport) loop() {
 	defer timer.Stop()
 	direct := t.opts.Progress == ProgressDirect
 	var idle time.Time
+	polls := 0
 	for !t.stopping.Load() {
 		if direct && t.spinners.Load() > 0 {
 			// A waiter is progressing the worker itself; competing for the
@@ -350,8 +378,11 @@ func (t *Transport) loop() {
 			continue
 		}
 		if t.progressOnce() {
-			idle = time.Time{}
+			idle, polls = time.Time{}, 0
 			continue
+		}
+		if polls++; polls&31 != 0 {
+			continue // read the clock only every 32 idle polls
 		}
 		now := time.Now()
 		if idle.IsZero() {
@@ -400,7 +431,6 @@ func (t *Transport) handle(evs []ucx.Event) {
 			req := e.Request()
 			r := t.ops[req]
 			delete(t.ops, req)
-			req.Free()
 			if r != nil {
 				t.finish(r, e.Status(), e.Length())
 			}
@@ -432,6 +462,9 @@ type Request struct {
 	key    seqKey
 	seq    uint32
 	ureq   ucx.Request
+	b      ucx.Buffer       // the operation's memory
+	pins   []unsafe.Pointer // what to pin if it goes asynchronous (nil: b.Ptr)
+	pooled bool             // a blocking call's request, recycled after Wait
 	pin    runtime.Pinner
 	pinned bool
 	iov    *ucx.IOV
@@ -447,6 +480,25 @@ type Request struct {
 
 func (t *Transport) newRequest(op string, peer, tag, bufLen int) *Request {
 	return &Request{t: t, op: op, peer: peer, tag: tag, bufLen: bufLen}
+}
+
+// requestPool recycles the requests of blocking Send and Recv calls, which
+// never escape to the caller.
+var requestPool = sync.Pool{New: func() any { return new(Request) }}
+
+func (t *Transport) pooledRequest(op string, peer, tag, bufLen int) *Request {
+	r := requestPool.Get().(*Request)
+	r.t, r.op, r.peer, r.tag, r.bufLen, r.pooled = t, op, peer, tag, bufLen, true
+	return r
+}
+
+// recycle returns a completed pooled request to the pool.
+func (r *Request) recycle() {
+	if !r.pooled || !r.fin.Load() {
+		return
+	}
+	*r = Request{}
+	requestPool.Put(r)
 }
 
 // Test reports whether the request has completed, without blocking; it makes
@@ -561,6 +613,7 @@ func (t *Transport) complete(r *Request) {
 		r.iov = nil
 	}
 	r.hold = nil
+	r.b, r.pins = ucx.Buffer{}, nil
 	if r.peer >= 0 && r.peer < len(t.peers) {
 		if p := t.peers[r.peer]; p != nil {
 			delete(p.pending, r)
@@ -726,8 +779,8 @@ func (t *Transport) Close() error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	// Calls still queued (queue mode) see the transport closed and fail their requests.
-	for _, fn := range t.submit {
-		fn()
+	for _, c := range t.submit {
+		c.run(t)
 	}
 	t.submit = nil
 	for req, r := range t.ops {

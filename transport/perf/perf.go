@@ -121,10 +121,8 @@ func Bandwidth(ctx context.Context, t *transport.Transport, size, window int, sc
 	iters = max(iters/window*4, 10)
 	warmup = max(warmup/window*4, 2)
 	peer := 1 - t.Rank()
-	bufs := make([][]byte, window)
-	for i := range bufs {
-		bufs[i] = make([]byte, size)
-	}
+	// Like osu_bw, every message of the window uses the same buffer.
+	buf := make([]byte, size)
 	ack := make([]byte, 1)
 	reqs := make([]*transport.Request, window)
 	var start time.Time
@@ -135,9 +133,9 @@ func Bandwidth(ctx context.Context, t *transport.Transport, size, window int, sc
 		var err error
 		for w := range reqs {
 			if t.Rank() == 0 {
-				reqs[w], err = t.Isend(peer, tagPing, bufs[w])
+				reqs[w], err = t.Isend(peer, tagPing, buf)
 			} else {
-				reqs[w], err = t.Irecv(peer, tagPing, bufs[w])
+				reqs[w], err = t.Irecv(peer, tagPing, buf)
 			}
 			if err != nil {
 				return 0, fmt.Errorf("bandwidth %d B: %w", size, err)

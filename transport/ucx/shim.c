@@ -1,6 +1,7 @@
 #include "shim.h"
 #include <stdlib.h>
 #include <string.h>
+#include <stdio.h>
 
 troupe_queue_t *troupe_queue_new(void) {
     return calloc(1, sizeof(troupe_queue_t));
@@ -29,14 +30,22 @@ size_t troupe_drain(troupe_queue_t *q, troupe_ev_t *out, size_t max) {
     size_t k = q->n < max ? q->n : max;
     if (k == 0) return 0;
     memcpy(out, q->ev, k * sizeof(*out));
+    /* Completed requests are released here, saving Go a call each; their
+     * address stays in the event only as the request's identity. */
+    for (size_t i = 0; i < k; i++) {
+        if (out[i].kind == TROUPE_EV_SEND || out[i].kind == TROUPE_EV_RECV ||
+            out[i].kind == TROUPE_EV_AM_DATA) {
+            ucp_request_free(out[i].req);
+        }
+    }
     if (k < q->n) memmove(q->ev, q->ev + k, (q->n - k) * sizeof(*out));
     q->n -= k;
     return k;
 }
 
 size_t troupe_progress_drain(ucp_worker_h w, troupe_queue_t *q, troupe_ev_t *out,
-                             size_t max, unsigned *progressed) {
-    *progressed = ucp_worker_progress(w);
+                             size_t max) {
+    q->progressed = ucp_worker_progress(w);
     return troupe_drain(q, out, max);
 }
 
@@ -158,17 +167,15 @@ ucs_status_ptr_t troupe_tag_send(ucp_ep_h ep, const void *buf, size_t len, int i
     return ucp_tag_send_nbx(ep, buf, len, tag, &p);
 }
 
-static void recv_param(ucp_request_param_t *p, troupe_queue_t *q, int iov,
-                       ucp_tag_recv_info_t *imm) {
+static void recv_param(ucp_request_param_t *p, troupe_queue_t *q, int iov) {
     memset(p, 0, sizeof(*p));
     /* UCX 1.13 does not fill recv_info on every immediate-completion path,
      * so receives always complete through the callback, which reports the
      * sender tag and the message's length. */
     p->op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
-                      UCP_OP_ATTR_FIELD_RECV_INFO | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+                      UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
     p->cb.recv = recv_cb;
     p->user_data = q;
-    p->recv_info.tag_info = imm;
     if (iov) {
         p->op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE;
         p->datatype = ucp_dt_make_iov();
@@ -176,18 +183,16 @@ static void recv_param(ucp_request_param_t *p, troupe_queue_t *q, int iov,
 }
 
 ucs_status_ptr_t troupe_tag_recv(ucp_worker_h w, void *buf, size_t len, int iov,
-                                 uint64_t tag, uint64_t mask, troupe_queue_t *q,
-                                 ucp_tag_recv_info_t *imm) {
+                                 uint64_t tag, uint64_t mask, troupe_queue_t *q) {
     ucp_request_param_t p;
-    recv_param(&p, q, iov, imm);
+    recv_param(&p, q, iov);
     return ucp_tag_recv_nbx(w, buf, len, tag, mask, &p);
 }
 
 ucs_status_ptr_t troupe_tag_msg_recv(ucp_worker_h w, void *buf, size_t len, int iov,
-                                     ucp_tag_message_h msg, troupe_queue_t *q,
-                                     ucp_tag_recv_info_t *imm) {
+                                     ucp_tag_message_h msg, troupe_queue_t *q) {
     ucp_request_param_t p;
-    recv_param(&p, q, iov, imm);
+    recv_param(&p, q, iov);
     return ucp_tag_msg_recv_nbx(w, buf, len, msg, &p);
 }
 
@@ -258,4 +263,14 @@ ucs_status_t troupe_mem_map(ucp_context_h ctx, uintptr_t addr, size_t len, ucp_m
     p.address = (void *)addr;
     p.length = len;
     return ucp_mem_map(ctx, &p, memh);
+}
+
+char *troupe_context_info(ucp_context_h ctx) {
+    char *buf = NULL;
+    size_t n = 0;
+    FILE *f = open_memstream(&buf, &n);
+    if (f == NULL) return NULL;
+    ucp_context_print_info(ctx, f);
+    fclose(f);
+    return buf;
 }

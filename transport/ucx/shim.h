@@ -38,16 +38,18 @@ typedef struct {
     troupe_ev_t *ev;
     size_t n, cap;
     int oom;             /* set if an event could not be queued */
+    unsigned progressed; /* last ucp_worker_progress result */
 } troupe_queue_t;
 
 troupe_queue_t *troupe_queue_new(void);
 void troupe_queue_free(troupe_queue_t *q);
 
 /* Progress the worker once and move up to max queued events to out.
+ * Requests of completion events are freed as they are moved.
  * *progressed receives ucp_worker_progress's return value. Returns the number
  * of events copied. */
 size_t troupe_progress_drain(ucp_worker_h w, troupe_queue_t *q, troupe_ev_t *out,
-                             size_t max, unsigned *progressed);
+                             size_t max);
 size_t troupe_drain(troupe_queue_t *q, troupe_ev_t *out, size_t max);
 
 ucs_status_t troupe_ep_create(ucp_worker_h w, const void *addr, troupe_queue_t *q,
@@ -57,11 +59,9 @@ ucs_status_t troupe_set_am_handler(ucp_worker_h w, uint16_t id, troupe_queue_t *
 ucs_status_ptr_t troupe_tag_send(ucp_ep_h ep, const void *buf, size_t len, int iov,
                                  uint64_t tag, troupe_queue_t *q);
 ucs_status_ptr_t troupe_tag_recv(ucp_worker_h w, void *buf, size_t len, int iov,
-                                 uint64_t tag, uint64_t mask, troupe_queue_t *q,
-                                 ucp_tag_recv_info_t *imm);
+                                 uint64_t tag, uint64_t mask, troupe_queue_t *q);
 ucs_status_ptr_t troupe_tag_msg_recv(ucp_worker_h w, void *buf, size_t len, int iov,
-                                     ucp_tag_message_h msg, troupe_queue_t *q,
-                                     ucp_tag_recv_info_t *imm);
+                                     ucp_tag_message_h msg, troupe_queue_t *q);
 ucs_status_ptr_t troupe_am_send(ucp_ep_h ep, uint16_t id, const void *hdr, size_t hdr_len,
                                 const void *buf, size_t len, int iov, uint32_t flags,
                                 troupe_queue_t *q);
@@ -76,7 +76,11 @@ ucs_status_ptr_t troupe_worker_flush(ucp_worker_h w, troupe_queue_t *q);
 ucs_status_ptr_t troupe_ep_close(ucp_ep_h ep, int force, troupe_queue_t *q);
 ucs_status_t troupe_mem_map(ucp_context_h ctx, uintptr_t addr, size_t len, ucp_mem_h *memh);
 
+/* Returns a malloc'd description of the context (ucp_context_print_info). */
+char *troupe_context_info(ucp_context_h ctx);
+
 static inline int troupe_is_ptr(ucs_status_ptr_t p) { return !UCS_PTR_IS_ERR(p) && p != NULL; }
 static inline int troupe_ptr_status(ucs_status_ptr_t p) { return (int)UCS_PTR_STATUS(p); }
+
 
 #endif

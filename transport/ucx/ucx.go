@@ -223,9 +223,8 @@ func (w *Worker) Signal() error { return check("ucp_worker_signal", C.ucp_worker
 // events, and whether UCX reported progress. The events live in the worker's
 // C memory: they are valid until the next Progress or Drain call.
 func (w *Worker) Progress() ([]Event, bool) {
-	var progressed C.uint
-	n := C.troupe_progress_drain(w.h, w.q, w.ev, C.size_t(w.nev), &progressed)
-	return w.events(int(n)), progressed != 0
+	n := C.troupe_progress_drain(w.h, w.q, w.ev, C.size_t(w.nev))
+	return w.events(int(n)), w.q.progressed != 0
 }
 
 // Drain returns up to eventBatch queued events without progressing, valid
@@ -266,7 +265,9 @@ func (e *Event) Kind() EventKind { return EventKind(e.kind) }
 // Status is the operation's or endpoint's status.
 func (e *Event) Status() Status { return Status(e.status) }
 
-// Request is the request that completed (send, receive and AM-data events).
+// Request identifies the request that completed (send, receive and AM-data
+// events). The request itself was already released when the event was
+// drained: use the value only to look it up, never pass it to UCX.
 func (e *Event) Request() Request { return Request{e.req} }
 
 // Endpoint is the endpoint that failed (EventEPError).
@@ -334,18 +335,12 @@ func (e *Event) ReleaseData(w *Worker) {
 	e.data = nil
 }
 
-// Discard frees everything an AM event holds, dropping its data. For other
-// events it frees the request.
+// Discard frees everything an AM event holds, dropping its data. Other
+// events hold nothing.
 func (e *Event) Discard(w *Worker) {
-	switch e.Kind() {
-	case EventAM:
+	if e.Kind() == EventAM {
 		e.FreeHeader()
 		e.ReleaseData(w)
-	case EventSend, EventRecv, EventAMData:
-		if e.req != nil {
-			C.ucp_request_free(e.req)
-			e.req = nil
-		}
 	}
 }
 
@@ -478,13 +473,12 @@ type RecvInfo struct {
 	Length int
 }
 
-// TagRecv posts a receive for tag under mask (ucp_tag_recv_nbx). When it
-// completes at once, the Request is 0 and info describes the message.
-func (w *Worker) TagRecv(b Buffer, tag, mask uint64) (Request, RecvInfo, error) {
-	var info C.ucp_tag_recv_info_t
+// TagRecv posts a receive for tag under mask (ucp_tag_recv_nbx). Receives
+// never complete at once: the outcome, with the sender's tag and the
+// message's length, always arrives as an EventRecv.
+func (w *Worker) TagRecv(b Buffer, tag, mask uint64) (Request, error) {
 	p, n, iov := b.args()
-	r, err := result("ucp_tag_recv_nbx", C.troupe_tag_recv(w.h, p, n, iov, C.uint64_t(tag), C.uint64_t(mask), w.q, &info))
-	return r, RecvInfo{Tag: uint64(info.sender_tag), Length: int(info.length)}, err
+	return result("ucp_tag_recv_nbx", C.troupe_tag_recv(w.h, p, n, iov, C.uint64_t(tag), C.uint64_t(mask), w.q))
 }
 
 // Message is a probed message removed from UCX's unexpected queue.
@@ -506,12 +500,11 @@ func (w *Worker) TagProbe(tag, mask uint64, remove bool) (Message, RecvInfo, boo
 	return Message{unsafe.Pointer(m)}, RecvInfo{Tag: uint64(info.sender_tag), Length: int(info.length)}, true
 }
 
-// TagMsgRecv receives a message taken with TagProbe (ucp_tag_msg_recv_nbx).
-func (w *Worker) TagMsgRecv(b Buffer, m Message) (Request, RecvInfo, error) {
-	var info C.ucp_tag_recv_info_t
+// TagMsgRecv receives a message taken with TagProbe (ucp_tag_msg_recv_nbx);
+// like TagRecv, its outcome always arrives as an EventRecv.
+func (w *Worker) TagMsgRecv(b Buffer, m Message) (Request, error) {
 	p, n, iov := b.args()
-	r, err := result("ucp_tag_msg_recv_nbx", C.troupe_tag_msg_recv(w.h, p, n, iov, C.ucp_tag_message_h(m.p), w.q, &info))
-	return r, RecvInfo{Tag: uint64(info.sender_tag), Length: int(info.length)}, err
+	return result("ucp_tag_msg_recv_nbx", C.troupe_tag_msg_recv(w.h, p, n, iov, C.ucp_tag_message_h(m.p), w.q))
 }
 
 // AM send flags.
@@ -639,4 +632,14 @@ func (w *Worker) Put(ep *Endpoint, p unsafe.Pointer, n int, raddr uint64, k *Rke
 // Get reads n bytes from raddr on the peer into local memory (ucp_get_nbx).
 func (w *Worker) Get(ep *Endpoint, p unsafe.Pointer, n int, raddr uint64, k *Rkey) (Request, error) {
 	return result("ucp_get_nbx", C.troupe_get(ep.h, p, C.size_t(n), C.uint64_t(raddr), k.h, w.q))
+}
+
+// Info describes the context's transports and devices (ucp_context_print_info).
+func (c *Context) Info() string {
+	p := C.troupe_context_info(c.h)
+	if p == nil {
+		return ""
+	}
+	defer C.free(unsafe.Pointer(p))
+	return C.GoString(p)
 }
