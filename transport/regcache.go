@@ -34,6 +34,7 @@ type regCache struct {
 	entries   []*regEntry // sorted by start
 	unused    *list.List  // of *regEntry with refs == 0, front = most recent
 	maxUnused int
+	maxLen    uintptr // longest registration: bounds the backward scan
 	mapFn     func(start, end uintptr) (any, error)
 	unmapFn   func(handle any)
 	stats     RegCacheStats
@@ -58,7 +59,7 @@ func (c *regCache) acquire(addr uintptr, n int) (*regEntry, error) {
 	start, end := pageRange(addr, n)
 	// Entries are sorted by start: candidates start at or before start.
 	i := sort.Search(len(c.entries), func(i int) bool { return c.entries[i].start > start })
-	for j := i - 1; j >= 0 && j >= i-32; j-- {
+	for j := i - 1; j >= 0 && c.entries[j].start+c.maxLen >= end; j-- {
 		e := c.entries[j]
 		if e.end >= end && !e.invalid {
 			c.stats.Hits++
@@ -72,6 +73,7 @@ func (c *regCache) acquire(addr uintptr, n int) (*regEntry, error) {
 		return nil, err
 	}
 	e := &regEntry{start: start, end: end, handle: h}
+	c.maxLen = max(c.maxLen, end-start)
 	c.entries = append(c.entries, nil)
 	copy(c.entries[i+1:], c.entries[i:])
 	c.entries[i] = e

@@ -2,6 +2,7 @@ package transport
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 	"unsafe"
@@ -150,13 +151,22 @@ func (t *Transport) checkRecv(src, tag int) error {
 
 // startRecv posts r's tagged receive; the worker lock is held.
 func startRecv(t *Transport, r *Request) {
-	// The endpoint exists so that the peer's death is noticed.
-	if _, err := t.peerLocked(r.peer, "recv"); err != nil {
-		t.fail(r, err)
-		return
-	}
 	r.key = seqKey{r.peer, r.tag}
-	r.seq = t.recvCounter(r.key).take()
+	c := t.recvCounter(r.key)
+	// The endpoint exists so that the peer's death is noticed. A message that
+	// arrived before its sender was lost can still be received.
+	if _, err := t.peerLocked(r.peer, "recv"); err != nil {
+		var lost *PeerLostError
+		if !errors.As(err, &lost) {
+			t.fail(r, err)
+			return
+		}
+		if _, _, ok := t.w.TagProbe(MakeUserTag(uint32(r.peer), uint16(r.tag), c.peek()), FullMask, false); !ok {
+			t.fail(r, err)
+			return
+		}
+	}
+	r.seq = c.take()
 	ureq, err := t.w.TagRecv(r.b, MakeUserTag(uint32(r.peer), uint16(r.tag), r.seq), FullMask)
 	switch {
 	case err != nil:
@@ -226,12 +236,12 @@ func (t *Transport) Iprobe(src, tag int) (Status, bool, error) {
 	if t.closed {
 		return Status{}, false, ErrClosed
 	}
-	if p := t.peers[src]; p != nil && p.lost != nil {
-		return Status{}, false, &PeerLostError{Rank: src, Op: "probe", Reason: p.lost.Reason}
-	}
 	seq := t.recvCounter(seqKey{src, tag}).peek()
 	_, info, ok := t.w.TagProbe(MakeUserTag(uint32(src), uint16(tag), seq), FullMask, false)
 	if !ok {
+		if p := t.peers[src]; p != nil && p.lost != nil {
+			return Status{}, false, &PeerLostError{Rank: src, Op: "probe", Reason: p.lost.Reason}
+		}
 		return Status{}, false, nil
 	}
 	return Status{Source: src, Tag: tag, Size: info.Length}, true, nil

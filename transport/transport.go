@@ -620,12 +620,15 @@ func (t *Transport) complete(r *Request) {
 		}
 	}
 	r.ureq = ucx.Request{}
+	// Once fin is set the waiter may return and recycle r: read what is
+	// still needed first.
+	done, then := r.done, r.then
 	r.fin.Store(true)
-	if r.done != nil {
-		close(r.done)
+	if done != nil {
+		close(done)
 	}
-	if r.then != nil {
-		r.then(r)
+	if then != nil {
+		then(r)
 	}
 }
 
