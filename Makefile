@@ -1,0 +1,41 @@
+# troupe: build, run the main job, run the tests. Each target installs what it
+# needs on a fresh Debian machine (as root) when it is missing.
+
+GO      ?= go
+BIN     := bin
+RACE_PKGS := ./...
+
+.PHONY: deps build run test bench clean
+
+# deps installs UCX (headers, library, ucx_perftest), pkg-config and, if no Go
+# toolchain is on PATH, Debian's Go (which fetches the go.mod toolchain).
+deps:
+	@if ! pkg-config --exists ucx 2>/dev/null || ! command -v ucx_perftest >/dev/null 2>&1 || ! command -v gcc >/dev/null 2>&1; then \
+		echo "installing libucx-dev ucx-utils pkg-config gcc"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libucx-dev ucx-utils pkg-config gcc >/dev/null; \
+	fi
+	@if ! command -v $(GO) >/dev/null 2>&1; then \
+		echo "installing golang-go"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq golang-go >/dev/null; \
+	fi
+
+build: deps
+	$(GO) build -o $(BIN)/troupe ./cmd/troupe
+	$(GO) build -o $(BIN)/pingpong ./samples/pingpong
+
+# run: the main job, a two-rank ping-pong through the embedded launcher.
+run: build
+	$(BIN)/troupe run -n 2 --tls shm -- $(BIN)/pingpong
+
+# test: vet, then every package under the race detector (real UCX between real
+# processes for the transport and integration packages).
+test: deps
+	$(GO) vet ./...
+	UCX_LOG_LEVEL=error $(GO) test -race -count=1 -timeout 20m $(RACE_PKGS)
+
+bench: build
+	$(BIN)/troupe bench pingpong --compare 5
+	$(BIN)/troupe bench ddt
+
+clean:
+	rm -rf $(BIN)
