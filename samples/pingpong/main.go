@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/troupe-hpc/troupe/transport"
 	"github.com/troupe-hpc/troupe/transport/bootstrap"
@@ -22,14 +23,15 @@ func main() {
 	maxSize := flag.Int("max", 4<<20, "largest message size in bytes")
 	scale := flag.Float64("scale", 1, "iteration count multiplier")
 	progress := flag.String("progress", "direct", "progress mode: direct or queue")
+	idle := flag.Duration("idle", 0, "after the sweep, stay idle this long and report the CPU time used")
 	flag.Parse()
-	if err := run(*maxSize, *scale, *progress); err != nil {
+	if err := run(*maxSize, *scale, *progress, *idle); err != nil {
 		fmt.Fprintln(os.Stderr, "pingpong:", err)
 		os.Exit(1)
 	}
 }
 
-func run(maxSize int, scale float64, progress string) error {
+func run(maxSize int, scale float64, progress string, idle time.Duration) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	boot, err := bootstrap.FromEnv(ctx)
@@ -59,6 +61,29 @@ func run(maxSize int, scale float64, progress string) error {
 	if err != nil {
 		return err
 	}
+	if idle > 0 {
+		// Endpoints are up and the worker has nothing to do: the progress
+		// goroutine should sleep on the worker's event fd.
+		before := cpuTime()
+		start := time.Now()
+		select {
+		case <-time.After(idle):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		used := cpuTime() - before
+		fmt.Printf("idle rank %d: %.1f ms CPU in %.1f s = %.2f%% of a core\n", t.Rank(), used.Seconds()*1e3,
+			time.Since(start).Seconds(), 100*used.Seconds()/time.Since(start).Seconds())
+	}
 	// Nobody leaves while the other may still be draining its last messages.
 	return boot.Barrier(ctx, "pingpong.done")
+}
+
+// cpuTime is the process's user plus system CPU time.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
