@@ -63,7 +63,9 @@ type Options struct {
 	// peer is noticed on transports without a connection (default 200ms;
 	// UCX_KEEPALIVE_INTERVAL in the environment wins).
 	KeepAlive time.Duration
-	// Log receives transport logs; nil means a no-op logger.
+	// Log receives transport logs (every entry carries a "rank" field); nil
+	// means LoggerFromEnv: standard error, warn level unless TROUPE_LOG says
+	// otherwise.
 	Log *zap.Logger
 }
 
@@ -87,7 +89,7 @@ func (o *Options) defaults() {
 		o.KeepAlive = 200 * time.Millisecond
 	}
 	if o.Log == nil {
-		o.Log = zap.NewNop()
+		o.Log = LoggerFromEnv()
 	}
 }
 

@@ -351,6 +351,16 @@ type Request struct{ p unsafe.Pointer }
 // Pending reports whether the operation is still in flight.
 func (r Request) Pending() bool { return r.p != nil }
 
+// Status returns the status of a request still in flight
+// (ucp_request_check_status): StatusInProgress until it completes. Once its
+// completion event has been drained the request is gone and must not be asked.
+func (r Request) Status() Status {
+	if r.p == nil {
+		return StatusOK
+	}
+	return Status(C.ucp_request_check_status(r.p))
+}
+
 // Free releases a completed request (ucp_request_free).
 func (r Request) Free() {
 	if r.p != nil {
