@@ -68,15 +68,8 @@ func (m *AMMessage) RecvData(dst []byte) (*Request, error) {
 			return
 		}
 		ureq, n, err := t.w.AMRecvData(ev.AMDescriptor(), ucx.Buffer{Ptr: bytesPtr(dst), Len: len(dst)})
-		switch {
-		case err != nil:
-			t.fail(r, fmt.Errorf("transport: receiving active message data: %w", err))
-		case !ureq.Pending():
-			r.status.Size = n
-			t.complete(r)
-		default:
-			t.track(r, ureq, bytesPtr(dst))
-		}
+		r.status.Size = n
+		t.settle(r, ureq, err, bytesPtr(dst))
 	})
 	return r, nil
 }
@@ -139,14 +132,7 @@ func (t *Transport) SendAM(dst int, id uint16, header, data []byte, mode uint32)
 			return
 		}
 		ureq, err := t.w.AMSend(p.ep, id, header, ucx.Buffer{Ptr: bytesPtr(data), Len: len(data)}, mode)
-		switch {
-		case err != nil:
-			t.fail(r, fmt.Errorf("transport: active message to rank %d: %w", dst, err))
-		case !ureq.Pending():
-			t.complete(r)
-		default:
-			t.track(r, ureq, bytesPtr(header), bytesPtr(data))
-		}
+		t.settle(r, ureq, err, bytesPtr(header), bytesPtr(data))
 	})
 	return r, nil
 }

@@ -184,14 +184,7 @@ func (t *Transport) rma(op string, key RemoteKey, off int, local []byte) (*Reque
 		} else {
 			ureq, err = t.w.Get(p.ep, bytesPtr(local), len(local), raddr, rk)
 		}
-		switch {
-		case err != nil:
-			t.fail(r, fmt.Errorf("transport: %s rank %d: %w", op, key.Rank, err))
-		case !ureq.Pending():
-			t.complete(r)
-		default:
-			t.track(r, ureq, bytesPtr(local))
-		}
+		t.settle(r, ureq, err, bytesPtr(local))
 	})
 	return r, nil
 }
@@ -240,14 +233,7 @@ func (t *Transport) Flush(ctx context.Context, dst int) error {
 			return
 		}
 		ureq, err := t.w.Flush(p.ep)
-		switch {
-		case err != nil:
-			t.fail(r, fmt.Errorf("transport: flush rank %d: %w", dst, err))
-		case !ureq.Pending():
-			t.complete(r)
-		default:
-			t.track(r, ureq)
-		}
+		t.settle(r, ureq, err)
 	})
 	_, err := r.Wait(ctx)
 	return err

@@ -73,23 +73,7 @@ func startSend(t *Transport, r *Request) {
 	seq := t.sendSeq[key]
 	t.sendSeq[key] = (seq + 1) & userSeqMask
 	ureq, err := t.w.TagSend(p.ep, r.b, MakeUserTag(uint32(t.rank), uint16(r.tag), seq))
-	switch {
-	case err != nil:
-		t.fail(r, fmt.Errorf("transport: send to rank %d tag %d: %w", r.peer, r.tag, err))
-	case !ureq.Pending():
-		t.complete(r)
-	default:
-		t.trackBuffer(r, ureq)
-	}
-}
-
-// trackBuffer tracks r's in-flight request, pinning its memory.
-func (t *Transport) trackBuffer(r *Request, ureq ucx.Request) {
-	if r.pins != nil {
-		t.track(r, ureq, r.pins...)
-	} else {
-		t.track(r, ureq, r.b.Ptr)
-	}
+	t.settle(r, ureq, err)
 }
 
 // Send sends buf to rank dst with a user tag and waits until buf may be reused.
@@ -176,7 +160,7 @@ func startRecv(t *Transport, r *Request) {
 		t.freeSeq(r)
 		t.fail(r, fmt.Errorf("transport: recv from rank %d tag %d: UCX completed a receive without reporting it", r.peer, r.tag))
 	default:
-		t.trackBuffer(r, ureq)
+		t.track(r, ureq)
 	}
 }
 

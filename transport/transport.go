@@ -93,6 +93,10 @@ func (o *Options) defaults() {
 	}
 }
 
+// parkedSpin is how long the progress goroutine keeps polling after its last
+// activity while a waiter is parked.
+const parkedSpin = time.Millisecond
+
 // PeerEvent reports that a peer was lost.
 type PeerEvent struct {
 	Rank   int
@@ -128,7 +132,8 @@ type Transport struct {
 
 	amMu sync.Mutex // orders active-message delivery
 
-	spinners atomic.Int32
+	spinners atomic.Int32 // waiters progressing the worker themselves
+	parked   atomic.Int32 // waiters parked until their request completes
 	sleeping atomic.Bool
 	stopping atomic.Bool
 	kick     chan struct{}
@@ -391,7 +396,14 @@ func (t *Transport) loop() {
 			idle = now
 			continue
 		}
-		if now.Sub(idle) < t.opts.Spin || (!direct && t.spinners.Load() > 0) {
+		spin := t.opts.Spin
+		if t.parked.Load() > 0 {
+			// Somebody waits for an operation in flight (a long rendezvous,
+			// say): keep it moving without an event-fd round trip per step,
+			// but not forever if the peer is simply slow.
+			spin = max(spin, parkedSpin)
+		}
+		if now.Sub(idle) < spin || (!direct && t.spinners.Load() > 0) {
 			// Spin briefly after activity; in queue mode, never sleep while
 			// somebody waits for a result only this goroutine can produce.
 			continue
@@ -554,12 +566,15 @@ func (r *Request) Wait(ctx context.Context) (Status, error) {
 		return r.status, r.err
 	}
 	done := r.Done()
+	t.parked.Add(1)
 	t.wake() // the progress goroutine takes over while this goroutine parks
 	select {
 	case <-done:
+		t.parked.Add(-1)
 		return r.status, r.err
 	case <-ctx.Done():
 	}
+	t.parked.Add(-1)
 	if !r.recv {
 		return Status{}, fmt.Errorf("transport: %s rank %d tag %d: %w (operation still in flight)", r.op, r.peer, r.tag, ctx.Err())
 	}
@@ -640,10 +655,17 @@ func (t *Transport) fail(r *Request, err error) {
 	t.complete(r)
 }
 
-// track records an in-flight UCX request for r and pins what it uses; the
-// worker lock is held.
+// track records an in-flight UCX request for r and pins what it uses (pins,
+// or else r's own buffer); the worker lock is held.
 func (t *Transport) track(r *Request, ureq ucx.Request, pins ...unsafe.Pointer) {
 	r.ureq = ureq
+	if len(pins) == 0 {
+		pins = r.pins
+	}
+	if len(pins) == 0 && r.b.Ptr != nil {
+		r.pin.Pin(r.b.Ptr)
+		r.pinned = true
+	}
 	for _, p := range pins {
 		if p != nil {
 			r.pin.Pin(p)
@@ -653,6 +675,20 @@ func (t *Transport) track(r *Request, ureq ucx.Request, pins ...unsafe.Pointer) 
 	t.ops[ureq] = r
 	if p := t.peers[r.peer]; p != nil {
 		p.pending[r] = struct{}{}
+	}
+}
+
+// settle finishes starting r after its UCX call: an error fails r, an
+// immediate completion completes it, and an operation in flight is tracked
+// with pins pinned. The worker lock is held.
+func (t *Transport) settle(r *Request, ureq ucx.Request, err error, pins ...unsafe.Pointer) {
+	switch {
+	case err != nil:
+		t.fail(r, fmt.Errorf("transport: %s rank %d: %w", r.op, r.peer, err))
+	case !ureq.Pending():
+		t.complete(r)
+	default:
+		t.track(r, ureq, pins...)
 	}
 }
 

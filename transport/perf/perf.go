@@ -117,9 +117,11 @@ func Bandwidth(ctx context.Context, t *transport.Transport, size, window int, sc
 	if t.Rank() > 1 {
 		return 0, nil
 	}
-	iters, warmup := iterations(size, scale)
-	iters = max(iters/window*4, 10)
-	warmup = max(warmup/window*4, 2)
+	// About 2 GiB per point (as long as ucx_perftest's default 1 MiB run),
+	// between 10 and 2000 windows.
+	iters := int(float64(min(max((2<<30)/(size*window), 10), 2000)) * scale)
+	iters = max(iters, 5)
+	warmup := max(iters/10, 2)
 	peer := 1 - t.Rank()
 	// Like osu_bw, every message of the window uses the same buffer.
 	buf := make([]byte, size)
