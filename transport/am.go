@@ -47,7 +47,6 @@ func (m *AMMessage) RecvData(dst []byte) (*Request, error) {
 	m.consumed = true
 	t := m.t
 	r := t.newRequest("am-recv", -1, 0, len(dst))
-	r.hold = dst
 	if !m.Rendezvous {
 		copy(dst, m.ev.AMData())
 		t.mu.Lock()
@@ -124,7 +123,6 @@ func (t *Transport) SendAM(dst int, id uint16, header, data []byte, mode uint32)
 		return nil, err
 	}
 	r := t.newRequest("am-send", dst, int(id), len(data))
-	r.hold = [2][]byte{header, data}
 	t.exec(func() {
 		p, err := t.peerLocked(dst, "am-send")
 		if err != nil {

@@ -162,7 +162,6 @@ func (t *Transport) rma(op string, key RemoteKey, off int, local []byte) (*Reque
 		return nil, &BoundsError{Op: op, Offset: off, Length: len(local), RegionLen: key.Len}
 	}
 	r := t.newRequest(op, key.Rank, 0, len(local))
-	r.hold = local
 	t.exec(func() {
 		p, err := t.peerLocked(key.Rank, op)
 		if err != nil {

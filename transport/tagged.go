@@ -38,7 +38,7 @@ func (t *Transport) Isend(dst, tag int, buf []byte) (*Request, error) {
 		return nil, err
 	}
 	r := t.newRequest("send", dst, tag, len(buf))
-	r.b, r.hold = ucx.Buffer{Ptr: bytesPtr(buf), Len: len(buf)}, buf
+	r.b = ucx.Buffer{Ptr: bytesPtr(buf), Len: len(buf)}
 	t.execReq(r, startSend)
 	return r, nil
 }
@@ -50,7 +50,7 @@ func (t *Transport) IsendIOV(dst, tag int, bufs [][]byte) (*Request, error) {
 	}
 	v, pins, total := iovOf(bufs)
 	r := t.newRequest("send", dst, tag, total)
-	r.b, r.pins, r.iov, r.hold = ucx.Buffer{IOV: v, Len: total}, pins, v, bufs
+	r.b, r.pins, r.iov = ucx.Buffer{IOV: v, Len: total}, pins, v
 	t.execReq(r, startSend)
 	return r, nil
 }
@@ -82,7 +82,7 @@ func (t *Transport) Send(ctx context.Context, dst, tag int, buf []byte) error {
 		return err
 	}
 	r := t.pooledRequest("send", dst, tag, len(buf))
-	r.b, r.hold = ucx.Buffer{Ptr: bytesPtr(buf), Len: len(buf)}, buf
+	r.b = ucx.Buffer{Ptr: bytesPtr(buf), Len: len(buf)}
 	t.execReq(r, startSend)
 	_, err := r.Wait(ctx)
 	r.recycle()
@@ -108,7 +108,7 @@ func (t *Transport) Irecv(src, tag int, buf []byte) (*Request, error) {
 	}
 	r := t.newRequest("recv", src, tag, len(buf))
 	r.recv = true
-	r.b, r.hold = ucx.Buffer{Ptr: bytesPtr(buf), Len: len(buf)}, buf
+	r.b = ucx.Buffer{Ptr: bytesPtr(buf), Len: len(buf)}
 	t.execReq(r, startRecv)
 	return r, nil
 }
@@ -121,7 +121,7 @@ func (t *Transport) IrecvIOV(src, tag int, bufs [][]byte) (*Request, error) {
 	v, pins, total := iovOf(bufs)
 	r := t.newRequest("recv", src, tag, total)
 	r.recv = true
-	r.b, r.pins, r.iov, r.hold = ucx.Buffer{IOV: v, Len: total}, pins, v, bufs
+	r.b, r.pins, r.iov = ucx.Buffer{IOV: v, Len: total}, pins, v
 	t.execReq(r, startRecv)
 	return r, nil
 }
@@ -187,7 +187,7 @@ func (t *Transport) Recv(ctx context.Context, src, tag int, buf []byte) (Status,
 	}
 	r := t.pooledRequest("recv", src, tag, len(buf))
 	r.recv = true
-	r.b, r.hold = ucx.Buffer{Ptr: bytesPtr(buf), Len: len(buf)}, buf
+	r.b = ucx.Buffer{Ptr: bytesPtr(buf), Len: len(buf)}
 	t.execReq(r, startRecv)
 	st, err := r.Wait(ctx)
 	r.recycle()

@@ -482,14 +482,12 @@ type Request struct {
 	pin    runtime.Pinner
 	pinned bool
 	iov    *ucx.IOV
-	hold   any // keeps memory referenced by C alive until completion
 
 	fin     atomic.Bool
 	done    chan struct{}
 	status  Status
 	err     error
 	failErr error
-	then    func(*Request) // internal completion hook, worker lock held
 }
 
 func (t *Transport) newRequest(op string, peer, tag, bufLen int) *Request {
@@ -629,7 +627,6 @@ func (t *Transport) complete(r *Request) {
 		r.iov.Free()
 		r.iov = nil
 	}
-	r.hold = nil
 	r.b, r.pins = ucx.Buffer{}, nil
 	if r.peer >= 0 && r.peer < len(t.peers) {
 		if p := t.peers[r.peer]; p != nil {
@@ -637,15 +634,11 @@ func (t *Transport) complete(r *Request) {
 		}
 	}
 	r.ureq = ucx.Request{}
-	// Once fin is set the waiter may return and recycle r: read what is
-	// still needed first.
-	done, then := r.done, r.then
+	// Once fin is set the waiter may return and recycle r: read done first.
+	done := r.done
 	r.fin.Store(true)
 	if done != nil {
 		close(done)
-	}
-	if then != nil {
-		then(r)
 	}
 }
 
