@@ -40,6 +40,15 @@ type Config struct {
 	// until the next period"). Periods are aligned to time zero of the
 	// event clock: period n covers [n*Period, (n+1)*Period).
 	Period time.Duration
+	// OffloadRatio scales K in the offload rule: a transfer is offloaded
+	// when the expected onload delay exceeds OffloadRatio * K. The paper
+	// compares delta with K itself (1.0) because hardware rendezvous
+	// offload costs bandwidth; troupe's progress goroutine moves the data
+	// at the same speed as the receiver would, so offloading pays as soon
+	// as a good part of the transfer can be hidden. 0 offloads whenever
+	// any delay is expected.
+	OffloadRatio float64
+
 	// CancelRateThreshold is the fraction of offloaded receives cancelled
 	// within a period above which offloading stops until the next period.
 	CancelRateThreshold float64
@@ -79,6 +88,7 @@ func DefaultConfig() Config {
 		Beta:                2 * time.Microsecond,
 		RendezvousThreshold: 8 << 10,
 		DeltaWeight:         0.25,
+		OffloadRatio:        0.5,
 		Period:              10 * time.Millisecond,
 		CancelRateThreshold: 0.5,
 		CancelMinOffloads:   4,
@@ -108,6 +118,8 @@ func (c Config) Validate() error {
 		return bad("RendezvousThreshold %d must be >= 0", c.RendezvousThreshold)
 	case !(c.DeltaWeight > 0 && c.DeltaWeight <= 1):
 		return bad("DeltaWeight %v must be in (0, 1]", c.DeltaWeight)
+	case math.IsNaN(c.OffloadRatio) || math.IsInf(c.OffloadRatio, 0) || c.OffloadRatio < 0:
+		return bad("OffloadRatio %v must be a finite number >= 0", c.OffloadRatio)
 	case c.Period <= 0:
 		return bad("Period %v must be > 0", c.Period)
 	case !(c.CancelRateThreshold >= 0 && c.CancelRateThreshold <= 1):

@@ -59,6 +59,17 @@ func (p *peerState) record(useful bool, window int) {
 	p.next = (p.next + 1) % window
 }
 
+// shadowDelta is an offloaded expected transfer waiting for the receiver's
+// next activity, which tells what its onload delay would have been.
+type shadowDelta struct {
+	peer     int
+	postAt   time.Duration
+	headerAt time.Duration
+}
+
+// maxShadows bounds the shadow-delta list for a receiver that stays away.
+const maxShadows = 64
+
 // Engine is the overlap decision state machine. Create it with New and feed
 // it events with Step; it is not safe for concurrent use.
 type Engine struct {
@@ -80,6 +91,10 @@ type Engine struct {
 	// outstanding rendezvous transfers (for K)
 	outstanding      int
 	outstandingBytes int64
+
+	// shadows are offloaded expected transfers whose onload delay is
+	// still unknown: it is sampled at the receiver's next activity.
+	shadows []shadowDelta
 
 	transfers map[TransferID]*transfer
 	peers     map[int]*peerState
@@ -116,6 +131,19 @@ func (e *Engine) K() time.Duration { return time.Duration(e.k()) }
 func (e *Engine) Delta(peer int) (d time.Duration, ok bool) {
 	v, ok := e.deltaEstimate(peer)
 	return time.Duration(v), ok
+}
+
+// SetCost replaces alpha (ns per byte) and beta (per message), typically
+// with the result of Calibrate measured after the engine was created. It
+// rejects the values Config.Validate would.
+func (e *Engine) SetCost(alpha float64, beta time.Duration) error {
+	c := e.cfg
+	c.Alpha, c.Beta = alpha, beta
+	if err := c.Validate(); err != nil {
+		return err
+	}
+	e.cfg = c
+	return nil
 }
 
 // Stats returns a snapshot of the counters.
@@ -192,6 +220,18 @@ func (e *Engine) advance(at time.Duration) {
 func (e *Engine) activity() {
 	e.lastActivity = e.now
 	e.hasActivity = true
+	// The receiver is back: an onload of the offloaded transfers whose
+	// header arrived before now would have started now.
+	kept := e.shadows[:0]
+	for _, s := range e.shadows {
+		if s.headerAt < e.now {
+			e.sampleDelta(s.peer, e.now-s.postAt)
+			e.stats.ShadowDeltas++
+		} else {
+			kept = append(kept, s)
+		}
+	}
+	e.shadows = kept
 }
 
 func (e *Engine) k() float64 {
@@ -304,7 +344,7 @@ func (e *Engine) recvPosted(ev Event) (Decision, error) {
 	// Arm at post time only on history: the receiver is in the library
 	// now, so the only evidence of a long delay is past deltas.
 	est, ok := e.deltaEstimate(ev.Peer)
-	if ok && est > e.k()+e.cfg.cost(ev.Size) {
+	if ok && est > e.cfg.OffloadRatio*(e.k()+e.cfg.cost(ev.Size)) {
 		e.offload(t)
 		return decide(ev.ID, Offload, ReasonDelayAboveK), nil
 	}
@@ -425,7 +465,7 @@ func (e *Engine) expectedHeader(ev Event) (Decision, error) {
 			est, ok = away, true
 		}
 	}
-	if ok && est > e.k() {
+	if ok && est > e.cfg.OffloadRatio*e.k() {
 		e.offload(t)
 		return decide(ev.ID, Offload, ReasonDelayAboveK), nil
 	}
@@ -445,9 +485,24 @@ func (e *Engine) transferStarted(ev Event) error {
 		return nil
 	}
 	t.started = true
-	if t.expected {
-		e.sampleDelta(t.peer, e.now-t.postAt)
+	if !t.expected {
+		return nil
 	}
+	if t.mode == Offload {
+		// An offloaded transfer starts as soon as its header arrives, so
+		// its start time says how late the sender was, not how long the
+		// receiver stays away. Sample the delay an onload would have had
+		// at the receiver's next activity instead (troupe's addition:
+		// without it, offloading teaches the engine a small delta and
+		// the next transfer is onloaded, and the decisions alternate).
+		if len(e.shadows) == maxShadows {
+			copy(e.shadows, e.shadows[1:])
+			e.shadows = e.shadows[:maxShadows-1]
+		}
+		e.shadows = append(e.shadows, shadowDelta{peer: t.peer, postAt: t.postAt, headerAt: t.headerAt})
+		return nil
+	}
+	e.sampleDelta(t.peer, e.now-t.postAt)
 	return nil
 }
 

@@ -20,6 +20,7 @@ func testConfig() Config {
 	c := DefaultConfig()
 	c.Alpha = 0.01
 	c.Beta = 1 * us
+	c.OffloadRatio = 1 // the paper's rule: delta > K
 	c.Period = 1 * ms
 	c.CancelMinOffloads = 2
 	c.CancelRateThreshold = 0.5
@@ -338,6 +339,48 @@ func TestEngineTable(t *testing.T) {
 			},
 		},
 		{
+			name: "OffloadRatio scales K: away 8us offloads a 11.5us transfer at 0.5, not at 1",
+			cfg:  func(c *Config) { c.OffloadRatio = 0.5 },
+			steps: []step{
+				{post(0, 1, 1, MB), dec(Onload, ReasonDelayBelowK)},
+				{exp(8*us, 1, 1, MB), dec(Offload, ReasonDelayAboveK)},
+				{post(20*us, 2, 1, MB), dec(Onload, ReasonDelayBelowK)},
+				{exp(24*us, 2, 1, MB), dec(Onload, ReasonDelayBelowK)},
+			},
+		},
+		{
+			name: "offloaded transfers sample delta at the receiver's next activity, so decisions do not alternate",
+			// With weight 1 one sample decides: sampling the start of an
+			// offloaded transfer (1us after its post) would onload the next.
+			cfg: func(c *Config) { c.DeltaWeight = 1 },
+			steps: cat(offloadHistory(0, 1), []step{
+				// The receiver returns at 300us: the shadow delta is 300us.
+				{post(300*us, 2, 1, MB), dec(Offload, ReasonDelayAboveK)},
+				{exp(301*us, 2, 1, MB), dec(Offload, ReasonArmed)},
+				{start(301*us, 2), wait},
+				{done(313*us, 2), wait},
+				{progress(600 * us), wait},
+				{post(600*us, 3, 1, MB), dec(Offload, ReasonDelayAboveK)},
+			}),
+			stats: func(t *testing.T, s Stats) {
+				require.EqualValues(t, 2, s.ShadowDeltas)
+				require.EqualValues(t, 3, s.Offloaded)
+			},
+		},
+		{
+			name: "the receiver polling often again brings the delta down and onloads",
+			cfg:  func(c *Config) { c.DeltaWeight = 1 },
+			steps: cat(offloadHistory(0, 1), []step{
+				{progress(101 * us), wait}, // shadow delta 101us
+				{post(200*us, 2, 1, MB), dec(Offload, ReasonDelayAboveK)},
+				{exp(202*us, 2, 1, MB), dec(Offload, ReasonArmed)},
+				{start(202*us, 2), wait},
+				{progress(203 * us), wait}, // shadow delta 3us
+				{done(214*us, 2), wait},
+				{post(300*us, 3, 1, MB), dec(Onload, ReasonDelayBelowK)},
+			}),
+		},
+		{
 			name: "time never goes backwards",
 			steps: []step{
 				{progress(100 * us), wait},
@@ -449,4 +492,14 @@ func TestStringers(t *testing.T) {
 	require.Equal(t, "delay>K", ReasonDelayAboveK.String())
 	require.Equal(t, "Prefetch(id=3 slot=1 prefetch)", Decision{Action: Prefetch, ID: 3, Slot: 1, Reason: ReasonPrefetch}.String())
 	require.Equal(t, "Onload(id=3 pool-full)", Decision{Action: Onload, ID: 3, Slot: NoSlot, Reason: ReasonPoolFull}.String())
+}
+
+func TestSetCost(t *testing.T) {
+	e, err := New(testConfig())
+	require.NoError(t, err)
+	require.NoError(t, e.SetCost(0.2, 5*us))
+	require.Equal(t, 0.2, e.Config().Alpha)
+	require.Equal(t, 5*us, e.Config().Beta)
+	require.ErrorIs(t, e.SetCost(-1, 0), ErrConfig)
+	require.Equal(t, 0.2, e.Config().Alpha, "a rejected cost changes nothing")
 }

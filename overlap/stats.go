@@ -31,6 +31,9 @@ type Stats struct {
 	// a prefetch would have completed before the receive was posted.
 	ShadowUseful  uint64
 	ShadowUseless uint64
+	// ShadowDeltas counts delta samples taken for offloaded transfers at
+	// the receiver's next activity (what an onload would have waited).
+	ShadowDeltas uint64
 
 	PoolSlots     int // configured slots
 	PoolInUse     int // slots held now
