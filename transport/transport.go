@@ -666,6 +666,9 @@ func (t *Transport) track(r *Request, ureq ucx.Request, pins ...unsafe.Pointer) 
 		}
 	}
 	t.ops[ureq] = r
+	if r.peer < 0 {
+		return // not tied to one peer (an active message's data)
+	}
 	if p := t.peers[r.peer]; p != nil {
 		p.pending[r] = struct{}{}
 	}
