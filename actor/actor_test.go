@@ -1,0 +1,126 @@
+package actor
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	pa "github.com/asynkron/protoactor-go/actor"
+)
+
+type ping struct {
+	N    int
+	Text string
+}
+
+type pong struct{ N int }
+
+type unregistered struct{ X int }
+
+func init() {
+	MustRegister[ping]()
+	MustRegister[pong]()
+}
+
+func startLocal(t *testing.T, n int) []*Runtime {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	rts, stop, err := StartLocal(ctx, n, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(stop)
+	return rts
+}
+
+func echoProps(rt *Runtime) *pa.Props {
+	return rt.PropsFromFunc(func(c pa.Context) {
+		if p, ok := c.Message().(*ping); ok {
+			c.Respond(&pong{N: p.N + 1})
+		}
+	})
+}
+
+func TestRequestAcrossRanks(t *testing.T) {
+	rts := startLocal(t, 3)
+	pid, err := rts[1].System().Root.SpawnNamed(echoProps(rts[1]), "echo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	remote := rts[0].PID(1, pid.Id)
+	for i := 0; i < 100; i++ {
+		res, err := rts[0].Request(remote, &ping{N: i}, 5*time.Second)
+		if err != nil {
+			t.Fatalf("request %d: %v", i, err)
+		}
+		if p, ok := res.(*pong); !ok || p.N != i+1 {
+			t.Fatalf("request %d: got %#v", i, res)
+		}
+	}
+	// protoactor's own API goes through the resolver too.
+	res, err := rts[2].Root().RequestFuture(remote, &ping{N: 41}, 5*time.Second).Result()
+	if err != nil || res.(*pong).N != 42 {
+		t.Fatalf("protoactor request: %v %v", res, err)
+	}
+}
+
+func TestUnknownActorAndUnregisteredType(t *testing.T) {
+	rts := startLocal(t, 2)
+	start := time.Now()
+	_, err := rts[0].Request(rts[0].PID(1, "nobody"), &ping{}, 10*time.Second)
+	if !errors.Is(err, ErrNoActor) {
+		t.Fatalf("request to a missing actor: %v", err)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Fatalf("missing actor answered after %v, want at once", d)
+	}
+	err = rts[0].Send(rts[0].PID(1, "nobody"), &unregistered{X: 1})
+	if !errors.Is(err, ErrUnregistered) {
+		t.Fatalf("unregistered type: %v", err)
+	}
+}
+
+func TestSendOrder(t *testing.T) {
+	rts := startLocal(t, 2)
+	const n = 5000
+	done := make(chan error, 1)
+	next := 0
+	_, err := rts[1].Root().SpawnNamed(rts[1].PropsFromFunc(func(c pa.Context) {
+		p, ok := c.Message().(*ping)
+		if !ok {
+			return
+		}
+		if p.N != next {
+			done <- errors.New("out of order")
+			return
+		}
+		next++
+		if next == n {
+			done <- nil
+		}
+	}), "sink")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sink := rts[0].PID(1, "sink")
+	for i := 0; i < n; i++ {
+		// Mix small and large (rendezvous) bodies: order must hold anyway.
+		msg := &ping{N: i}
+		if i%500 == 7 {
+			msg.Text = string(make([]byte, 256<<10))
+		}
+		if err := rts[0].Send(sink, msg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatalf("only %d of %d messages arrived", next, n)
+	}
+}

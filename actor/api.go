@@ -1,0 +1,107 @@
+package actor
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	pa "github.com/asynkron/protoactor-go/actor"
+)
+
+// Check reports whether msg can be sent to another rank: its type is
+// registered and it encodes. Send, Request and friends call it for remote
+// targets; protoactor's own Context.Send cannot return an error, so an
+// unsendable message given to it goes to dead letters instead.
+func Check(msg any) error {
+	ct, _, err := lookupType(msg)
+	if err != nil {
+		return err
+	}
+	_, _, err = encodeBody(ct, msg)
+	return err
+}
+
+// remote reports whether pid lives on another rank of this job.
+func (rt *Runtime) remote(pid *pa.PID) (int, bool) {
+	r := RankOf(pid)
+	return r, r >= 0 && r < rt.size && r != rt.rank
+}
+
+// Send sends msg to pid from the root context. For a remote pid the
+// message is encoded now, so an unregistered type fails here.
+func (rt *Runtime) Send(pid *pa.PID, msg any) error {
+	return rt.SendFrom(nil, pid, msg)
+}
+
+// SendFrom sends msg to pid as sender (nil: no sender); receivers see the
+// sender through Context.Sender and may Respond to it.
+func (rt *Runtime) SendFrom(sender *pa.PID, pid *pa.PID, msg any) error {
+	if pid == nil {
+		return errors.New("actor: send to a nil PID")
+	}
+	if rt.closed.Load() {
+		return ErrClosed
+	}
+	if r, ok := rt.remote(pid); ok {
+		return rt.send(r, pid, msg, sender, 0)
+	}
+	if sender == nil {
+		rt.sys.Root.Send(pid, msg)
+		return nil
+	}
+	rt.sys.Root.RequestWithCustomSender(pid, msg, sender)
+	return nil
+}
+
+// RequestFuture sends msg to pid and returns a future for the response.
+// Errors in sending (an unregistered type, a lost rank) are returned now.
+func (rt *Runtime) RequestFuture(pid *pa.PID, msg any, timeout time.Duration) (*pa.Future, error) {
+	if pid == nil {
+		return nil, errors.New("actor: request to a nil PID")
+	}
+	if rt.closed.Load() {
+		return nil, ErrClosed
+	}
+	f := pa.NewFuture(rt.sys, timeout)
+	if r, ok := rt.remote(pid); ok {
+		rt.trackRequest(f.PID().Id, r)
+		if err := rt.send(r, pid, msg, f.PID(), 0); err != nil {
+			rt.answered(f.PID().Id)
+			rt.sys.Root.Stop(f.PID())
+			return nil, err
+		}
+		return f, nil
+	}
+	rt.sys.Root.RequestWithCustomSender(pid, msg, f.PID())
+	return f, nil
+}
+
+// Request sends msg to pid and waits up to timeout for the response. A
+// message the target rank could not deliver comes back as an
+// *UndeliverableError; a request to an actor that does not exist fails at
+// once with protoactor's ErrDeadLetter.
+func (rt *Runtime) Request(pid *pa.PID, msg any, timeout time.Duration) (any, error) {
+	f, err := rt.RequestFuture(pid, msg, timeout)
+	if err != nil {
+		return nil, err
+	}
+	return Result(f)
+}
+
+// Result waits for a future and turns runtime error responses into errors.
+func Result(f *pa.Future) (any, error) {
+	res, err := f.Result()
+	if err != nil {
+		if errors.Is(err, pa.ErrDeadLetter) {
+			return nil, fmt.Errorf("%w (%w)", ErrNoActor, err)
+		}
+		return nil, err
+	}
+	if ue, ok := res.(*UndeliverableError); ok {
+		return nil, ue
+	}
+	return res, nil
+}
+
+// ErrNoActor reports a request to an actor that does not exist.
+var ErrNoActor = errors.New("actor: no such actor")

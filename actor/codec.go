@@ -1,0 +1,236 @@
+package actor
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"reflect"
+	"sync"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/vmihailenco/msgpack/v5"
+)
+
+// ErrUnregistered is returned when a message's type was never registered.
+var ErrUnregistered = errors.New("actor: message type not registered")
+
+// ErrTypeCollision is returned by Register when two type names hash to the
+// same 32-bit type id.
+var ErrTypeCollision = errors.New("actor: type id collision")
+
+// Payload is a byte slice that travels outside the msgpack body, as the data
+// of the active message: rendezvous for large sizes, landing straight in the
+// memory the receiving actor names through its PostReceive hook (zero copy),
+// or else in pooled memory. A message type may have one Payload field, at the
+// top level of its struct; anywhere else a Payload is encoded inline like
+// []byte.
+type Payload []byte
+
+// codecType is one registered type.
+type codecType struct {
+	id      uint32
+	name    string
+	typ     reflect.Type // the value type (never a pointer)
+	payload int          // index of the Payload field, or -1
+}
+
+var registry = struct {
+	sync.RWMutex
+	byID   map[uint32]*codecType
+	byType map[reflect.Type]*codecType
+}{byID: map[uint32]*codecType{}, byType: map[reflect.Type]*codecType{}}
+
+// typeName is the stable name a type id is derived from: the import path
+// and name for named types, the type's spelling otherwise.
+func typeName(t reflect.Type) string {
+	if t.Name() != "" && t.PkgPath() != "" {
+		return t.PkgPath() + "." + t.Name()
+	}
+	return t.String()
+}
+
+// TypeID returns the 32-bit wire id of a type name (FNV-1a).
+func TypeID(name string) uint32 {
+	h := fnv.New32a()
+	h.Write([]byte(name))
+	return h.Sum32()
+}
+
+// Register adds T to the message type registry, so that values of T and *T
+// can be sent to actors on other ranks. Every rank must register the same
+// types (typically in an init function). Registering a type twice is
+// harmless; two different types whose names hash to the same id are an
+// ErrTypeCollision.
+func Register[T any]() error {
+	return registerType(reflect.TypeFor[T]())
+}
+
+// MustRegister is Register that panics on error, for init functions.
+func MustRegister[T any]() {
+	if err := Register[T](); err != nil {
+		panic(err)
+	}
+}
+
+func registerType(t reflect.Type) error {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	if t.Kind() == reflect.Interface || t.Kind() == reflect.Func || t.Kind() == reflect.Chan {
+		return fmt.Errorf("actor: cannot register %s: a %s cannot cross ranks", t, t.Kind())
+	}
+	ct := &codecType{name: typeName(t), typ: t, payload: -1}
+	ct.id = TypeID(ct.name)
+	if t.Kind() == reflect.Struct {
+		for i := 0; i < t.NumField(); i++ {
+			if t.Field(i).Type != payloadType {
+				continue
+			}
+			if ct.payload >= 0 {
+				return fmt.Errorf("actor: cannot register %s: more than one Payload field", ct.name)
+			}
+			ct.payload = i
+		}
+	}
+	registry.Lock()
+	defer registry.Unlock()
+	if old, ok := registry.byID[ct.id]; ok {
+		if old.typ == t {
+			return nil
+		}
+		return fmt.Errorf("%w: %s and %s both hash to 0x%08x", ErrTypeCollision, old.name, ct.name, ct.id)
+	}
+	registry.byID[ct.id] = ct
+	registry.byType[t] = ct
+	return nil
+}
+
+var payloadType = reflect.TypeFor[Payload]()
+
+// lookupType finds the registered type of a message value and whether it
+// was passed as a pointer.
+func lookupType(msg any) (*codecType, bool, error) {
+	t := reflect.TypeOf(msg)
+	if t == nil {
+		return nil, false, fmt.Errorf("%w: nil message", ErrUnregistered)
+	}
+	ptr := false
+	if t.Kind() == reflect.Pointer {
+		t, ptr = t.Elem(), true
+	}
+	registry.RLock()
+	ct := registry.byType[t]
+	registry.RUnlock()
+	if ct == nil {
+		return nil, false, fmt.Errorf("%w: %s (call actor.Register[%s]() on every rank)", ErrUnregistered, typeName(t), t.Name())
+	}
+	if ptr && reflect.ValueOf(msg).IsNil() {
+		return nil, false, fmt.Errorf("actor: nil *%s message", ct.name)
+	}
+	return ct, ptr, nil
+}
+
+func lookupID(id uint32) *codecType {
+	registry.RLock()
+	defer registry.RUnlock()
+	return registry.byID[id]
+}
+
+var encoderPool = sync.Pool{New: func() any {
+	b := new(bytes.Buffer)
+	enc := msgpack.NewEncoder(b)
+	return &pooledEncoder{buf: b, enc: enc}
+}}
+
+type pooledEncoder struct {
+	buf *bytes.Buffer
+	enc *msgpack.Encoder
+}
+
+// encodeBody encodes msg (of registered type ct) as msgpack and returns the
+// body and, if the type has a Payload field, its bytes (not in the body).
+func encodeBody(ct *codecType, msg any) (body []byte, payload []byte, err error) {
+	v := reflect.ValueOf(msg)
+	if v.Kind() == reflect.Pointer {
+		v = v.Elem()
+	}
+	if ct.payload >= 0 {
+		payload = v.Field(ct.payload).Bytes()
+		c := reflect.New(ct.typ).Elem()
+		c.Set(v)
+		c.Field(ct.payload).SetBytes(nil)
+		v = c
+	}
+	pe := encoderPool.Get().(*pooledEncoder)
+	defer encoderPool.Put(pe)
+	pe.buf.Reset()
+	if err := pe.enc.EncodeValue(v); err != nil {
+		return nil, nil, fmt.Errorf("actor: encoding %s: %w", ct.name, err)
+	}
+	return bytes.Clone(pe.buf.Bytes()), payload, nil
+}
+
+var decoderPool = sync.Pool{New: func() any { return msgpack.NewDecoder(nil) }}
+
+// decodeBody decodes a body of type ct after validating it; payload (may be
+// nil) is set into the Payload field.
+func decodeBody(ct *codecType, body []byte, ptr bool, payload []byte) (any, error) {
+	if err := validateMsgpack(body); err != nil {
+		return nil, fmt.Errorf("actor: body of %s: %w", ct.name, err)
+	}
+	v := reflect.New(ct.typ)
+	dec := decoderPool.Get().(*msgpack.Decoder)
+	dec.Reset(bytes.NewReader(body))
+	err := dec.DecodeValue(v)
+	dec.Reset(nil)
+	decoderPool.Put(dec)
+	if err != nil {
+		return nil, &DecodeError{Reason: fmt.Sprintf("body of %s: %v", ct.name, err)}
+	}
+	if ct.payload >= 0 && payload != nil {
+		v.Elem().Field(ct.payload).SetBytes(payload)
+	}
+	if ptr {
+		return v.Interface(), nil
+	}
+	return v.Elem().Interface(), nil
+}
+
+// UndeliverableError is the response a Request gets when its message could
+// not be delivered on the target rank (unknown type there, malformed body,
+// no such actor), and the reason dead letters carry.
+type UndeliverableError struct {
+	Target string // target actor id
+	Reason string
+}
+
+func (e *UndeliverableError) Error() string {
+	return fmt.Sprintf("actor: message to %s undeliverable: %s", e.Target, e.Reason)
+}
+
+func init() {
+	// Runtime messages every rank understands.
+	for _, t := range []reflect.Type{
+		reflect.TypeFor[actor.Watch](),
+		reflect.TypeFor[actor.Unwatch](),
+		reflect.TypeFor[actor.Terminated](),
+		reflect.TypeFor[actor.Stop](),
+		reflect.TypeFor[actor.PoisonPill](),
+		reflect.TypeFor[actor.DeadLetterResponse](),
+		reflect.TypeFor[UndeliverableError](),
+		reflect.TypeFor[bool](),
+		reflect.TypeFor[int](),
+		reflect.TypeFor[int64](),
+		reflect.TypeFor[uint64](),
+		reflect.TypeFor[float64](),
+		reflect.TypeFor[string](),
+		reflect.TypeFor[[]byte](),
+		reflect.TypeFor[[]int64](),
+		reflect.TypeFor[[]float64](),
+	} {
+		if err := registerType(t); err != nil {
+			panic(err)
+		}
+	}
+}

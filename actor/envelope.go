@@ -1,0 +1,112 @@
+package actor
+
+import "fmt"
+
+// wireVersion is the envelope protocol version.
+const wireVersion = 1
+
+// Envelope flags.
+const (
+	flagPointer  = 1 << iota // the body was sent as *T (else T)
+	flagSystem               // a system message (watch, unwatch, terminated, stop)
+	flagBodyHdr              // the body travels in the header; the AM data is the payload
+	flagNoCredit             // runtime traffic that bypasses eager credits
+)
+
+// envelope is the header of every actor message on the wire (DESIGN 5.1):
+// a msgpack array of version, flags, source rank, target actor id, target
+// request id, sender actor id ("" for none), message type id, out-of-band
+// payload length, sender rank and, when flagBodyHdr is set, the body.
+type envelope struct {
+	Flags      uint32
+	Source     int    // sending rank
+	Target     string // target actor id on the receiving rank
+	TargetReq  uint32 // the target PID's request id
+	SenderRank int    // rank of the sender actor (usually Source)
+	Sender     string // sender actor id ("" = none)
+	Type       uint32 // registered type id
+	PayloadLen int    // bytes of out-of-band payload (AM data) when flagBodyHdr
+	Body       []byte // the body, when flagBodyHdr
+}
+
+const envelopeFields = 10
+
+// maxEnvelope bounds a header we accept; real ones are far smaller.
+const maxEnvelope = 64 << 10
+
+// appendEnvelope appends e's wire form to b.
+func appendEnvelope(b []byte, e *envelope) []byte {
+	b = appendArrayLen(b, envelopeFields)
+	b = appendUint(b, wireVersion)
+	b = appendUint(b, uint64(e.Flags))
+	b = appendUint(b, uint64(e.Source))
+	b = appendString(b, e.Target)
+	b = appendUint(b, uint64(e.TargetReq))
+	b = appendString(b, e.Sender)
+	b = appendUint(b, uint64(e.Type))
+	b = appendUint(b, uint64(e.PayloadLen))
+	b = appendUint(b, uint64(e.SenderRank))
+	if e.Flags&flagBodyHdr != 0 {
+		b = appendBin(b, e.Body)
+	} else {
+		b = append(b, 0xc0)
+	}
+	return b
+}
+
+// decodeEnvelope parses a header. The body aliases b. size is the number
+// of ranks, to check the source. Every failure is a *DecodeError.
+func decodeEnvelope(b []byte, size int) (envelope, error) {
+	var e envelope
+	if len(b) > maxEnvelope {
+		return e, &DecodeError{Reason: fmt.Sprintf("envelope of %d bytes exceeds %d", len(b), maxEnvelope)}
+	}
+	r := &wireReader{b: b}
+	if n := r.arrayLen(); r.err == nil && n != envelopeFields {
+		r.fail("envelope has %d fields, want %d", n, envelopeFields)
+	}
+	if v := r.uint(); r.err == nil && v != wireVersion {
+		r.fail("protocol version %d, want %d", v, wireVersion)
+	}
+	flags := r.uint()
+	src := r.uint()
+	e.Target = r.string()
+	treq := r.uint()
+	e.Sender = r.string()
+	typ := r.uint()
+	plen := r.uint()
+	srank := r.uint()
+	e.Body = r.bin()
+	if r.err == nil && r.off != len(b) {
+		r.fail("%d trailing bytes", len(b)-r.off)
+	}
+	switch {
+	case r.err != nil:
+	case flags >= 1<<4:
+		r.fail("unknown flags 0x%x", flags)
+	case src >= uint64(size) || srank >= uint64(size):
+		r.fail("source rank %d or sender rank %d outside a job of %d", src, srank, size)
+	case treq > 0xffffffff || typ > 0xffffffff:
+		r.fail("request or type id out of range")
+	case plen > 1<<40:
+		r.fail("payload length %d out of range", plen)
+	case flags&flagBodyHdr == 0 && (e.Body != nil || plen != 0):
+		r.fail("body or payload length without the body-in-header flag")
+	}
+	if r.err != nil {
+		return envelope{}, r.err
+	}
+	e.Flags, e.Source, e.TargetReq, e.Type, e.PayloadLen = uint32(flags), int(src), uint32(treq), uint32(typ), int(plen)
+	e.SenderRank = int(srank)
+	return e, nil
+}
+
+// DecodeError reports malformed wire data.
+type DecodeError struct {
+	Offset int    // byte offset where decoding failed
+	Reason string // what was wrong
+}
+
+func (e *DecodeError) Error() string {
+	return fmt.Sprintf("actor: malformed message at byte %d: %s", e.Offset, e.Reason)
+}

@@ -1,0 +1,95 @@
+package actor
+
+import (
+	"strconv"
+
+	pa "github.com/asynkron/protoactor-go/actor"
+)
+
+// PostReceiver is implemented by actors that choose where the Payload of an
+// incoming message lands (the post-receive hook; DESIGN 5.1, paper 002). The
+// runtime calls PostReceive when the message's header has arrived and before
+// its data moves; the data then lands directly in the returned slice, which
+// must be exactly in.Size bytes long, and Receive runs with the message once
+// it has landed. Returning nil lets the runtime allocate from its pool.
+// PostReceive runs on the runtime's progress goroutine, concurrently with
+// the actor's Receive: it must be quick and safe for that.
+type PostReceiver interface {
+	PostReceive(in *Incoming) Payload
+}
+
+// Incoming describes a message whose payload is about to arrive.
+type Incoming struct {
+	Target *pa.PID // the receiving actor
+	Sender *pa.PID // the sender, or nil
+	Type   string  // the message's registered type name
+	Size   int     // payload bytes
+}
+
+// localActor is an actor spawned through the runtime's Props.
+type localActor struct {
+	pid  *pa.PID
+	hook PostReceiver
+}
+
+// Props returns protoactor Props for an actor that other ranks can message
+// with bounded memory: its mailbox returns eager credits to the sending
+// rank once the actor has processed each message, and its PostReceive hook
+// (if it has one) is honoured. Spawn actors that receive remote messages
+// with these Props; actors spawned otherwise still receive them, but their
+// senders' credits come back on arrival rather than after processing.
+func (rt *Runtime) Props(producer pa.Producer, opts ...pa.PropsOption) *pa.Props {
+	mw := &creditMiddleware{rt: rt}
+	opts = append([]pa.PropsOption{
+		pa.WithMailbox(pa.Unbounded(mw)),
+		pa.WithReceiverMiddleware(rt.trackMiddleware),
+	}, opts...)
+	return pa.PropsFromProducer(producer, opts...)
+}
+
+// PropsFromFunc is Props for a receive function.
+func (rt *Runtime) PropsFromFunc(f pa.ReceiveFunc, opts ...pa.PropsOption) *pa.Props {
+	return rt.Props(func() pa.Actor { return f }, opts...)
+}
+
+// trackMiddleware records the runtime's actors while they live.
+func (rt *Runtime) trackMiddleware(next pa.ReceiverFunc) pa.ReceiverFunc {
+	return func(c pa.ReceiverContext, env *pa.MessageEnvelope) {
+		switch env.Message.(type) {
+		case *pa.Started:
+			la := &localActor{pid: c.Self()}
+			la.hook, _ = c.Actor().(PostReceiver)
+			rt.local.Store(c.Self().Id, la)
+		case *pa.Stopped:
+			rt.local.Delete(c.Self().Id)
+		}
+		next(c, env)
+	}
+}
+
+// creditMiddleware returns credits after an actor processes a remote message.
+type creditMiddleware struct{ rt *Runtime }
+
+func (m *creditMiddleware) MailboxStarted()      {}
+func (m *creditMiddleware) MessagePosted(any)    {}
+func (m *creditMiddleware) MailboxEmpty()        {}
+func (m *creditMiddleware) MessageReceived(msg any) {
+	env, ok := msg.(*pa.MessageEnvelope)
+	if !ok || env.Header == nil {
+		return
+	}
+	src, ok := env.Header[HeaderSourceRank]
+	if !ok {
+		return
+	}
+	cost, ok := env.Header[headerCost]
+	if !ok {
+		return
+	}
+	r, err1 := strconv.Atoi(src)
+	n, err2 := strconv.Atoi(cost)
+	if err1 != nil || err2 != nil || r < 0 || r >= m.rt.size {
+		return
+	}
+	m.rt.in[r].credit(n)
+}

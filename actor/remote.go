@@ -1,0 +1,486 @@
+package actor
+
+import (
+	"context"
+	"fmt"
+	"math/bits"
+	"strconv"
+	"sync"
+	"sync/atomic"
+
+	pa "github.com/asynkron/protoactor-go/actor"
+	"go.uber.org/zap"
+
+	"github.com/troupe-hpc/troupe/transport"
+)
+
+// remoteProcess is the protoactor Process of every actor on one other rank:
+// the address resolver hands it out, and it turns sends into active messages.
+type remoteProcess struct {
+	rt   *Runtime
+	rank int
+}
+
+var _ pa.Process = (*remoteProcess)(nil)
+
+// SendUserMessage sends a user message. protoactor's Send has no error
+// result: a message that cannot be sent goes to the local dead letters with
+// the reason, and a request's sender gets an *UndeliverableError at once.
+func (p *remoteProcess) SendUserMessage(pid *pa.PID, message any) {
+	_, msg, sender := pa.UnwrapEnvelope(message)
+	if err := p.rt.send(p.rank, pid, msg, sender, 0); err != nil {
+		p.rt.undeliverable(pid, msg, sender, err.Error())
+	}
+}
+
+// SendSystemMessage sends a system message (watch, unwatch, terminated, stop).
+func (p *remoteProcess) SendSystemMessage(pid *pa.PID, message any) {
+	switch m := message.(type) {
+	case *pa.Watch:
+		p.rt.noteWatch(p.rank, pid, m.Watcher, true)
+	case *pa.Unwatch:
+		p.rt.noteWatch(p.rank, pid, m.Watcher, false)
+	}
+	err := p.rt.send(p.rank, pid, message, nil, flagSystem|flagNoCredit)
+	if err == nil {
+		return
+	}
+	if w, ok := message.(*pa.Watch); ok && w.Watcher != nil && RankOf(w.Watcher) == p.rt.rank {
+		// The watchee's rank is gone (or we are): the watcher hears so now.
+		p.rt.noteWatch(p.rank, pid, w.Watcher, false)
+		p.rt.deliverSystem(w.Watcher, &pa.Terminated{Who: pid, Why: pa.TerminatedReason_AddressTerminated})
+		return
+	}
+	p.rt.log.Debug("system message not sent", zap.Stringer("to", pid), zap.Error(err))
+}
+
+// Stop stops a remote actor.
+func (p *remoteProcess) Stop(pid *pa.PID) { p.SendSystemMessage(pid, &pa.Stop{}) }
+
+// undeliverable reports a message that could not be delivered: dead letters
+// get it with the reason and a waiting sender gets an *UndeliverableError.
+func (rt *Runtime) undeliverable(target *pa.PID, msg any, sender *pa.PID, reason string) {
+	rt.stats.DeadLetters.Add(1)
+	ue := &UndeliverableError{Target: target.String(), Reason: reason}
+	rt.log.Debug("undeliverable message", zap.Stringer("to", target), zap.String("reason", reason))
+	rt.sys.EventStream.Publish(&pa.DeadLetterEvent{PID: target, Message: ue, Sender: nil})
+	if sender == nil {
+		return
+	}
+	if RankOf(sender) == rt.rank {
+		proc, _ := rt.sys.ProcessRegistry.GetLocal(sender.Id)
+		proc.SendUserMessage(sender, ue)
+		return
+	}
+	if r := RankOf(sender); r >= 0 && r < rt.size {
+		_ = rt.send(r, sender, ue, nil, flagNoCredit)
+	}
+}
+
+// send encodes msg and sends it to target on rank r.
+func (rt *Runtime) send(r int, target *pa.PID, msg any, sender *pa.PID, flags uint32) error {
+	if rt.closed.Load() {
+		return ErrClosed
+	}
+	ct, ptr, err := lookupType(msg)
+	if err != nil {
+		return err
+	}
+	body, payload, err := encodeBody(ct, msg)
+	if err != nil {
+		return err
+	}
+	e := envelope{Flags: flags, Source: rt.rank, Target: target.Id, TargetReq: target.RequestId, Type: ct.id}
+	if ptr {
+		e.Flags |= flagPointer
+	}
+	if sender != nil {
+		sr := RankOf(sender)
+		if sr < 0 || sr >= rt.size {
+			return fmt.Errorf("actor: sender %s is not an actor of this job", sender)
+		}
+		e.SenderRank, e.Sender = sr, sender.Id
+	}
+	data := body
+	if payload != nil {
+		e.Flags |= flagBodyHdr
+		e.Body, e.PayloadLen, data = body, len(payload), payload
+	}
+	hdr := appendEnvelope(make([]byte, 0, 48+len(e.Target)+len(e.Sender)+len(e.Body)), &e)
+	out := rt.out[r]
+	cost := rt.cost(len(body) + len(payload))
+	if e.Flags&flagNoCredit == 0 {
+		if err := out.acquire(cost, &rt.stats); err != nil {
+			return err
+		}
+	}
+	out.used.Store(true)
+	req, err := rt.t.SendAM(r, amActor, hdr, data, transport.AMAuto)
+	if err == nil {
+		if done, _, rerr := req.Test(); done && rerr != nil {
+			err = rerr
+		}
+	}
+	if err != nil {
+		if e.Flags&flagNoCredit == 0 {
+			out.release(cost)
+		}
+		return fmt.Errorf("actor: sending %s to %s: %w", ct.name, target, err)
+	}
+	rt.stats.Sent.Add(1)
+	return nil
+}
+
+// cost is a message's price in credit units: 1 plus 1 per CreditBytes,
+// capped so that any message fits in a quarter of the window.
+func (rt *Runtime) cost(n int) int {
+	return min(1+n/CreditBytes, rt.credits/4)
+}
+
+// outPeer holds the eager credits for sending to one rank.
+type outPeer struct {
+	mu    sync.Mutex
+	cond  *sync.Cond
+	avail int
+	err   error // set when sends to the rank can no longer succeed
+	used  atomic.Bool
+}
+
+func newOutPeer(credits int) *outPeer {
+	o := &outPeer{avail: credits}
+	o.cond = sync.NewCond(&o.mu)
+	return o
+}
+
+// acquire takes n credits, blocking while the peer has not processed
+// enough of what it was sent.
+func (o *outPeer) acquire(n int, st *Stats) error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	waited := false
+	for o.avail < n && o.err == nil {
+		if !waited {
+			st.CreditWaits.Add(1)
+			waited = true
+		}
+		o.cond.Wait()
+	}
+	if o.err != nil {
+		return o.err
+	}
+	o.avail -= n
+	return nil
+}
+
+func (o *outPeer) release(n int) {
+	o.mu.Lock()
+	o.avail += n
+	o.mu.Unlock()
+	o.cond.Broadcast()
+}
+
+func (o *outPeer) close(err error) {
+	o.mu.Lock()
+	if o.err == nil {
+		o.err = err
+	}
+	o.mu.Unlock()
+	o.cond.Broadcast()
+}
+
+func (o *outPeer) lostErr() error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if _, ok := o.err.(*transport.PeerLostError); ok {
+		return o.err
+	}
+	return nil
+}
+
+// onCredit takes credits a receiver returns.
+func (rt *Runtime) onCredit(m *transport.AMMessage) {
+	r := &wireReader{b: m.Header}
+	src, n := r.uint(), r.uint()
+	if r.err != nil || src >= uint64(rt.size) || n > uint64(rt.credits) {
+		rt.stats.DecodeErrors.Add(1)
+		rt.log.Warn("malformed credit message", zap.Binary("header", m.Header))
+		return
+	}
+	rt.out[src].release(int(n))
+}
+
+// inPeer keeps the messages from one rank in arrival order while some wait
+// for their rendezvous data, and returns credits to that rank.
+type inPeer struct {
+	rt      *Runtime
+	rank    int
+	mu      sync.Mutex
+	q       []*inItem
+	pending sync.WaitGroup
+	owed    atomic.Int64
+	hdr     map[string]string // the credit header of a one-unit message
+}
+
+func newInPeer(rt *Runtime, r int) *inPeer {
+	return &inPeer{rt: rt, rank: r, hdr: map[string]string{HeaderSourceRank: strconv.Itoa(r), headerCost: "1"}}
+}
+
+// HeaderSourceRank is the message header that tells an actor which rank a
+// message came from (protoactor's Context.MessageHeader).
+const HeaderSourceRank = "troupe.src"
+
+const headerCost = "troupe.cost"
+
+// inItem is one received message on its way to delivery.
+type inItem struct {
+	e     envelope
+	msg   any
+	err   string // why it cannot be delivered
+	ready bool
+	cost  int
+}
+
+func (in *inPeer) wait() { in.pending.Wait() }
+
+// push delivers it, or queues it behind messages still waiting for data.
+// Call with in.mu held.
+func (in *inPeer) push(it *inItem) {
+	if len(in.q) == 0 && it.ready {
+		in.rt.deliver(it)
+		return
+	}
+	in.q = append(in.q, it)
+	in.drain()
+}
+
+// drain delivers ready messages at the head of the queue. Call with in.mu held.
+func (in *inPeer) drain() {
+	n := 0
+	for n < len(in.q) && in.q[n].ready {
+		in.rt.deliver(in.q[n])
+		in.q[n] = nil
+		n++
+	}
+	in.q = in.q[n:]
+}
+
+// credit returns n units to the sending rank, in batches.
+func (in *inPeer) credit(n int) {
+	batch := int64(in.rt.credits / 4)
+	v := in.owed.Add(int64(n))
+	if v < batch || !in.owed.CompareAndSwap(v, 0) {
+		return
+	}
+	rt := in.rt
+	if rt.closed.Load() {
+		return
+	}
+	hdr := appendUint(appendUint(make([]byte, 0, 12), uint64(rt.rank)), uint64(v))
+	if _, err := rt.t.SendAM(in.rank, amCredit, hdr, nil, transport.AMEager); err != nil {
+		rt.log.Debug("credit message not sent", zap.Int("peer", in.rank), zap.Error(err))
+		return
+	}
+	rt.stats.CreditsBack.Add(1)
+}
+
+// onMessage receives one actor message.
+func (rt *Runtime) onMessage(m *transport.AMMessage) {
+	e, err := decodeEnvelope(m.Header, rt.size)
+	if err != nil {
+		rt.stats.DecodeErrors.Add(1)
+		rt.log.Warn("malformed actor message dropped", zap.Error(err))
+		return
+	}
+	rt.stats.Received.Add(1)
+	in := rt.in[e.Source]
+	it := &inItem{e: e, cost: rt.cost(m.Size + len(e.Body))}
+	if e.Flags&flagNoCredit != 0 {
+		it.cost = 0
+	}
+	ct := lookupID(e.Type)
+	if e.Flags&flagBodyHdr == 0 && !m.Rendezvous {
+		// The common case: an eager message, the body is the AM data.
+		it.e.Body = nil
+		rt.decode(it, ct, m.Data(), nil)
+		in.mu.Lock()
+		in.push(it)
+		in.mu.Unlock()
+		return
+	}
+	if e.Flags&flagBodyHdr != 0 {
+		it.e.Body = append([]byte(nil), e.Body...) // the header dies with RecvData
+		if e.PayloadLen != m.Size {
+			it.err = fmt.Sprintf("payload of %d bytes announced, %d arrived", e.PayloadLen, m.Size)
+		}
+	}
+	if m.Rendezvous {
+		rt.stats.Rendezvous.Add(1)
+	}
+	dst := rt.landing(it, ct, m.Size)
+	req, rerr := m.RecvData(dst)
+	if rerr != nil {
+		it.err = "receiving data: " + rerr.Error()
+		it.ready = true
+		in.mu.Lock()
+		in.push(it)
+		in.mu.Unlock()
+		return
+	}
+	in.mu.Lock()
+	in.q = append(in.q, it)
+	in.mu.Unlock()
+	in.pending.Add(1)
+	go func() {
+		defer in.pending.Done()
+		_, werr := req.Wait(context.Background())
+		in.mu.Lock()
+		defer in.mu.Unlock()
+		switch {
+		case werr != nil:
+			it.err = "receiving data: " + werr.Error()
+		case it.e.Flags&flagBodyHdr != 0:
+			rt.decode(it, ct, it.e.Body, dst)
+		default:
+			rt.decode(it, ct, dst, nil)
+			putBuf(dst)
+		}
+		it.ready = true
+		in.drain()
+	}()
+}
+
+// landing picks the memory a message's data lands in: the target actor's
+// PostReceive hook for a payload, else pooled memory.
+func (rt *Runtime) landing(it *inItem, ct *codecType, size int) []byte {
+	if it.e.Flags&flagBodyHdr == 0 || ct == nil || it.err != "" {
+		return getBuf(size)
+	}
+	if la, ok := rt.local.Load(it.e.Target); ok && la.(*localActor).hook != nil {
+		inc := &Incoming{
+			Target: rt.PID(rt.rank, it.e.Target),
+			Type:   ct.name,
+			Size:   size,
+		}
+		if it.e.Sender != "" {
+			inc.Sender = rt.PID(it.e.SenderRank, it.e.Sender)
+		}
+		if dst := la.(*localActor).hook.PostReceive(inc); dst != nil {
+			if len(dst) == size {
+				rt.stats.HookLanded.Add(1)
+				return dst
+			}
+			it.err = fmt.Sprintf("PostReceive returned %d bytes for a payload of %d", len(dst), size)
+		}
+	}
+	return getBuf(size)
+}
+
+// decode turns a body into the message; failures become the item's error.
+func (rt *Runtime) decode(it *inItem, ct *codecType, body []byte, payload []byte) {
+	it.ready = true
+	if it.err != "" {
+		return
+	}
+	if ct == nil {
+		it.err = fmt.Sprintf("unknown message type id 0x%08x (not registered on rank %d)", it.e.Type, rt.rank)
+		return
+	}
+	msg, err := decodeBody(ct, body, it.e.Flags&flagPointer != 0, payload)
+	if err != nil {
+		rt.stats.DecodeErrors.Add(1)
+		it.err = err.Error()
+		return
+	}
+	it.msg = msg
+}
+
+// deliver hands a received message to its local target.
+func (rt *Runtime) deliver(it *inItem) {
+	e := &it.e
+	in := rt.in[e.Source]
+	target := pa.NewPID(rt.addrs[rt.rank], e.Target)
+	target.RequestId = e.TargetReq
+	var sender *pa.PID
+	if e.Sender != "" {
+		sender = pa.NewPID(rt.addrs[e.SenderRank], e.Sender)
+	}
+	if it.err != "" {
+		in.credit(it.cost)
+		rt.undeliverable(target, nil, sender, it.err)
+		return
+	}
+	proc, found := rt.sys.ProcessRegistry.GetLocal(e.Target)
+	if e.Flags&flagSystem != 0 {
+		if t, ok := it.msg.(*pa.Terminated); ok && t.Who != nil {
+			rt.dropWatch(e.Source, t.Who.Id, e.Target)
+		}
+		if !found {
+			rt.stats.DeadLetters.Add(1)
+		}
+		proc.SendSystemMessage(target, it.msg)
+		return
+	}
+	if !found {
+		in.credit(it.cost)
+		rt.stats.DeadLetters.Add(1)
+		proc.SendUserMessage(target, &pa.MessageEnvelope{Message: it.msg, Sender: sender})
+		return
+	}
+	rt.answered(e.Target)
+	_, tracked := rt.local.Load(e.Target)
+	if !tracked || it.cost == 0 {
+		in.credit(it.cost)
+		if sender == nil {
+			proc.SendUserMessage(target, it.msg)
+			return
+		}
+		proc.SendUserMessage(target, &pa.MessageEnvelope{Message: it.msg, Sender: sender})
+		return
+	}
+	// The target's mailbox returns the credits once the actor has processed
+	// the message (creditMiddleware).
+	hdr := in.hdr
+	if it.cost != 1 {
+		hdr = map[string]string{HeaderSourceRank: in.hdr[HeaderSourceRank], headerCost: strconv.Itoa(it.cost)}
+	}
+	proc.SendUserMessage(target, &pa.MessageEnvelope{Header: hdr, Message: it.msg, Sender: sender})
+}
+
+// Buffer pool for landing data: power-of-two classes from 4 KiB.
+const minBufShift = 12
+
+var bufPools [40]sync.Pool
+
+func bufClass(n int) int {
+	if n <= 1<<minBufShift {
+		return 0
+	}
+	return bits.Len(uint(n-1)) - minBufShift
+}
+
+// getBuf returns a pooled buffer of exactly n bytes.
+func getBuf(n int) []byte {
+	c := bufClass(n)
+	if c >= len(bufPools) {
+		return make([]byte, n)
+	}
+	if p, ok := bufPools[c].Get().(*[]byte); ok {
+		return (*p)[:n]
+	}
+	return make([]byte, n, 1<<(c+minBufShift))
+}
+
+// putBuf returns a buffer from getBuf to the pool.
+func putBuf(b []byte) {
+	c := bufClass(cap(b))
+	if c >= len(bufPools) || cap(b) != 1<<(c+minBufShift) {
+		return
+	}
+	b = b[:cap(b)]
+	bufPools[c].Put(&b)
+}
+
+// ReleasePayload gives a payload the runtime allocated (when the receiving
+// actor had no PostReceive hook) back to the runtime's pool. Calling it is
+// optional; the payload must not be used afterwards.
+func ReleasePayload(p Payload) { putBuf(p) }

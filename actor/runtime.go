@@ -1,0 +1,463 @@
+package actor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	pa "github.com/asynkron/protoactor-go/actor"
+	"go.uber.org/zap"
+	"go.uber.org/zap/exp/zapslog"
+
+	"github.com/troupe-hpc/troupe/transport"
+	"github.com/troupe-hpc/troupe/transport/bootstrap"
+)
+
+// ErrClosed is returned by calls on a runtime that has shut down.
+var ErrClosed = errors.New("actor: runtime shut down")
+
+// Active message ids the runtime uses on the transport.
+const (
+	amActor  uint16 = 0x41 // one actor message
+	amCredit uint16 = 0x42 // eager credits returned to a sender
+)
+
+// DefaultCredits is the default per-peer eager credit window, in units: a
+// message costs 1 unit plus 1 per CreditBytes of body and payload.
+const DefaultCredits = 1024
+
+// CreditBytes is how many message bytes cost one extra credit unit.
+const CreditBytes = 8 << 10
+
+// Options configure a Runtime.
+type Options struct {
+	// Transport is an existing transport to run on (for example one of
+	// transport.StartLocal's). Nil: Init joins the job described by the
+	// environment (the embedded launcher's, or PMIx) and owns the transport.
+	Transport *transport.Transport
+	// TransportOptions configure the transport Init creates (Bootstrap and
+	// Log are filled in when nil).
+	TransportOptions transport.Options
+	// Credits is the per-peer eager credit window (default DefaultCredits).
+	// It bounds what a receiving rank holds for messages its actors have not
+	// processed yet: about Credits x CreditBytes bytes per sending rank.
+	Credits int
+	// Log receives the runtime's logs and protoactor's (nil: TROUPE_LOG).
+	Log *zap.Logger
+}
+
+// Runtime is one rank's actor system: a protoactor-go ActorSystem whose
+// address names the rank, with every other rank's actors reachable through
+// UCX active messages.
+type Runtime struct {
+	sys     *pa.ActorSystem
+	t       *transport.Transport
+	ownT    bool
+	rank    int
+	size    int
+	log     *zap.Logger
+	addrs   []string
+	credits int
+
+	remotes []*remoteProcess
+	out     []*outPeer
+	in      []*inPeer
+	local   sync.Map // actor id -> *localActor, for actors spawned with Props
+
+	reqMu   sync.Mutex
+	reqs    map[string]int // pending remote requests: future id -> target rank
+	nreqs   atomic.Int64
+
+	watchMu sync.Mutex
+	watches []map[watchKey]*pa.PID // per rank: remote watchee + local watcher
+
+	closed   atomic.Bool
+	stop     chan struct{}
+	bg       sync.WaitGroup
+	stats    Stats
+	shutOnce sync.Once
+}
+
+// Stats are the runtime's counters.
+type Stats struct {
+	Sent          atomic.Uint64 // actor messages sent to other ranks
+	Received      atomic.Uint64 // actor messages received from other ranks
+	Rendezvous    atomic.Uint64 // received messages whose data came by rendezvous
+	HookLanded    atomic.Uint64 // payloads landed in hook-provided memory
+	DeadLetters   atomic.Uint64 // undeliverable received messages
+	CreditWaits   atomic.Uint64 // sends that waited for credits
+	CreditsBack   atomic.Uint64 // credit messages sent back to senders
+	DecodeErrors  atomic.Uint64 // malformed envelopes or bodies received
+	WatchesByLoss atomic.Uint64 // Terminated messages generated for lost ranks
+}
+
+// Address returns the actor-system address of rank r.
+func Address(r int) string { return "rank/" + strconv.Itoa(r) }
+
+// rankOf parses an address made by Address.
+func rankOf(addr string) (int, bool) {
+	s, ok := strings.CutPrefix(addr, "rank/")
+	if !ok {
+		return 0, false
+	}
+	r, err := strconv.Atoi(s)
+	return r, err == nil && r >= 0
+}
+
+// Init joins the job and starts this rank's runtime. Every rank calls Init;
+// it returns once every rank can receive actor messages.
+func Init(ctx context.Context, opts Options) (*Runtime, error) {
+	t, own := opts.Transport, false
+	if t == nil {
+		to := opts.TransportOptions
+		if to.Bootstrap == nil {
+			b, err := bootstrap.FromEnv(ctx)
+			if err != nil {
+				return nil, fmt.Errorf("actor: joining the job: %w", err)
+			}
+			to.Bootstrap = b
+		}
+		if to.Log == nil {
+			to.Log = opts.Log
+		}
+		var err error
+		if t, err = transport.New(ctx, to); err != nil {
+			return nil, fmt.Errorf("actor: %w", err)
+		}
+		own = true
+	}
+	rt, err := start(ctx, t, opts)
+	if err != nil && own {
+		_ = t.Close()
+		_ = t.Bootstrap().Close()
+	}
+	if rt != nil {
+		rt.ownT = own
+	}
+	return rt, err
+}
+
+// StartLocal starts a job of n ranks inside this process (for tests and
+// examples): n transports really talking through UCX, a runtime on each.
+// The returned stop function shuts them all down.
+func StartLocal(ctx context.Context, n int, opts Options) ([]*Runtime, func(), error) {
+	ts, stopT, err := transport.StartLocal(ctx, n, opts.TransportOptions)
+	if err != nil {
+		return nil, nil, err
+	}
+	rts := make([]*Runtime, n)
+	errs := make(chan error, n)
+	for i := range ts {
+		go func(i int) {
+			o := opts
+			o.Transport = ts[i]
+			var err error
+			rts[i], err = Init(ctx, o)
+			errs <- err
+		}(i)
+	}
+	var all []error
+	for range ts {
+		if err := <-errs; err != nil {
+			all = append(all, err)
+		}
+	}
+	stop := func() {
+		var wg sync.WaitGroup
+		for _, rt := range rts {
+			if rt != nil {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+					defer cancel()
+					_ = rt.Shutdown(sctx)
+				}()
+			}
+		}
+		wg.Wait()
+		stopT()
+	}
+	if len(all) > 0 {
+		stop()
+		return nil, nil, errors.Join(all...)
+	}
+	return rts, stop, nil
+}
+
+func start(ctx context.Context, t *transport.Transport, opts Options) (*Runtime, error) {
+	log := opts.Log
+	if log == nil {
+		log = transport.LoggerFromEnv()
+	}
+	rt := &Runtime{
+		t:       t,
+		rank:    t.Rank(),
+		size:    t.Size(),
+		log:     log.With(zap.Int("rank", t.Rank())),
+		credits: opts.Credits,
+		stop:    make(chan struct{}),
+		reqs:    map[string]int{},
+	}
+	if rt.credits <= 0 {
+		rt.credits = DefaultCredits
+	}
+	rt.credits = max(rt.credits, 4)
+	core := rt.log.Core()
+	rt.sys = pa.NewActorSystem(pa.WithLoggerFactory(func(*pa.ActorSystem) *slog.Logger {
+		return slog.New(zapslog.NewHandler(core, zapslog.WithName("protoactor")))
+	}))
+	rt.sys.ProcessRegistry.Address = Address(rt.rank)
+	rt.addrs = make([]string, rt.size)
+	rt.remotes = make([]*remoteProcess, rt.size)
+	rt.out = make([]*outPeer, rt.size)
+	rt.in = make([]*inPeer, rt.size)
+	rt.watches = make([]map[watchKey]*pa.PID, rt.size)
+	for r := 0; r < rt.size; r++ {
+		rt.addrs[r] = Address(r)
+		rt.remotes[r] = &remoteProcess{rt: rt, rank: r}
+		rt.out[r] = newOutPeer(rt.credits)
+		rt.in[r] = newInPeer(rt, r)
+	}
+	rt.sys.ProcessRegistry.RegisterAddressResolver(func(pid *pa.PID) (pa.Process, bool) {
+		r, ok := rankOf(pid.Address)
+		if !ok || r >= rt.size || r == rt.rank {
+			return nil, false
+		}
+		return rt.remotes[r], true
+	})
+	if err := t.SetAMHandler(amActor, rt.onMessage); err != nil {
+		return nil, fmt.Errorf("actor: %w", err)
+	}
+	if err := t.SetAMHandler(amCredit, rt.onCredit); err != nil {
+		return nil, fmt.Errorf("actor: %w", err)
+	}
+	lost := t.PeerLost()
+	rt.bg.Add(1)
+	go rt.watchPeers(lost)
+	if err := t.Bootstrap().Barrier(ctx, "troupe.actor.init"); err != nil {
+		rt.closed.Store(true)
+		close(rt.stop)
+		rt.bg.Wait()
+		return nil, fmt.Errorf("actor: waiting for the other ranks: %w", err)
+	}
+	rt.log.Debug("actor runtime started", zap.Int("size", rt.size))
+	return rt, nil
+}
+
+// Rank is this rank's number.
+func (rt *Runtime) Rank() int { return rt.rank }
+
+// Size is the number of ranks in the job.
+func (rt *Runtime) Size() int { return rt.size }
+
+// System is the rank's protoactor ActorSystem.
+func (rt *Runtime) System() *pa.ActorSystem { return rt.sys }
+
+// Root is the system's root context.
+func (rt *Runtime) Root() *pa.RootContext { return rt.sys.Root }
+
+// Transport is the transport the runtime runs on.
+func (rt *Runtime) Transport() *transport.Transport { return rt.t }
+
+// Logger is the runtime's zap logger (with the rank field).
+func (rt *Runtime) Logger() *zap.Logger { return rt.log }
+
+// Stats returns the runtime's counters.
+func (rt *Runtime) Stats() *Stats { return &rt.stats }
+
+// PID names actor id on rank r.
+func (rt *Runtime) PID(r int, id string) *pa.PID { return pa.NewPID(Address(r), id) }
+
+// RankOf returns the rank that hosts pid, or -1 if pid is not a troupe PID.
+func RankOf(pid *pa.PID) int {
+	if pid == nil {
+		return -1
+	}
+	r, ok := rankOf(pid.Address)
+	if !ok {
+		return -1
+	}
+	return r
+}
+
+// Shutdown leaves the job: new sends fail with ErrClosed, messages already
+// sent are flushed to their ranks, every rank waits for the others (so no
+// rank tears down a worker a peer still sends to), local actors are stopped
+// and, if the runtime owns its transport, UCX resources are released.
+func (rt *Runtime) Shutdown(ctx context.Context) error {
+	var err error
+	rt.shutOnce.Do(func() { err = rt.shutdown(ctx) })
+	return err
+}
+
+func (rt *Runtime) shutdown(ctx context.Context) error {
+	var errs []error
+	rt.closed.Store(true)
+	for r, o := range rt.out {
+		o.close(ErrClosed)
+		if r != rt.rank && o.used.Load() && !rt.lostRank(r) {
+			if err := rt.t.Flush(ctx, r); err != nil && !errors.Is(err, transport.ErrPeerLost) {
+				errs = append(errs, fmt.Errorf("actor: flushing to rank %d: %w", r, err))
+			}
+		}
+	}
+	if err := rt.t.Bootstrap().Barrier(ctx, "troupe.actor.shutdown"); err != nil {
+		rt.log.Debug("shutdown barrier", zap.Error(err))
+	}
+	close(rt.stop)
+	rt.bg.Wait()
+	for _, in := range rt.in {
+		in.wait()
+	}
+	rt.stopLocalActors()
+	rt.sys.Shutdown()
+	if rt.ownT {
+		if err := rt.t.Close(); err != nil {
+			errs = append(errs, err)
+		}
+		_ = rt.t.Bootstrap().Close()
+	}
+	return errors.Join(errs...)
+}
+
+// stopLocalActors stops the actors spawned through Props and waits for them.
+func (rt *Runtime) stopLocalActors() {
+	var pids []*pa.PID
+	rt.local.Range(func(k, v any) bool {
+		pids = append(pids, v.(*localActor).pid)
+		return true
+	})
+	for _, pid := range pids {
+		_ = rt.sys.Root.StopFuture(pid).Wait()
+	}
+}
+
+// lostRank reports whether rank r was lost.
+func (rt *Runtime) lostRank(r int) bool { return rt.out[r].lostErr() != nil }
+
+// watchPeers turns lost ranks into Terminated messages and failed sends.
+func (rt *Runtime) watchPeers(lost <-chan transport.PeerEvent) {
+	defer rt.bg.Done()
+	for {
+		select {
+		case <-rt.stop:
+			return
+		case ev, ok := <-lost:
+			if !ok {
+				return
+			}
+			rt.peerLost(ev)
+		}
+	}
+}
+
+func (rt *Runtime) peerLost(ev transport.PeerEvent) {
+	if ev.Rank < 0 || ev.Rank >= rt.size {
+		return
+	}
+	rt.log.Warn("rank lost", zap.Int("peer", ev.Rank), zap.String("reason", ev.Reason))
+	rt.out[ev.Rank].close(&transport.PeerLostError{Rank: ev.Rank, Op: "actor-send", Reason: ev.Reason})
+	rt.watchMu.Lock()
+	ws := rt.watches[ev.Rank]
+	rt.watches[ev.Rank] = nil
+	rt.watchMu.Unlock()
+	rt.failRequests(ev.Rank, fmt.Sprintf("rank %d lost: %s", ev.Rank, ev.Reason))
+	for k, watcher := range ws {
+		who := rt.PID(ev.Rank, k.watchee)
+		rt.stats.WatchesByLoss.Add(1)
+		rt.deliverSystem(watcher, &pa.Terminated{Who: who, Why: pa.TerminatedReason_AddressTerminated})
+	}
+}
+
+// deliverSystem hands a system message to a local process.
+func (rt *Runtime) deliverSystem(pid *pa.PID, msg any) {
+	proc, _ := rt.sys.ProcessRegistry.GetLocal(pid.Id)
+	proc.SendSystemMessage(pid, msg)
+}
+
+// watchKey is one remote watch: a remote watchee and a local watcher.
+type watchKey struct {
+	watchee string // actor id on the remote rank
+	watcher string // local actor id
+}
+
+func (rt *Runtime) noteWatch(rank int, watchee *pa.PID, watcher *pa.PID, add bool) {
+	if watcher == nil || RankOf(watcher) != rt.rank {
+		return
+	}
+	k := watchKey{watchee.Id, watcher.Id}
+	rt.watchMu.Lock()
+	defer rt.watchMu.Unlock()
+	if add {
+		if rt.watches[rank] == nil {
+			rt.watches[rank] = map[watchKey]*pa.PID{}
+		}
+		rt.watches[rank][k] = watcher
+	} else {
+		delete(rt.watches[rank], k)
+	}
+}
+
+// dropWatches forgets every watch of watchee by a local watcher (it
+// terminated, and the Terminated message is on its way).
+func (rt *Runtime) dropWatch(rank int, watchee, watcher string) {
+	rt.watchMu.Lock()
+	delete(rt.watches[rank], watchKey{watchee, watcher})
+	rt.watchMu.Unlock()
+}
+
+// maxTrackedRequests triggers a sweep of requests whose futures are gone.
+const maxTrackedRequests = 4096
+
+// trackRequest remembers a future waiting for an answer from rank r, so the
+// request can fail at once if r is lost.
+func (rt *Runtime) trackRequest(id string, r int) {
+	rt.reqMu.Lock()
+	defer rt.reqMu.Unlock()
+	if len(rt.reqs) >= maxTrackedRequests {
+		for k := range rt.reqs {
+			if _, ok := rt.sys.ProcessRegistry.GetLocal(k); !ok {
+				delete(rt.reqs, k)
+			}
+		}
+	}
+	rt.reqs[id] = r
+	rt.nreqs.Store(int64(len(rt.reqs)))
+}
+
+// answered forgets a tracked request once something was delivered to it.
+func (rt *Runtime) answered(id string) {
+	if rt.nreqs.Load() == 0 {
+		return
+	}
+	rt.reqMu.Lock()
+	delete(rt.reqs, id)
+	rt.nreqs.Store(int64(len(rt.reqs)))
+	rt.reqMu.Unlock()
+}
+
+// failRequests answers every request pending on rank r with an error.
+func (rt *Runtime) failRequests(r int, reason string) {
+	rt.reqMu.Lock()
+	var ids []string
+	for id, rr := range rt.reqs {
+		if rr == r {
+			ids = append(ids, id)
+			delete(rt.reqs, id)
+		}
+	}
+	rt.nreqs.Store(int64(len(rt.reqs)))
+	rt.reqMu.Unlock()
+	for _, id := range ids {
+		if proc, ok := rt.sys.ProcessRegistry.GetLocal(id); ok {
+			proc.SendUserMessage(rt.PID(rt.rank, id), &UndeliverableError{Target: Address(r), Reason: reason})
+		}
+	}
+}
