@@ -70,9 +70,9 @@ type Runtime struct {
 	in      []*inPeer
 	local   sync.Map // actor id -> *localActor, for actors spawned with Props
 
-	reqMu   sync.Mutex
-	reqs    map[string]int // pending remote requests: future id -> target rank
-	nreqs   atomic.Int64
+	reqMu sync.Mutex
+	reqs  map[string]int // pending remote requests: future id -> target rank
+	nreqs atomic.Int64
 
 	watchMu sync.Mutex
 	watches []map[watchKey]*pa.PID // per rank: remote watchee + local watcher

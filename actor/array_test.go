@@ -1,0 +1,136 @@
+package actor
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	pa "github.com/asynkron/protoactor-go/actor"
+)
+
+// reduceAll asks every element to contribute with op to target.
+type reduceAll struct {
+	Op     string
+	Target *pa.PID
+	Slice  bool
+}
+
+type element struct{ el *Element }
+
+func (e *element) Receive(c pa.Context) {
+	if m, ok := c.Message().(*reduceAll); ok {
+		var v any = float64(e.el.Linear)
+		if m.Slice {
+			v = []int64{int64(e.el.Linear), 1}
+		}
+		if err := e.el.Contribute(v, m.Op, m.Target); err != nil {
+			panic(err)
+		}
+	}
+}
+
+func init() {
+	MustRegister[reduceAll]()
+	if err := RegisterOp("last-wins", func(a, b any) (any, error) { return max(a.(float64), b.(float64)), nil }); err != nil {
+		panic(err)
+	}
+}
+
+func newArrays(t *testing.T, rts []*Runtime, cfg ArrayConfig) []*Array {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	as := make([]*Array, len(rts))
+	errs := make(chan error, len(rts))
+	for i, rt := range rts {
+		go func() {
+			var err error
+			as[i], err = rt.NewArray(ctx, cfg)
+			errs <- err
+		}()
+	}
+	for range rts {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	return as
+}
+
+func TestArrayBroadcastAndReductions(t *testing.T) {
+	rts := startLocal(t, 3)
+	for _, place := range []struct {
+		name string
+		p    Placement
+	}{{"block", Block}, {"roundrobin", RoundRobin}} {
+		cfg := ArrayConfig{Name: "a-" + place.name, Dims: []int{4, 5}, Placement: place.p,
+			New: func(el *Element) pa.Actor { return &element{el: el} }}
+		as := newArrays(t, rts, cfg)
+		n := as[0].Len()
+		if n != 20 {
+			t.Fatalf("len %d", n)
+		}
+		total := 0
+		for r := range rts {
+			total += as[0].LocalCount(r)
+			if got := len(as[r].Local()); got != as[0].LocalCount(r) {
+				t.Fatalf("rank %d hosts %d elements, placement says %d", r, got, as[0].LocalCount(r))
+			}
+		}
+		if total != n {
+			t.Fatalf("placement covers %d of %d", total, n)
+		}
+		if r := as[1].RankOf(3, 4); r != place.p(Index{3, 4}, 19, []int{4, 5}, 3) {
+			t.Fatalf("RankOf(3,4) = %d", r)
+		}
+		for _, tc := range []struct {
+			op    string
+			slice bool
+			want  any
+		}{
+			{Sum, false, float64(n * (n - 1) / 2)},
+			{Min, false, float64(0)},
+			{Max, false, float64(n - 1)},
+			{"last-wins", false, float64(n - 1)},
+			{Sum, true, []int64{int64(n * (n - 1) / 2), int64(n)}},
+		} {
+			f := pa.NewFuture(rts[0].System(), 10*time.Second)
+			// Broadcast from rank 2; the result goes to a future on rank 0.
+			if err := as[2].Broadcast(&reduceAll{Op: tc.op, Target: f.PID(), Slice: tc.slice}); err != nil {
+				t.Fatal(err)
+			}
+			res, err := f.Result()
+			if err != nil {
+				t.Fatalf("%s %s: %v", place.name, tc.op, err)
+			}
+			red, ok := res.(*Reduced)
+			if !ok {
+				t.Fatalf("%s %s: got %T", place.name, tc.op, res)
+			}
+			v, err := red.Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !equalValues(v, tc.want) {
+				t.Fatalf("%s %s: got %v, want %v", place.name, tc.op, v, tc.want)
+			}
+		}
+	}
+}
+
+func equalValues(a, b any) bool {
+	switch x := a.(type) {
+	case []int64:
+		y, ok := b.([]int64)
+		if !ok || len(x) != len(y) {
+			return false
+		}
+		for i := range x {
+			if x[i] != y[i] {
+				return false
+			}
+		}
+		return true
+	}
+	return a == b
+}

@@ -1,0 +1,278 @@
+package actor
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+
+	pa "github.com/asynkron/protoactor-go/actor"
+	"go.uber.org/zap"
+)
+
+// An Op combines two contributions of a reduction. It must be associative
+// (contributions are combined within a rank first, then along a tree of
+// ranks, in no fixed order) and it must not modify its arguments.
+type Op func(a, b any) (any, error)
+
+// Built-in reduction operations, over int, int32, int64, uint64, float32,
+// float64 and slices of those (element by element, equal lengths).
+const (
+	Sum = "sum"
+	Min = "min"
+	Max = "max"
+)
+
+var ops = struct {
+	sync.RWMutex
+	m map[string]Op
+}{m: map[string]Op{
+	Sum: numericOp(func(x, y float64) float64 { return x + y }, func(x, y int64) int64 { return x + y }),
+	Min: numericOp(func(x, y float64) float64 { return min(x, y) }, func(x, y int64) int64 { return min(x, y) }),
+	Max: numericOp(func(x, y float64) float64 { return max(x, y) }, func(x, y int64) int64 { return max(x, y) }),
+}}
+
+// RegisterOp adds a user-defined reduction under name. Every rank must
+// register the same ops; the values it combines must be registered types.
+func RegisterOp(name string, op Op) error {
+	if name == "" || op == nil {
+		return errors.New("actor: RegisterOp needs a name and a function")
+	}
+	ops.Lock()
+	defer ops.Unlock()
+	if _, ok := ops.m[name]; ok {
+		return fmt.Errorf("actor: reduction op %q already registered", name)
+	}
+	ops.m[name] = op
+	return nil
+}
+
+func lookupOp(name string) (Op, error) {
+	ops.RLock()
+	defer ops.RUnlock()
+	op := ops.m[name]
+	if op == nil {
+		return nil, fmt.Errorf("actor: unknown reduction op %q", name)
+	}
+	return op, nil
+}
+
+// ErrReduce reports contributions an op cannot combine.
+var ErrReduce = errors.New("actor: reduction")
+
+// numericOp lifts float and integer combiners to the numeric types and
+// their slices.
+func numericOp(f func(x, y float64) float64, i func(x, y int64) int64) Op {
+	return func(a, b any) (any, error) {
+		switch x := a.(type) {
+		case float64:
+			if y, ok := b.(float64); ok {
+				return f(x, y), nil
+			}
+		case float32:
+			if y, ok := b.(float32); ok {
+				return float32(f(float64(x), float64(y))), nil
+			}
+		case int:
+			if y, ok := b.(int); ok {
+				return int(i(int64(x), int64(y))), nil
+			}
+		case int32:
+			if y, ok := b.(int32); ok {
+				return int32(i(int64(x), int64(y))), nil
+			}
+		case int64:
+			if y, ok := b.(int64); ok {
+				return i(x, y), nil
+			}
+		case uint64:
+			if y, ok := b.(uint64); ok {
+				return uint64(i(int64(x), int64(y))), nil
+			}
+		case []float64:
+			if y, ok := b.([]float64); ok {
+				return zipSlices(x, y, f)
+			}
+		case []int64:
+			if y, ok := b.([]int64); ok {
+				return zipSlices(x, y, i)
+			}
+		case []int:
+			if y, ok := b.([]int); ok {
+				return zipSlices(x, y, func(p, q int) int { return int(i(int64(p), int64(q))) })
+			}
+		}
+		return nil, fmt.Errorf("%w: cannot combine %T and %T", ErrReduce, a, b)
+	}
+}
+
+func zipSlices[T any](x, y []T, f func(T, T) T) (any, error) {
+	if len(x) != len(y) {
+		return nil, fmt.Errorf("%w: slices of lengths %d and %d", ErrReduce, len(x), len(y))
+	}
+	out := make([]T, len(x))
+	for k := range x {
+		out[k] = f(x[k], y[k])
+	}
+	return out, nil
+}
+
+// Reduced is the result of a reduction, delivered to the target the
+// contributions named (an actor, or a future's PID).
+type Reduced struct {
+	Array string   // the array's name
+	Round uint64   // the reduction's number: an element's k-th contribution belongs to round k
+	Op    string   // the op
+	Value anyValue // the combined value (use Result)
+	Err   string   // why the reduction failed ("" on success)
+}
+
+// Result returns the reduced value, or the error that stopped the reduction.
+func (r *Reduced) Result() (any, error) {
+	if r.Err != "" {
+		return nil, fmt.Errorf("%w of array %s round %d: %s", ErrReduce, r.Array, r.Round, r.Err)
+	}
+	return r.Value.V, nil
+}
+
+// Contribute adds this element's value to its next reduction with op
+// (Sum, Min, Max or a registered name). Every element of the array
+// contributes once per reduction, with the same op and target; the result
+// goes to target as a *Reduced message. Call it from the element's actor.
+func (el *Element) Contribute(value any, op string, target *pa.PID) error {
+	if _, err := lookupOp(op); err != nil {
+		return err
+	}
+	if target == nil {
+		return fmt.Errorf("%w: no target", ErrReduce)
+	}
+	if err := Check(value); err != nil {
+		return err
+	}
+	round := el.round
+	el.round++
+	a := el.Array
+	a.rt.sys.Root.Send(a.mgr, &localContribution{round: round, op: op, target: target, value: value})
+	return nil
+}
+
+// localContribution is an element's contribution to its rank's manager.
+type localContribution struct {
+	round  uint64
+	op     string
+	target *pa.PID
+	value  any
+}
+
+// reducePartial is a rank's combined contributions on its way up the tree.
+type reducePartial struct {
+	Round    uint64
+	Op       string
+	Target   *pa.PID
+	Empty    bool // the subtree has no elements
+	Err      string
+	Value    anyValue
+	FromRank int
+}
+
+// pending is one reduction round in progress on a rank.
+type pending struct {
+	have   int
+	empty  bool
+	value  any
+	op     string
+	target *pa.PID
+	err    string
+}
+
+// manager is an array's actor on each rank: it fans broadcasts out to the
+// rank's elements and combines reductions within the rank and along a
+// binary tree of ranks (parent of r is (r-1)/2) up to rank 0.
+type manager struct {
+	a      *Array
+	rounds map[uint64]*pending
+	want   int // local elements + children in the tree
+}
+
+func newManager(a *Array) *manager {
+	want := a.perRank[a.rt.rank] + len(a.children())
+	return &manager{a: a, rounds: map[uint64]*pending{}, want: want}
+}
+
+func (a *Array) children() []int {
+	var cs []int
+	for _, c := range []int{2*a.rt.rank + 1, 2*a.rt.rank + 2} {
+		if c < a.rt.size {
+			cs = append(cs, c)
+		}
+	}
+	return cs
+}
+
+// Receive implements protoactor's Actor.
+func (m *manager) Receive(c pa.Context) {
+	switch msg := c.Message().(type) {
+	case *arrayBroadcast:
+		for _, i := range m.a.local {
+			c.Send(m.a.ElementAt(i), msg.Value.V)
+		}
+	case *localContribution:
+		m.add(msg.round, msg.op, msg.target, false, msg.value, "")
+	case *reducePartial:
+		m.add(msg.Round, msg.Op, msg.Target, msg.Empty, msg.Value.V, msg.Err)
+	}
+}
+
+func (m *manager) add(round uint64, op string, target *pa.PID, empty bool, v any, errText string) {
+	p := m.rounds[round]
+	if p == nil {
+		p = &pending{empty: true, op: op, target: target}
+		m.rounds[round] = p
+	}
+	p.have++
+	switch {
+	case errText != "":
+		if p.err == "" {
+			p.err = errText
+		}
+	case p.op != op:
+		p.err = fmt.Sprintf("contributions with ops %q and %q", p.op, op)
+	case empty:
+	case p.empty:
+		p.value, p.empty = v, false
+	case p.err == "":
+		f, err := lookupOp(op)
+		if err == nil {
+			v, err = f(p.value, v)
+		}
+		if err != nil {
+			p.err = err.Error()
+		} else {
+			p.value = v
+		}
+	}
+	if p.have < m.want {
+		return
+	}
+	delete(m.rounds, round)
+	m.finish(round, p)
+}
+
+// finish sends a complete round up the tree, or delivers it at the root.
+func (m *manager) finish(round uint64, p *pending) {
+	rt := m.a.rt
+	if rt.rank != 0 {
+		part := &reducePartial{Round: round, Op: p.op, Target: p.target, Empty: p.empty, Err: p.err,
+			Value: anyValue{V: p.value}, FromRank: rt.rank}
+		if err := rt.Send(m.a.managerPID((rt.rank-1)/2), part); err != nil {
+			rt.log.Error("reduction partial not sent", zap.String("array", m.a.name), zap.Error(err))
+		}
+		return
+	}
+	res := &Reduced{Array: m.a.name, Round: round, Op: p.op, Value: anyValue{V: p.value}, Err: p.err}
+	if p.empty && p.err == "" {
+		res.Err = "no contributions"
+	}
+	if err := rt.Send(p.target, res); err != nil {
+		rt.log.Error("reduction result not delivered", zap.String("array", m.a.name), zap.Error(err))
+	}
+}
