@@ -1,8 +1,10 @@
 package actor
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	pa "github.com/asynkron/protoactor-go/actor"
@@ -79,14 +81,64 @@ func (rt *Runtime) RequestFuture(pid *pa.PID, msg any, timeout time.Duration) (*
 // Request sends msg to pid and waits up to timeout for the response. A
 // message the target rank could not deliver comes back as an
 // *UndeliverableError; a request to an actor that does not exist fails at
-// once with protoactor's ErrDeadLetter.
+// once with ErrNoActor; a request to a rank that is lost fails at once.
+// While it waits, the calling goroutine progresses the transport itself for
+// a moment (as a blocking Recv does), so a quick answer costs no wake-up.
 func (rt *Runtime) Request(pid *pa.PID, msg any, timeout time.Duration) (any, error) {
-	f, err := rt.RequestFuture(pid, msg, timeout)
-	if err != nil {
-		return nil, err
+	if pid == nil {
+		return nil, errors.New("actor: request to a nil PID")
 	}
-	return Result(f)
+	if rt.closed.Load() {
+		return nil, ErrClosed
+	}
+	rp := &replyProcess{done: make(chan struct{})}
+	self, ok := rt.sys.ProcessRegistry.Add(rp, "request"+rt.sys.ProcessRegistry.NextId())
+	if !ok {
+		return nil, errors.New("actor: request id in use")
+	}
+	defer rt.sys.ProcessRegistry.Remove(self)
+	if r, ok := rt.remote(pid); ok {
+		rt.trackRequest(self.Id, r)
+		if err := rt.send(r, pid, msg, self, 0); err != nil {
+			rt.answered(self.Id)
+			return nil, err
+		}
+	} else {
+		rt.sys.Root.RequestWithCustomSender(pid, msg, self)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	if err := rt.t.Await(ctx, rp.done); err != nil {
+		rt.answered(self.Id)
+		return nil, fmt.Errorf("actor: request to %s: %w", pid, pa.ErrTimeout)
+	}
+	switch res := rp.result.(type) {
+	case *pa.DeadLetterResponse:
+		return nil, fmt.Errorf("%w: %s", ErrNoActor, pid)
+	case *UndeliverableError:
+		return nil, res
+	default:
+		return res, nil
+	}
 }
+
+// replyProcess receives the one response to a Request.
+type replyProcess struct {
+	once   sync.Once
+	done   chan struct{}
+	result any
+}
+
+func (p *replyProcess) SendUserMessage(_ *pa.PID, message any) {
+	p.once.Do(func() {
+		_, p.result, _ = pa.UnwrapEnvelope(message)
+		close(p.done)
+	})
+}
+
+func (p *replyProcess) SendSystemMessage(_ *pa.PID, message any) {}
+
+func (p *replyProcess) Stop(_ *pa.PID) {}
 
 // Result waits for a future and turns runtime error responses into errors.
 func Result(f *pa.Future) (any, error) {

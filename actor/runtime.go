@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -34,6 +35,17 @@ const DefaultCredits = 1024
 
 // CreditBytes is how many message bytes cost one extra credit unit.
 const CreditBytes = 8 << 10
+
+// DefaultSpin is how long an actor rank's progress goroutine keeps polling
+// after its last activity before it sleeps on the worker's event fd. Actor
+// traffic has no waiter that progresses the worker itself (unlike a blocking
+// Recv), so the progress goroutine is what answers the next message: polling
+// a little longer than a round trip keeps request/response exchanges off the
+// event-fd wake-up path, and an idle rank still sleeps.
+const DefaultSpin = 200 * time.Microsecond
+
+// EnvSpin overrides DefaultSpin (a Go duration, for example "500us").
+const EnvSpin = "TROUPE_SPIN"
 
 // Options configure a Runtime.
 type Options struct {
@@ -125,6 +137,16 @@ func Init(ctx context.Context, opts Options) (*Runtime, error) {
 		}
 		if to.Log == nil {
 			to.Log = opts.Log
+		}
+		if to.Spin == 0 {
+			to.Spin = DefaultSpin
+			if v := os.Getenv(EnvSpin); v != "" {
+				d, err := time.ParseDuration(v)
+				if err != nil || d <= 0 {
+					return nil, fmt.Errorf("actor: %s=%q: want a positive duration such as 200us", EnvSpin, v)
+				}
+				to.Spin = d
+			}
 		}
 		var err error
 		if t, err = transport.New(ctx, to); err != nil {

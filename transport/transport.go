@@ -133,6 +133,7 @@ type Transport struct {
 	amMu sync.Mutex // orders active-message delivery
 
 	spinners atomic.Int32 // waiters progressing the worker themselves
+	callers  atomic.Int32 // direct-mode calls waiting for the worker lock
 	parked   atomic.Int32 // waiters parked until their request completes
 	sleeping atomic.Bool
 	stopping atomic.Bool
@@ -306,7 +307,12 @@ func (t *Transport) submitCall(s submission) {
 		t.wake()
 		return
 	}
+	// Tell the progress goroutine to leave the lock alone: if it keeps
+	// re-locking while it polls, a plain sync.Mutex lets it barge ahead of
+	// this caller for up to a millisecond (until starvation mode).
+	t.callers.Add(1)
 	t.mu.Lock()
+	t.callers.Add(-1)
 	s.run(t)
 	t.mu.Unlock()
 }
@@ -382,6 +388,11 @@ func (t *Transport) loop() {
 			case <-timer.C:
 			}
 			idle = time.Time{}
+			continue
+		}
+		if t.callers.Load() > 0 {
+			// A direct call wants the worker lock: let it have it.
+			runtime.Gosched()
 			continue
 		}
 		if t.progressOnce() {
@@ -536,6 +547,41 @@ func (r *Request) Done() <-chan struct{} {
 		}
 	}
 	return r.done
+}
+
+// Await blocks until done is closed or ctx ends. In direct mode the caller
+// progresses the worker itself for up to WaitSpin first, exactly as Wait
+// does, so that a reply produced by another rank is picked up without
+// waking the progress goroutine; then it parks. Runtimes built on the
+// transport (actor requests) use it to wait for results that a message
+// handler delivers.
+func (t *Transport) Await(ctx context.Context, done <-chan struct{}) error {
+	if t.opts.Progress == ProgressDirect {
+		deadline := time.Now().Add(t.opts.WaitSpin)
+		t.spinners.Add(1)
+		for i := 0; ; i++ {
+			select {
+			case <-done:
+				t.spinners.Add(-1)
+				return nil
+			default:
+			}
+			t.progressOnce()
+			if i&15 == 15 && time.Now().After(deadline) {
+				break
+			}
+		}
+		t.spinners.Add(-1)
+	}
+	t.parked.Add(1)
+	defer t.parked.Add(-1)
+	t.wake()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // Wait blocks until the request completes or ctx ends. A receive is cancelled

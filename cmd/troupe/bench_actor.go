@@ -1,0 +1,362 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"time"
+
+	pa "github.com/asynkron/protoactor-go/actor"
+	"github.com/spf13/cobra"
+
+	"github.com/troupe-hpc/troupe/actor"
+	"github.com/troupe-hpc/troupe/transport/bootstrap"
+)
+
+type actorBenchFlags struct {
+	tls     string
+	json    bool
+	rtts    int
+	scale   float64
+	compare bool
+	asRank  bool
+}
+
+// actorRow is one result row; the JSON shape is the issue's.
+type actorRow struct {
+	Impl     string  `json:"impl,omitempty"`
+	Test     string  `json:"test"`
+	Size     int     `json:"size"`
+	Us       float64 `json:"us,omitempty"`
+	MsgsPerS float64 `json:"msgs_per_s,omitempty"`
+	MBps     float64 `json:"MBps,omitempty"`
+}
+
+// benchMsg is the benchmark's message: the payload travels out of band.
+type benchMsg struct {
+	Seq  int
+	Data actor.Payload
+}
+
+// benchDone asks the sink to answer once it has seen N messages.
+type benchDone struct{ N int }
+
+func init() {
+	actor.MustRegister[benchMsg]()
+	actor.MustRegister[benchDone]()
+	benchCmd.AddCommand(newActorBenchCmd())
+}
+
+func newActorBenchCmd() *cobra.Command {
+	var f actorBenchFlags
+	cmd := &cobra.Command{
+		Use:   "actor",
+		Short: "Actor request/response round trip and one-way throughput between two ranks",
+		Long: `actor starts a two-rank job and measures, through the actor runtime: the
+request/response round trip with an 8 B payload (rtt), the raw transport tag
+round trip in the same job for reference (tag_rtt), and one-way throughput for
+64 B, 64 KiB and 1 MiB messages (tput). --compare also runs protoactor-go's own
+gRPC remote between two processes (the protobench program, found next to this
+executable or on PATH) and prints both side by side.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			if f.asRank {
+				return actorBenchRank(ctx, f)
+			}
+			rows, err := runActorBenchJob(ctx, f)
+			if err != nil {
+				return err
+			}
+			for i := range rows {
+				rows[i].Impl = "troupe"
+			}
+			if f.compare {
+				other, err := runProtobench(ctx)
+				if err != nil {
+					return fmt.Errorf("protoactor comparison: %w", err)
+				}
+				rows = append(rows, other...)
+			}
+			return printActorRows(cmd.OutOrStdout(), rows, f)
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&f.tls, "tls", "shm", "UCX transports: shm, tcp, or a UCX_TLS value")
+	fl.BoolVar(&f.json, "json", false, `print one JSON object per row: {"test":"rtt","size":8,"us":...}`)
+	fl.IntVar(&f.rtts, "rtts", 20000, "round trips to time")
+	fl.Float64Var(&f.scale, "scale", 1, "message count multiplier for the throughput tests")
+	fl.BoolVar(&f.compare, "compare", false, "also run protoactor-go's gRPC remote (protobench) and compare")
+	fl.BoolVar(&f.asRank, "as-rank", false, "run as one rank of the job (internal)")
+	_ = fl.MarkHidden("as-rank")
+	return cmd
+}
+
+func printActorRows(out io.Writer, rows []actorRow, f actorBenchFlags) error {
+	if f.json {
+		enc := json.NewEncoder(out)
+		for _, r := range rows {
+			if err := enc.Encode(r); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	fmt.Fprintf(out, "# actor benchmark, 2 ranks, UCX_TLS=%s\n", bootstrap.UCXTLS(f.tls))
+	fmt.Fprintf(out, "%-17s %-8s %9s %12s %14s %12s\n", "# impl", "test", "size", "rtt (us)", "msgs/s", "MB/s")
+	for _, r := range rows {
+		us, mps, mbs := "-", "-", "-"
+		if r.Us > 0 {
+			us = strconv.FormatFloat(r.Us, 'f', 2, 64)
+		}
+		if r.MsgsPerS > 0 {
+			mps = strconv.FormatFloat(r.MsgsPerS, 'f', 0, 64)
+			mbs = strconv.FormatFloat(r.MBps, 'f', 1, 64)
+		}
+		fmt.Fprintf(out, "%-17s %-8s %9d %12s %14s %12s\n", r.Impl, r.Test, r.Size, us, mps, mbs)
+	}
+	byKey := map[string]map[string]actorRow{}
+	for _, r := range rows {
+		k := r.Test + "/" + strconv.Itoa(r.Size)
+		if byKey[k] == nil {
+			byKey[k] = map[string]actorRow{}
+		}
+		byKey[k][r.Impl] = r
+	}
+	if t, p := byKey["rtt/8"]["troupe"], byKey["rtt/8"]["protoactor-grpc"]; t.Us > 0 && p.Us > 0 {
+		fmt.Fprintf(out, "# rtt: protoactor-grpc / troupe = %.1fx\n", p.Us/t.Us)
+	}
+	if t, g := byKey["rtt/8"]["troupe"], byKey["tag_rtt/8"]["troupe"]; t.Us > 0 && g.Us > 0 {
+		fmt.Fprintf(out, "# rtt: troupe actor / raw transport tag = %.2fx\n", t.Us/g.Us)
+	}
+	for _, size := range []int{64, 65536, 1 << 20} {
+		k := "tput/" + strconv.Itoa(size)
+		if t, p := byKey[k]["troupe"], byKey[k]["protoactor-grpc"]; t.MsgsPerS > 0 && p.MsgsPerS > 0 {
+			fmt.Fprintf(out, "# tput %d B: troupe / protoactor-grpc = %.1fx\n", size, t.MsgsPerS/p.MsgsPerS)
+		}
+	}
+	return nil
+}
+
+func runActorBenchJob(ctx context.Context, f actorBenchFlags) ([]actorRow, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	out, err := os.CreateTemp("", "troupe-bench-actor-*.jsonl")
+	if err != nil {
+		return nil, err
+	}
+	out.Close()
+	defer os.Remove(out.Name())
+	err = bootstrap.Launch(ctx, bootstrap.LaunchConfig{
+		N:       2,
+		Program: self,
+		Args: []string{"bench", "actor", "--as-rank", "--rtts", strconv.Itoa(f.rtts),
+			"--scale", strconv.FormatFloat(f.scale, 'g', -1, 64)},
+		Env:    []string{envBenchOut + "=" + out.Name()},
+		TLS:    f.tls,
+		Stdout: os.Stderr,
+		Stderr: os.Stderr,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return readJSONLines[actorRow](out.Name())
+}
+
+// runProtobench runs protoactor-go's gRPC remote benchmark program.
+func runProtobench(ctx context.Context) ([]actorRow, error) {
+	path := ""
+	if self, err := os.Executable(); err == nil {
+		if p := filepath.Join(filepath.Dir(self), "protobench"); fileExists(p) {
+			path = p
+		}
+	}
+	if path == "" {
+		p, err := exec.LookPath("protobench")
+		if err != nil {
+			return nil, errors.New("protobench not found next to troupe or on PATH (make build builds bin/protobench)")
+		}
+		path = p
+	}
+	cmd := exec.CommandContext(ctx, path, "-selfspawn", "-json")
+	cmd.Stderr = os.Stderr
+	outb, err := cmd.Output()
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	var rows []actorRow
+	dec := json.NewDecoder(bytes.NewReader(outb))
+	for dec.More() {
+		var r actorRow
+		if err := dec.Decode(&r); err != nil {
+			return nil, fmt.Errorf("reading protobench output: %w", err)
+		}
+		rows = append(rows, r)
+	}
+	return rows, nil
+}
+
+func fileExists(p string) bool {
+	st, err := os.Stat(p)
+	return err == nil && !st.IsDir()
+}
+
+func actorBenchRank(ctx context.Context, f actorBenchFlags) error {
+	rt, err := actor.Init(ctx, actor.Options{})
+	if err != nil {
+		return err
+	}
+	defer rt.Shutdown(context.Background())
+	if rt.Rank() == 1 {
+		var opts []pa.PropsOption
+		if os.Getenv("BENCH_INLINE") != "" {
+			opts = append(opts, pa.WithDispatcher(pa.NewSynchronizedDispatcher(300)))
+		}
+		if _, err := rt.Root().SpawnNamed(rt.PropsFromFunc(func(c pa.Context) {
+			if m, ok := c.Message().(*benchMsg); ok {
+				c.Respond(m)
+			}
+		}, opts...), "echo"); err != nil {
+			return err
+		}
+		if _, err := rt.Root().SpawnNamed(rt.Props(func() pa.Actor { return &benchSink{} }), "sink"); err != nil {
+			return err
+		}
+	}
+	if err := rt.Transport().Bootstrap().Barrier(ctx, "bench.actor.ready"); err != nil {
+		return err
+	}
+	var rows []actorRow
+	switch rt.Rank() {
+	case 0:
+		rows, err = actorBenchDriver(ctx, rt, f)
+	case 1:
+		err = tagEcho(ctx, rt, f.rtts)
+	}
+	if err != nil {
+		return err
+	}
+	if rt.Rank() == 0 {
+		fh, err := os.OpenFile(os.Getenv(envBenchOut), os.O_WRONLY|os.O_TRUNC, 0)
+		if err != nil {
+			return fmt.Errorf("opening %s: %w", envBenchOut, err)
+		}
+		enc := json.NewEncoder(fh)
+		for _, r := range rows {
+			_ = enc.Encode(r)
+		}
+		if err := fh.Close(); err != nil {
+			return err
+		}
+	}
+	return rt.Transport().Bootstrap().Barrier(ctx, "bench.actor.done")
+}
+
+// benchSink counts messages and answers a benchDone once it has seen N.
+type benchSink struct {
+	seen    int
+	waiting *pa.PID
+	want    int
+}
+
+func (s *benchSink) Receive(c pa.Context) {
+	switch m := c.Message().(type) {
+	case *benchMsg:
+		s.seen++
+		actor.ReleasePayload(m.Data)
+	case *benchDone:
+		s.waiting, s.want = c.Sender(), m.N
+	default:
+		return
+	}
+	if s.waiting != nil && s.seen >= s.want {
+		c.Send(s.waiting, &benchDone{N: s.seen})
+		s.waiting, s.seen = nil, 0
+	}
+}
+
+const tagRTT = 7
+
+// tagEcho answers rank 0's raw tag round trips.
+func tagEcho(ctx context.Context, rt *actor.Runtime, n int) error {
+	t := rt.Transport()
+	buf := make([]byte, 8)
+	for i := 0; i < n+n/10; i++ {
+		if _, err := t.Recv(ctx, 0, tagRTT, buf); err != nil {
+			return err
+		}
+		if err := t.Send(ctx, 0, tagRTT, buf); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func actorBenchDriver(ctx context.Context, rt *actor.Runtime, f actorBenchFlags) ([]actorRow, error) {
+	var rows []actorRow
+	echo, sink := rt.PID(1, "echo"), rt.PID(1, "sink")
+	// Request/response round trip, 8 B.
+	msg := &benchMsg{Data: make(actor.Payload, 8)}
+	warm := f.rtts / 10
+	lat := make([]float64, 0, f.rtts)
+	for i := 0; i < warm+f.rtts; i++ {
+		t0 := time.Now()
+		if _, err := rt.Request(echo, msg, 10*time.Second); err != nil {
+			return nil, fmt.Errorf("round trip %d: %w", i, err)
+		}
+		if i >= warm {
+			lat = append(lat, float64(time.Since(t0).Nanoseconds())/1e3)
+		}
+	}
+	rows = append(rows, actorRow{Test: "rtt", Size: 8, Us: median(lat)})
+	// Raw transport tag round trip in the same job.
+	t := rt.Transport()
+	buf := make([]byte, 8)
+	lat = lat[:0]
+	for i := 0; i < warm+f.rtts; i++ {
+		t0 := time.Now()
+		if err := t.Send(ctx, 1, tagRTT, buf); err != nil {
+			return nil, err
+		}
+		if _, err := t.Recv(ctx, 1, tagRTT, buf); err != nil {
+			return nil, err
+		}
+		if i >= warm {
+			lat = append(lat, float64(time.Since(t0).Nanoseconds())/1e3)
+		}
+	}
+	rows = append(rows, actorRow{Test: "tag_rtt", Size: 8, Us: median(lat)})
+	// One-way throughput.
+	for _, tc := range []struct{ size, n int }{{64, 200000}, {64 << 10, 20000}, {1 << 20, 4000}} {
+		n := max(int(float64(tc.n)*f.scale), 10)
+		data := make(actor.Payload, tc.size)
+		var body any = &benchMsg{Data: data}
+		if _, err := rt.Request(sink, &benchDone{N: 0}, 10*time.Second); err != nil {
+			return nil, err
+		}
+		t0 := time.Now()
+		for i := 0; i < n; i++ {
+			if err := rt.Send(sink, body); err != nil {
+				return nil, err
+			}
+		}
+		if _, err := rt.Request(sink, &benchDone{N: n}, time.Minute); err != nil {
+			return nil, err
+		}
+		sec := time.Since(t0).Seconds()
+		rows = append(rows, actorRow{Test: "tput", Size: tc.size, MsgsPerS: float64(n) / sec, MBps: float64(n) * float64(tc.size) / sec / 1e6})
+	}
+	return rows, nil
+}
