@@ -1,0 +1,88 @@
+package actor
+
+import (
+	"bytes"
+	"reflect"
+	"testing"
+	"time"
+
+	pa "github.com/asynkron/protoactor-go/actor"
+)
+
+type blob struct {
+	Name string
+	Data Payload
+}
+
+func init() { MustRegister[blob]() }
+
+// landing is an actor whose PostReceive hook names where payloads land.
+type landing struct {
+	dst  Payload
+	seen chan blob
+}
+
+func (l *landing) PostReceive(in *Incoming) Payload {
+	if in.Type != typeName(reflectTypeOf[blob]()) || in.Size > len(l.dst) {
+		return nil
+	}
+	return l.dst[:in.Size]
+}
+
+func (l *landing) Receive(c pa.Context) {
+	if b, ok := c.Message().(*blob); ok {
+		l.seen <- *b
+	}
+}
+
+func TestPayloadLandsWhereTheHookSays(t *testing.T) {
+	rts := startLocal(t, 2)
+	l := &landing{dst: make(Payload, 1<<20), seen: make(chan blob, 4)}
+	if _, err := rts[1].Root().SpawnNamed(rts[1].Props(func() pa.Actor { return l }), "landing"); err != nil {
+		t.Fatal(err)
+	}
+	target := rts[0].PID(1, "landing")
+	for _, size := range []int{100, 300 << 10} { // eager and rendezvous
+		data := bytes.Repeat([]byte{byte(size)}, size)
+		if err := rts[0].Send(target, &blob{Name: "x", Data: data}); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case b := <-l.seen:
+			if b.Name != "x" || !bytes.Equal(b.Data, data) {
+				t.Fatalf("size %d: payload corrupted", size)
+			}
+			if &b.Data[0] != &l.dst[0] {
+				t.Fatalf("size %d: payload did not land in the hook's buffer", size)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("size %d: no message", size)
+		}
+	}
+	if n := rts[1].Stats().HookLanded.Load(); n != 2 {
+		t.Fatalf("HookLanded = %d, want 2", n)
+	}
+	// Without a hook the payload lands in pooled memory, intact.
+	got := make(chan blob, 1)
+	if _, err := rts[1].Root().SpawnNamed(rts[1].PropsFromFunc(func(c pa.Context) {
+		if b, ok := c.Message().(*blob); ok {
+			got <- *b
+		}
+	}), "plain"); err != nil {
+		t.Fatal(err)
+	}
+	data := bytes.Repeat([]byte{7}, 200<<10)
+	if err := rts[0].Send(rts[0].PID(1, "plain"), &blob{Name: "y", Data: data}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case b := <-got:
+		if !bytes.Equal(b.Data, data) {
+			t.Fatal("pooled payload corrupted")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no message")
+	}
+}
+
+func reflectTypeOf[T any]() reflect.Type { return reflect.TypeFor[T]() }
