@@ -45,6 +45,7 @@ func StartLocal(ctx context.Context, n int, opts Options) ([]*Transport, func(),
 		}
 	}
 	stop := func() {
+		unregisterLocal(ts)
 		for i := range ts {
 			if ts[i] != nil {
 				_ = ts[i].Close()
@@ -59,5 +60,6 @@ func StartLocal(ctx context.Context, n int, opts Options) ([]*Transport, func(),
 		stop()
 		return nil, nil, errors.Join(all...)
 	}
+	registerLocal(ts) // same-process channel transfers (channel_paths.go)
 	return ts, stop, nil
 }

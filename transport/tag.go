@@ -13,6 +13,7 @@ const (
 	KindDDT     Kind = 3 // derived-datatype payloads
 	KindCtrl    Kind = 4 // runtime control traffic
 	KindUser    Kind = 5 // the MPI-style tagged API
+	KindTyped   Kind = 6 // typed (datatype) transfers of the MPI-style API; layout in noncontig_wire.go
 )
 
 // Layout of the tag fields. DEVICE/DDT/CTRL traffic: kind(4) | source rank(32) |

@@ -145,12 +145,17 @@ func startRecv(t *Transport, r *Request) {
 			t.fail(r, err)
 			return
 		}
-		if _, _, ok := t.w.TagProbe(MakeUserTag(uint32(r.peer), uint16(r.tag), c.peek()), FullMask, false); !ok {
+		wire := MakeUserTag(uint32(r.peer), uint16(r.tag), c.peek())
+		_, taken := t.ovHas(wire)
+		if _, _, ok := t.w.TagProbe(wire, FullMask, false); !ok && !taken {
 			t.fail(r, err)
 			return
 		}
 	}
 	r.seq = c.take()
+	if t.ov != nil && t.ovRecv(r) {
+		return
+	}
 	ureq, err := t.w.TagRecv(r.b, MakeUserTag(uint32(r.peer), uint16(r.tag), r.seq), FullMask)
 	switch {
 	case err != nil:
@@ -221,6 +226,9 @@ func (t *Transport) Iprobe(src, tag int) (Status, bool, error) {
 		return Status{}, false, ErrClosed
 	}
 	seq := t.recvCounter(seqKey{src, tag}).peek()
+	if m, ok := t.ovHas(MakeUserTag(uint32(src), uint16(tag), seq)); ok {
+		return Status{Source: src, Tag: tag, Size: m.size}, true, nil
+	}
 	_, info, ok := t.w.TagProbe(MakeUserTag(uint32(src), uint16(tag), seq), FullMask, false)
 	if !ok {
 		if p := t.peers[src]; p != nil && p.lost != nil {

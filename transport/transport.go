@@ -63,6 +63,10 @@ type Options struct {
 	// peer is noticed on transports without a connection (default 200ms;
 	// UCX_KEEPALIVE_INTERVAL in the environment wins).
 	KeepAlive time.Duration
+	// Overlap, when set, is the rendezvous policy (an *overlap.Engine)
+	// consulted for large tagged receives and unexpected messages
+	// (docs/overlap.md). nil keeps the engine off: today's behaviour.
+	Overlap RendezvousPolicy
 	// Log receives transport logs (every entry carries a "rank" field); nil
 	// means LoggerFromEnv: standard error, warn level unless TROUPE_LOG says
 	// otherwise.
@@ -129,6 +133,7 @@ type Transport struct {
 	reg      *regCache
 	lostSubs []chan PeerEvent
 	closed   bool
+	ov       *ovState // the overlap engine's state; nil when off
 
 	amMu sync.Mutex // orders active-message delivery
 
@@ -187,6 +192,13 @@ func New(ctx context.Context, opts Options) (*Transport, error) {
 		return nil, fmt.Errorf("%w: Options.Bootstrap is nil", ErrInvalid)
 	}
 	opts.defaults()
+	if opts.Overlap == nil {
+		p, err := overlapFromEnv()
+		if err != nil {
+			return nil, err
+		}
+		opts.Overlap = p
+	}
 	t := &Transport{
 		opts:     opts,
 		rank:     opts.Bootstrap.Rank(),
@@ -246,6 +258,9 @@ func New(ctx context.Context, opts Options) (*Transport, error) {
 		return fail(fmt.Errorf("address exchange returned %d addresses for %d ranks", len(t.addrs), t.size))
 	}
 	t.peers = make([]*peer, t.size)
+	if opts.Overlap != nil {
+		t.ov = newOvState(opts.Overlap)
+	}
 	t.reg = newRegCache(defaultRegCacheUnused, t.mapMemory, t.unmapMemory)
 	go t.loop()
 	t.log.Debug("transport up", zap.Int("size", t.size), zap.String("ucx", ucx.Version()), zap.Stringer("progress", opts.Progress))
@@ -358,8 +373,17 @@ func (t *Transport) progressOnce() bool {
 			t.arrival = nil
 		}
 	}
+	var copies []*Request
+	if t.ov != nil {
+		t.ovPoll(active)
+		copies = t.ovTakeCopies()
+	}
 	am := len(t.amq) > 0
 	t.mu.Unlock()
+	if copies != nil {
+		t.ovRunCopies(copies)
+		active = true
+	}
 	if am {
 		t.deliverAM()
 	}
@@ -493,6 +517,7 @@ type Request struct {
 	pin    runtime.Pinner
 	pinned bool
 	iov    *ucx.IOV
+	ov     *ovRecv // overlap engine state (Options.Overlap)
 
 	fin     atomic.Bool
 	done    chan struct{}
@@ -528,6 +553,13 @@ func (r *Request) recycle() {
 // one progress pass first in direct mode.
 func (r *Request) Test() (bool, Status, error) {
 	if !r.fin.Load() && r.t.opts.Progress == ProgressDirect {
+		if r.t.ov != nil {
+			r.t.mu.Lock()
+			if !r.t.closed {
+				r.t.ovEnter()
+			}
+			r.t.mu.Unlock()
+		}
 		r.t.progressOnce()
 	}
 	if !r.fin.Load() {
@@ -623,6 +655,9 @@ func (r *Request) Wait(ctx context.Context) (Status, error) {
 		return Status{}, fmt.Errorf("transport: %s rank %d tag %d: %w (operation still in flight)", r.op, r.peer, r.tag, ctx.Err())
 	}
 	t.exec(func() {
+		if r.ov != nil && t.ov != nil && t.ovCancel(r, ctx.Err()) {
+			return
+		}
 		if !r.fin.Load() && r.ureq.Pending() {
 			r.failErr = ctx.Err()
 			t.w.Cancel(r.ureq)
@@ -635,6 +670,9 @@ func (r *Request) Wait(ctx context.Context) (Status, error) {
 
 // finish completes r with a UCX status; the worker lock is held.
 func (t *Transport) finish(r *Request, st ucx.Status, length int) {
+	if r.ov != nil && t.ov != nil && t.ovFinish(r, st) {
+		return
+	}
 	switch {
 	case st == ucx.StatusOK:
 		if r.recv {
@@ -777,6 +815,9 @@ func (t *Transport) peerFailed(rank int, reason string) {
 		k.Destroy()
 	}
 	p.rkeys = map[string]*ucx.Rkey{}
+	if t.ov != nil {
+		t.ovPeerLost(rank, reason)
+	}
 	if p.ep != nil {
 		delete(t.epOwner, p.ep.Handle())
 		if req, err := t.w.CloseEndpoint(p.ep, true); err == nil && req.Pending() {
@@ -817,6 +858,9 @@ func (t *Transport) Close() error {
 		return nil
 	}
 	t.closed = true
+	if t.ov != nil {
+		t.ovClose()
+	}
 	for _, r := range t.ops {
 		if r != nil && r.recv && r.ureq.Pending() {
 			r.failErr = fmt.Errorf("transport: %s rank %d: %w", r.op, r.peer, ErrClosed)

@@ -449,6 +449,12 @@ func (v *IOV) Set(i int, p unsafe.Pointer, n int) {
 // Len is the number of entries.
 func (v *IOV) Len() int { return v.n }
 
+// Entry returns entry i's buffer and length.
+func (v *IOV) Entry(i int) (unsafe.Pointer, int) {
+	e := (*C.ucp_dt_iov_t)(unsafe.Add(unsafe.Pointer(v.p), uintptr(i)*unsafe.Sizeof(C.ucp_dt_iov_t{})))
+	return e.buffer, int(e.length)
+}
+
 // Free releases the list.
 func (v *IOV) Free() {
 	if v != nil && v.p != nil {

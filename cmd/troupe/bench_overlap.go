@@ -1,0 +1,575 @@
+package main
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"os/signal"
+	"sort"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/troupe-hpc/troupe/overlap"
+	"github.com/troupe-hpc/troupe/transport"
+	"github.com/troupe-hpc/troupe/transport/bootstrap"
+	"github.com/troupe-hpc/troupe/transport/perf"
+)
+
+type overlapFlags struct {
+	tls         string
+	json        bool
+	minSize     int
+	maxSize     int
+	scale       float64
+	rounds      int
+	calibrate   bool
+	gatherRanks int
+	gatherSize  int
+	gatherDelay time.Duration
+	engine      string // per rank (internal): on or off
+	asRank      bool
+}
+
+// overlapRow is one line of the overlap table (the issue's JSON row, plus
+// the times it was computed from).
+type overlapRow struct {
+	Size       int     `json:"size"`
+	Mode       string  `json:"mode"`
+	Engine     string  `json:"engine"`
+	OverlapPct float64 `json:"overlap_pct"`
+	TCommUs    float64 `json:"t_comm_us"`
+	TComputeUs float64 `json:"t_compute_us"`
+	TTotalUs   float64 `json:"t_total_us"`
+	// SenderUs is the sender's mean time from Isend to its completion.
+	SenderUs float64 `json:"sender_us"`
+}
+
+// overlapExtra is a latency or gather row, or the calibration of a job.
+type overlapExtra struct {
+	Bench  string `json:"bench"` // latency, gather or calibration
+	Engine string `json:"engine"`
+	Size   int    `json:"size,omitempty"`
+	// latency
+	LatUs float64 `json:"lat_us,omitempty"`
+	// gather
+	Ranks       int     `json:"ranks,omitempty"`
+	RootDelayUs float64 `json:"root_delay_us,omitempty"`
+	SenderUs    float64 `json:"sender_us,omitempty"`
+	RootUs      float64 `json:"root_us,omitempty"`
+	// calibration
+	AlphaNsPerB float64 `json:"alpha_ns_per_byte,omitempty"`
+	BetaUs      float64 `json:"beta_us,omitempty"`
+	R2          float64 `json:"r2,omitempty"`
+	// engine counters at the end of the job
+	Stats *overlap.Stats `json:"stats,omitempty"`
+}
+
+// overlapLine is what a rank writes to the results file: one of the two.
+type overlapLine struct {
+	Row   *overlapRow   `json:"row,omitempty"`
+	Extra *overlapExtra `json:"extra,omitempty"`
+}
+
+func newOverlapCmd() *cobra.Command {
+	var f overlapFlags
+	cmd := &cobra.Command{
+		Use:   "overlap",
+		Short: "Receiver-side computation/communication overlap, engine on and off (OSU style), and a skewed gather",
+		Long: `overlap starts two-rank jobs with the overlap engine off and on and measures,
+for 64 KiB ... 4 MiB, how much of a message's transfer hides behind the
+receiver's computation: the receiver posts the receive, computes for about
+the pure communication time without calling the transport, then waits.
+overlap% = 100 x (1 - (t_total - t_compute) / t_comm), clamped at 0 as OSU
+does. Mode expected: the receive is posted before the message is sent.
+Mode unexpected: the receiver is late; the message arrives while it computes
+before posting the receive. The 8 B latency is measured in the same jobs.
+Then a skewed gather (rank 0 late by --gather-delay, the others send to it)
+shows how long the senders wait for the late root, engine off and on.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			if f.asRank {
+				return overlapRank(ctx, f)
+			}
+			return overlapRun(ctx, cmd.OutOrStdout(), f)
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&f.tls, "tls", "shm", "UCX transports: shm, tcp, or a UCX_TLS value")
+	fl.BoolVar(&f.json, "json", false, `print one JSON object per row: {"size":...,"mode":"expected|unexpected","engine":"on|off","overlap_pct":...,"t_comm_us":...}`)
+	fl.IntVar(&f.minSize, "min", 64<<10, "smallest message size in bytes")
+	fl.IntVar(&f.maxSize, "max", 4<<20, "largest message size in bytes")
+	fl.Float64Var(&f.scale, "scale", 1, "iteration count multiplier")
+	fl.IntVar(&f.rounds, "rounds", 3, "jobs per engine setting, interleaved off/on; rows report the median")
+	fl.BoolVar(&f.calibrate, "calibrate", true, "fit the engine's alpha and beta with a short ping-pong at start-up")
+	fl.IntVar(&f.gatherRanks, "gather-ranks", 3, "ranks of the skewed gather (0 skips it)")
+	fl.IntVar(&f.gatherSize, "gather-size", 1<<20, "bytes each sender contributes to the gather")
+	fl.DurationVar(&f.gatherDelay, "gather-delay", 2*time.Millisecond, "how late the gather's root is")
+	fl.StringVar(&f.engine, "engine", "off", "overlap engine of this rank (internal)")
+	fl.BoolVar(&f.asRank, "as-rank", false, "run as one rank of the job (internal)")
+	_ = fl.MarkHidden("as-rank")
+	_ = fl.MarkHidden("engine")
+	return cmd
+}
+
+func init() { benchCmd.AddCommand(newOverlapCmd()) }
+
+// overlapJob launches n ranks of this executable in one role and returns
+// rank 0's lines.
+func overlapJob(ctx context.Context, f overlapFlags, n int, engine, role string) ([]overlapLine, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	out, err := os.CreateTemp("", "troupe-overlap-*.jsonl")
+	if err != nil {
+		return nil, err
+	}
+	out.Close()
+	defer os.Remove(out.Name())
+	err = bootstrap.Launch(ctx, bootstrap.LaunchConfig{
+		N:       n,
+		Program: self,
+		Args: []string{"bench", "overlap", "--as-rank", "--engine", engine,
+			"--min", strconv.Itoa(f.minSize), "--max", strconv.Itoa(f.maxSize),
+			"--scale", strconv.FormatFloat(f.scale, 'g', -1, 64),
+			"--calibrate=" + strconv.FormatBool(f.calibrate),
+			"--gather-size", strconv.Itoa(f.gatherSize), "--gather-delay", f.gatherDelay.String(),
+			"--gather-ranks", role},
+		Env:    []string{envBenchOut + "=" + out.Name()},
+		TLS:    f.tls,
+		Stdout: os.Stderr,
+		Stderr: os.Stderr,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("overlap job (engine %s): %w", engine, err)
+	}
+	return readJSONLines[overlapLine](out.Name())
+}
+
+// overlapRun runs the rounds and prints the medians.
+func overlapRun(ctx context.Context, out io.Writer, f overlapFlags) error {
+	if f.rounds < 1 {
+		f.rounds = 1
+	}
+	type key struct {
+		size         int
+		mode, engine string
+	}
+	rows := map[key][]overlapRow{}
+	var order []key
+	lat := map[string][]float64{}
+	gather := map[string][]overlapExtra{}
+	var calib []overlapExtra
+	var stats []overlapExtra
+	for round := 0; round < f.rounds; round++ {
+		for _, engine := range []string{"off", "on"} {
+			lines, err := overlapJob(ctx, f, 2, engine, "0")
+			if err != nil {
+				return err
+			}
+			if f.gatherRanks > 1 {
+				g, err := overlapJob(ctx, f, f.gatherRanks, engine, strconv.Itoa(f.gatherRanks))
+				if err != nil {
+					return err
+				}
+				lines = append(lines, g...)
+			}
+			for _, l := range lines {
+				switch {
+				case l.Row != nil:
+					k := key{l.Row.Size, l.Row.Mode, l.Row.Engine}
+					if _, ok := rows[k]; !ok {
+						order = append(order, k)
+					}
+					rows[k] = append(rows[k], *l.Row)
+				case l.Extra != nil && l.Extra.Bench == "latency":
+					lat[engine] = append(lat[engine], l.Extra.LatUs)
+				case l.Extra != nil && l.Extra.Bench == "gather":
+					gather[engine] = append(gather[engine], *l.Extra)
+				case l.Extra != nil && l.Extra.Bench == "calibration":
+					calib = append(calib, *l.Extra)
+				case l.Extra != nil && l.Extra.Bench == "stats":
+					stats = append(stats, *l.Extra)
+				}
+			}
+		}
+	}
+	sort.SliceStable(order, func(i, j int) bool {
+		a, b := order[i], order[j]
+		if a.mode != b.mode {
+			return a.mode < b.mode
+		}
+		if a.size != b.size {
+			return a.size < b.size
+		}
+		return a.engine < b.engine
+	})
+	med := func(rs []overlapRow, get func(overlapRow) float64) float64 {
+		xs := make([]float64, len(rs))
+		for i, r := range rs {
+			xs[i] = get(r)
+		}
+		return median(xs)
+	}
+	var final []overlapRow
+	for _, k := range order {
+		rs := rows[k]
+		final = append(final, overlapRow{Size: k.size, Mode: k.mode, Engine: k.engine,
+			OverlapPct: med(rs, func(r overlapRow) float64 { return r.OverlapPct }),
+			TCommUs:    med(rs, func(r overlapRow) float64 { return r.TCommUs }),
+			TComputeUs: med(rs, func(r overlapRow) float64 { return r.TComputeUs }),
+			TTotalUs:   med(rs, func(r overlapRow) float64 { return r.TTotalUs }),
+			SenderUs:   med(rs, func(r overlapRow) float64 { return r.SenderUs }),
+		})
+	}
+	gmed := func(engine string, get func(overlapExtra) float64) float64 {
+		xs := []float64{}
+		for _, g := range gather[engine] {
+			xs = append(xs, get(g))
+		}
+		return median(xs)
+	}
+	if f.json {
+		enc := json.NewEncoder(out)
+		for _, r := range final {
+			if err := enc.Encode(r); err != nil {
+				return err
+			}
+		}
+		for _, e := range []string{"off", "on"} {
+			if err := enc.Encode(overlapExtra{Bench: "latency", Engine: e, Size: 8, LatUs: median(lat[e])}); err != nil {
+				return err
+			}
+			if len(gather[e]) > 0 {
+				g := gather[e][0]
+				g.SenderUs = gmed(e, func(x overlapExtra) float64 { return x.SenderUs })
+				g.RootUs = gmed(e, func(x overlapExtra) float64 { return x.RootUs })
+				g.Stats = nil
+				if err := enc.Encode(g); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	}
+	fmt.Fprintf(out, "# troupe overlap, 2 ranks, UCX_TLS=%s, %d round(s) per engine setting (medians)\n", bootstrap.UCXTLS(f.tls), f.rounds)
+	for _, c := range calib {
+		fmt.Fprintf(out, "# calibration: alpha %.4f ns/B, beta %.1f us, R2 %.3f\n", c.AlphaNsPerB, c.BetaUs, c.R2)
+	}
+	fmt.Fprintf(out, "%-10s %-10s %-6s %9s %11s %13s %11s %11s\n", "# mode", "size", "engine", "overlap%", "t_comm(us)", "t_compute(us)", "t_total(us)", "sender(us)")
+	for _, r := range final {
+		fmt.Fprintf(out, "%-10s %-10s %-6s %9.1f %11.1f %13.1f %11.1f %11.1f\n", r.Mode, perf.FormatSize(r.Size), r.Engine,
+			r.OverlapPct, r.TCommUs, r.TComputeUs, r.TTotalUs, r.SenderUs)
+	}
+	lOff, lOn := median(lat["off"]), median(lat["on"])
+	fmt.Fprintf(out, "# 8 B one-way latency: engine off %.3f us, on %.3f us (on/off %.1f%%, target <= 105%%)\n", lOff, lOn, 100*lOn/lOff)
+	if len(gather["off"]) > 0 {
+		fmt.Fprintf(out, "# skewed gather: %d ranks, %s per sender, root late by %v\n", f.gatherRanks, perf.FormatSize(f.gatherSize), f.gatherDelay)
+		fmt.Fprintf(out, "%-8s %22s %14s\n", "# engine", "sender send time (us)", "root time (us)")
+		for _, e := range []string{"off", "on"} {
+			fmt.Fprintf(out, "%-8s %22.1f %14.1f\n", e, gmed(e, func(x overlapExtra) float64 { return x.SenderUs }),
+				gmed(e, func(x overlapExtra) float64 { return x.RootUs }))
+		}
+	}
+	for _, s := range stats {
+		if s.Stats != nil {
+			st := s.Stats
+			fmt.Fprintf(out, "# engine counters (rank 0, last job with the engine on): offloaded %d onloaded %d prefetched %d eager %d, prefetch useful %d useless %d, pool high water %d/%d\n",
+				st.Offloaded, st.Onloaded, st.Prefetched, st.Eager, st.PrefetchUseful, st.PrefetchUseless, st.PoolHighWater, st.PoolSlots)
+		}
+	}
+	return nil
+}
+
+// compute spins on arithmetic for d without calling the transport and
+// returns how long it really ran.
+func compute(d time.Duration) time.Duration {
+	start := time.Now()
+	x := 1.0
+	for i := 0; ; i++ {
+		x = x*1.0000001 + 1e-9
+		if i&255 == 255 && time.Since(start) >= d {
+			break
+		}
+	}
+	if x == 0 { // keep x alive
+		fmt.Fprint(io.Discard, x)
+	}
+	return time.Since(start)
+}
+
+// Tags of the benchmark's traffic.
+const (
+	tagOvData = 10
+	tagOvCtl  = 11
+)
+
+// overlapRank is one rank of an overlap job (--gather-ranks 0) or of a
+// gather job (--gather-ranks N, the job's size).
+func overlapRank(ctx context.Context, f overlapFlags) error {
+	boot, err := bootstrap.FromEnv(ctx)
+	if err != nil {
+		return err
+	}
+	defer boot.Close()
+	opts := transport.Options{Bootstrap: boot}
+	var eng *overlap.Engine
+	if f.engine == "on" {
+		if eng, err = overlap.New(overlap.DefaultConfig()); err != nil {
+			return err
+		}
+		opts.Overlap = eng
+	}
+	t, err := transport.New(ctx, opts)
+	if err != nil {
+		return err
+	}
+	defer t.Close()
+	var lines []overlapLine
+	emit := func(l overlapLine) { lines = append(lines, l) }
+	if eng != nil && f.calibrate && t.Rank() < 2 {
+		fit, err := t.CalibrateOverlap(ctx, 1-t.Rank(), 8)
+		if err != nil {
+			return err
+		}
+		if f.gatherRanks == 0 {
+			emit(overlapLine{Extra: &overlapExtra{Bench: "calibration", Engine: f.engine, AlphaNsPerB: fit.Alpha,
+				BetaUs: float64(fit.Beta) / 1e3, R2: fit.R2}})
+		}
+	}
+	if f.gatherRanks > 1 {
+		if err := gatherBench(ctx, t, f, emit); err != nil {
+			return err
+		}
+	} else {
+		if err := overlapBench(ctx, t, f, emit); err != nil {
+			return err
+		}
+		lat, err := perf.Latency(ctx, t, 8, 0.5*f.scale)
+		if err != nil {
+			return err
+		}
+		emit(overlapLine{Extra: &overlapExtra{Bench: "latency", Engine: f.engine, Size: 8, LatUs: lat}})
+	}
+	if st, ok := t.OverlapStats(); ok && f.gatherRanks == 0 {
+		emit(overlapLine{Extra: &overlapExtra{Bench: "stats", Engine: f.engine, Stats: &st}})
+	}
+	if t.Rank() == 0 {
+		fh, err := os.OpenFile(os.Getenv(envBenchOut), os.O_WRONLY|os.O_TRUNC, 0)
+		if err != nil {
+			return fmt.Errorf("opening %s: %w", envBenchOut, err)
+		}
+		enc := json.NewEncoder(fh)
+		for _, l := range lines {
+			if err := enc.Encode(l); err != nil {
+				fh.Close()
+				return err
+			}
+		}
+		if err := fh.Close(); err != nil {
+			return err
+		}
+	}
+	return boot.Barrier(ctx, "bench.overlap.done")
+}
+
+// overlapIters mirrors OSU: fewer iterations for larger messages.
+func overlapIters(size int, scale float64) (iters, warmup int) {
+	iters, warmup = 200, 10
+	if size >= 1<<20 {
+		iters = 100
+	}
+	return max(int(float64(iters)*scale), 5), warmup
+}
+
+// overlapBench measures both modes for every size; rank 0 receives (and
+// computes), rank 1 sends.
+func overlapBench(ctx context.Context, t *transport.Transport, f overlapFlags, emit func(overlapLine)) error {
+	if t.Rank() > 1 {
+		return nil
+	}
+	for _, mode := range []string{"expected", "unexpected"} {
+		for size := f.minSize; size <= f.maxSize; size *= 2 {
+			iters, warmup := overlapIters(size, f.scale)
+			// Pure communication time: the same iteration without compute.
+			comm, _, send, err := overlapLoop(ctx, t, mode, size, iters, warmup, 0, 0)
+			if err != nil {
+				return err
+			}
+			// The unexpected mode's receiver is late by twice the transfer
+			// time (plus a margin): the message is there when it posts.
+			late := 2*comm + 50*time.Microsecond
+			if mode == "expected" {
+				late = 0
+			}
+			if mode == "unexpected" {
+				if comm, _, send, err = overlapLoop(ctx, t, mode, size, iters, warmup, 0, late); err != nil {
+					return err
+				}
+			}
+			total, comp, send2, err := overlapLoop(ctx, t, mode, size, iters, warmup, comm, late)
+			if err != nil {
+				return err
+			}
+			_ = send
+			if t.Rank() != 0 {
+				continue
+			}
+			pct := 100 * (1 - float64(total-comp)/float64(comm))
+			pct = math.Max(pct, 0)
+			emit(overlapLine{Row: &overlapRow{Size: size, Mode: mode, Engine: f.engine, OverlapPct: math.Round(pct*10) / 10,
+				TCommUs: us(comm), TComputeUs: us(comp), TTotalUs: us(total), SenderUs: us(send2)}})
+		}
+	}
+	return nil
+}
+
+func us(d time.Duration) float64 { return math.Round(float64(d)/100) / 10 }
+
+// overlapLoop runs iters timed iterations (after warmup) and returns, on
+// rank 0, the mean time from posting the receive to its completion, the
+// mean compute time inside it, and the sender's mean send time (sent back
+// by rank 1). Each iteration: rank 0 tells rank 1 to go; in expected mode it
+// posts its receive first; rank 1 sends; rank 0 computes late (unexpected
+// mode: before posting), then computes work after posting and waits.
+func overlapLoop(ctx context.Context, t *transport.Transport, mode string, size, iters, warmup int, work, late time.Duration) (total, comp, send time.Duration, err error) {
+	buf := make([]byte, size)
+	ctl := make([]byte, 8)
+	peer := 1 - t.Rank()
+	var sendSum time.Duration
+	for i := 0; i < warmup+iters; i++ {
+		if t.Rank() == 1 {
+			if _, err := t.Recv(ctx, peer, tagOvCtl, ctl); err != nil {
+				return 0, 0, 0, err
+			}
+			start := time.Now()
+			r, err := t.Isend(peer, tagOvData, buf)
+			if err != nil {
+				return 0, 0, 0, err
+			}
+			if _, err := r.Wait(ctx); err != nil {
+				return 0, 0, 0, err
+			}
+			if i >= warmup {
+				sendSum += time.Since(start)
+			}
+			continue
+		}
+		var r *transport.Request
+		start := time.Now()
+		if mode == "expected" {
+			if r, err = t.Irecv(peer, tagOvData, buf); err != nil {
+				return 0, 0, 0, err
+			}
+		}
+		if err := t.Send(ctx, peer, tagOvCtl, ctl); err != nil {
+			return 0, 0, 0, err
+		}
+		if mode == "unexpected" {
+			compute(late)
+			start = time.Now()
+			if r, err = t.Irecv(peer, tagOvData, buf); err != nil {
+				return 0, 0, 0, err
+			}
+		}
+		var c time.Duration
+		if work > 0 {
+			c = compute(work)
+		}
+		if _, err := r.Wait(ctx); err != nil {
+			return 0, 0, 0, err
+		}
+		if i >= warmup {
+			total += time.Since(start)
+			comp += c
+		}
+	}
+	// The sender reports its mean send time.
+	if t.Rank() == 1 {
+		binary.LittleEndian.PutUint64(ctl, uint64(sendSum/time.Duration(iters)))
+		return 0, 0, 0, t.Send(ctx, peer, tagOvCtl, ctl)
+	}
+	if _, err := t.Recv(ctx, peer, tagOvCtl, ctl); err != nil {
+		return 0, 0, 0, err
+	}
+	n := time.Duration(iters)
+	return total / n, comp / n, time.Duration(binary.LittleEndian.Uint64(ctl)), nil
+}
+
+// gatherBench: rank 0 is the late root of a gather; every other rank sends
+// it gatherSize bytes. Rank 0 reports the senders' mean time from Isend to
+// completion and its own time from releasing the senders to having all data.
+func gatherBench(ctx context.Context, t *transport.Transport, f overlapFlags, emit func(overlapLine)) error {
+	const iters, warmup = 30, 3
+	n := t.Size()
+	buf := make([]byte, f.gatherSize)
+	ctl := make([]byte, 8)
+	var rootSum, sendSum time.Duration
+	var recvBufs [][]byte
+	if t.Rank() == 0 {
+		for i := 1; i < n; i++ {
+			recvBufs = append(recvBufs, make([]byte, f.gatherSize))
+		}
+	}
+	for i := 0; i < warmup+iters; i++ {
+		if t.Rank() != 0 {
+			if _, err := t.Recv(ctx, 0, tagOvCtl, ctl); err != nil {
+				return err
+			}
+			start := time.Now()
+			if err := t.Send(ctx, 0, tagOvData, buf); err != nil {
+				return err
+			}
+			if i >= warmup {
+				sendSum += time.Since(start)
+			}
+			continue
+		}
+		start := time.Now()
+		for p := 1; p < n; p++ {
+			if err := t.Send(ctx, p, tagOvCtl, ctl); err != nil {
+				return err
+			}
+		}
+		compute(f.gatherDelay)
+		reqs := make([]*transport.Request, 0, n-1)
+		for p := 1; p < n; p++ {
+			r, err := t.Irecv(p, tagOvData, recvBufs[p-1])
+			if err != nil {
+				return err
+			}
+			reqs = append(reqs, r)
+		}
+		for _, r := range reqs {
+			if _, err := r.Wait(ctx); err != nil {
+				return err
+			}
+		}
+		if i >= warmup {
+			rootSum += time.Since(start)
+		}
+	}
+	if t.Rank() != 0 {
+		binary.LittleEndian.PutUint64(ctl, uint64(sendSum/iters))
+		return t.Send(ctx, 0, tagOvCtl, ctl)
+	}
+	var senders time.Duration
+	for p := 1; p < n; p++ {
+		if _, err := t.Recv(ctx, p, tagOvCtl, ctl); err != nil {
+			return err
+		}
+		senders += time.Duration(binary.LittleEndian.Uint64(ctl))
+	}
+	emit(overlapLine{Extra: &overlapExtra{Bench: "gather", Engine: f.engine, Size: f.gatherSize, Ranks: n,
+		RootDelayUs: us(f.gatherDelay), SenderUs: us(senders / time.Duration(n-1)), RootUs: us(rootSum / iters)}})
+	return nil
+}

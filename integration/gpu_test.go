@@ -1,0 +1,336 @@
+package integration
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/troupe-hpc/troupe/gpu"
+	"github.com/troupe-hpc/troupe/samples/faces/facesim"
+	"github.com/troupe-hpc/troupe/transport"
+)
+
+// GPU-aware communication between real processes: channels with host and
+// device buffers, stream-triggered queues against ordinary tagged operations,
+// and the Faces exchange against its serial reference. The gpu backend is the
+// one TROUPE_GPU selects (host where there is no GPU); the CUDA variants
+// re-run the scenarios with TROUPE_GPU=cuda and skip without a GPU.
+func init() {
+	scenarios["gpuchannel"] = gpuChannel
+	scenarios["gpuqueue"] = gpuQueue
+	scenarios["gpufaces"] = gpuFaces
+}
+
+// gpuChannelSizes: one message, chunk multiples (empty tail), chunks and a
+// tail.
+var gpuChannelSizes = []int{0, 8, 65536, transport.ChannelChunkSize, 2*transport.ChannelChunkSize + 4099}
+
+// devWith allocates device memory holding data.
+func devWith(sys *gpu.System, data []byte) (gpu.Buffer, error) {
+	a, err := sys.Devices()[0].Alloc(max(len(data), 1))
+	if err != nil {
+		return gpu.Buffer{}, err
+	}
+	b, err := a.Slice(0, len(data))
+	if err != nil {
+		return gpu.Buffer{}, err
+	}
+	return b, gpu.CopyFromHost(b, data)
+}
+
+func openGPU(r *rank) (*gpu.System, error) {
+	sys, err := gpu.Open()
+	if err != nil {
+		return nil, err
+	}
+	r.logf("gpu backend %s", sys.Backend())
+	return sys, nil
+}
+
+// gpuChannel: rank 0 sends, rank 1 receives, then back, for every pair of
+// end kinds (Go bytes, device memory); then size mismatches.
+func gpuChannel(ctx context.Context, r *rank) error {
+	sys, err := openGPU(r)
+	if err != nil {
+		return err
+	}
+	defer sys.Close()
+	peer := 1 - r.id()
+	ch, err := r.t.Channel(11, peer)
+	if err != nil {
+		return err
+	}
+	defer ch.Close()
+	kinds := []string{"bytes", "device"}
+	for _, n := range gpuChannelSizes {
+		for _, sk := range kinds {
+			for _, rk := range kinds {
+				for dir := 0; dir < 2; dir++ {
+					want := pattern(n, uint32(n+dir))
+					sending := r.id() == dir
+					var req *transport.ChannelRequest
+					var dst gpu.Buffer
+					var got []byte
+					k := rk
+					if sending {
+						k = sk
+					}
+					switch {
+					case sending && k == "bytes":
+						req, err = ch.SendBytes(want)
+					case sending:
+						var src gpu.Buffer
+						if src, err = devWith(sys, want); err == nil {
+							req, err = ch.Send(src)
+						}
+					case k == "bytes":
+						got = make([]byte, n)
+						req, err = ch.RecvBytes(got)
+					default:
+						if dst, err = devWith(sys, make([]byte, n)); err == nil {
+							req, err = ch.Recv(dst)
+						}
+					}
+					if err != nil {
+						return err
+					}
+					if err := req.Wait(ctx); err != nil {
+						return fmt.Errorf("%d B %s->%s (%s): %w", n, sk, rk, req.Path(), err)
+					}
+					if !sending {
+						if k == "device" {
+							got = make([]byte, n)
+							if err := gpu.CopyToHost(got, dst); err != nil {
+								return err
+							}
+						}
+						if d := diff(got, want); d != "" {
+							return fmt.Errorf("%d B %s->%s over %s: %s", n, sk, rk, req.Path(), d)
+						}
+					}
+				}
+			}
+		}
+		if r.id() == 1 {
+			r.logf("channel %d B ok", n)
+		}
+	}
+	// Size mismatches: rank 0 sends, rank 1 receives into a device buffer of
+	// another size and must get a *SizeMismatchError. The sender's side is
+	// not told (there is no reply message); it completes.
+	for _, c := range [][2]int{{100, 200}, {200, 100}, {transport.ChannelChunkSize + 10, transport.ChannelChunkSize + 30}, {transport.ChannelChunkSize, 2 * transport.ChannelChunkSize}} {
+		if r.id() == 0 {
+			req, err := ch.SendBytes(pattern(c[0], 1))
+			if err != nil {
+				return err
+			}
+			if err := req.Wait(ctx); err != nil {
+				return fmt.Errorf("mismatch %v: sender: %w", c, err)
+			}
+			continue
+		}
+		dst, err := devWith(sys, make([]byte, c[1]))
+		if err != nil {
+			return err
+		}
+		req, err := ch.Recv(dst)
+		if err != nil {
+			return err
+		}
+		err = req.Wait(ctx)
+		var sm *transport.SizeMismatchError
+		if !errors.As(err, &sm) || sm.Want != c[1] {
+			return fmt.Errorf("sent %d B, received into %d B: got %v, want a *SizeMismatchError", c[0], c[1], err)
+		}
+		r.logf("mismatch: %v", err)
+	}
+	// The channel still works.
+	want := pattern(1000, 9)
+	if r.id() == 0 {
+		req, err := ch.SendBytes(want)
+		if err != nil {
+			return err
+		}
+		return req.Wait(ctx)
+	}
+	got := make([]byte, 1000)
+	req, err := ch.RecvBytes(got)
+	if err != nil {
+		return err
+	}
+	if err := req.Wait(ctx); err != nil {
+		return err
+	}
+	if !bytes.Equal(got, want) {
+		return errors.New("data after the mismatches differs")
+	}
+	r.logf("channel size mismatches reported")
+	return nil
+}
+
+// gpuQueue: each rank's enqueued sends meet the other's ordinary receives,
+// and its enqueued receives the other's ordinary sends.
+func gpuQueue(ctx context.Context, r *rank) error {
+	sys, err := openGPU(r)
+	if err != nil {
+		return err
+	}
+	defer sys.Close()
+	s, err := sys.Devices()[0].NewStream()
+	if err != nil {
+		return err
+	}
+	defer s.Destroy()
+	q, err := r.t.NewQueue(s)
+	if err != nil {
+		return err
+	}
+	peer := 1 - r.id()
+	sizes := []int{8, 70000, 1 << 20}
+	for iter := 0; iter < 3; iter++ {
+		var plain []*transport.Request
+		var got [][]byte
+		var dsts []gpu.Buffer
+		for i, n := range sizes {
+			seed := uint32(100*iter + 10*r.id() + i)
+			src, err := devWith(sys, pattern(n, seed))
+			if err != nil {
+				return err
+			}
+			if _, err := q.EnqueueSend(src, peer, 30+i); err != nil {
+				return err
+			}
+			dst, err := devWith(sys, make([]byte, n))
+			if err != nil {
+				return err
+			}
+			if _, err := q.EnqueueRecv(dst, peer, 50+i); err != nil {
+				return err
+			}
+			dsts = append(dsts, dst)
+			g := make([]byte, n)
+			rq, err := r.t.Irecv(peer, 30+i, g)
+			if err != nil {
+				return err
+			}
+			got = append(got, g)
+			sq, err := r.t.Isend(peer, 50+i, pattern(n, uint32(1000+100*iter+10*r.id()+i)))
+			if err != nil {
+				return err
+			}
+			plain = append(plain, rq, sq)
+		}
+		if err := q.Start(); err != nil {
+			return err
+		}
+		if err := q.Wait(); err != nil {
+			return err
+		}
+		for _, p := range plain {
+			if _, err := p.Wait(ctx); err != nil {
+				return err
+			}
+		}
+		if err := s.Synchronize(); err != nil {
+			return err
+		}
+		for i, n := range sizes {
+			if d := diff(got[i], pattern(n, uint32(100*iter+10*peer+i))); d != "" {
+				return fmt.Errorf("iter %d: ordinary receive of an enqueued send of %d B: %s", iter, n, d)
+			}
+			out := make([]byte, n)
+			if err := gpu.CopyToHost(out, dsts[i]); err != nil {
+				return err
+			}
+			if d := diff(out, pattern(n, uint32(1000+100*iter+10*peer+i))); d != "" {
+				return fmt.Errorf("iter %d: enqueued receive of an ordinary send of %d B: %s", iter, n, d)
+			}
+		}
+	}
+	if err := q.Free(); err != nil {
+		return err
+	}
+	r.logf("queue ops matched ordinary tagged ops")
+	return nil
+}
+
+// gpuFaces: the Faces exchange in both modes against the serial reference.
+func gpuFaces(ctx context.Context, r *rank) error {
+	sys, err := openGPU(r)
+	if err != nil {
+		return err
+	}
+	defer sys.Close()
+	fr, err := facesim.NewRank(r.t, sys, facesim.Config{L: 5, Iters: 4})
+	if err != nil {
+		return err
+	}
+	defer fr.Close()
+	for _, m := range []string{facesim.ModeQueue, facesim.ModePlain} {
+		fr.Reset()
+		if err := r.b.Barrier(ctx, "faces."+m); err != nil {
+			return err
+		}
+		if _, err := fr.Iterate(ctx, m); err != nil {
+			return fmt.Errorf("%s: %w", m, err)
+		}
+		if err := fr.Check(); err != nil {
+			return fmt.Errorf("%s: %w", m, err)
+		}
+		r.logf("faces %s matches the reference", m)
+	}
+	return nil
+}
+
+func requireLines(t *testing.T, res jobResult, lines ...string) {
+	t.Helper()
+	for _, l := range lines {
+		if !strings.Contains(res.stdout, l) {
+			t.Fatalf("missing %q:\n%s", l, res.dump())
+		}
+	}
+}
+
+func TestGPUChannels(t *testing.T) {
+	forTLS(t, func(t *testing.T, c cfg) {
+		res := runJob(t, "gpuchannel", 2, c)
+		requireLines(t, res, fmt.Sprintf("[1] rank 1: channel %d B ok", gpuChannelSizes[len(gpuChannelSizes)-1]),
+			"[1] rank 1: channel size mismatches reported")
+	})
+}
+
+func TestGPUQueue(t *testing.T) {
+	for _, tls := range []string{"tcp", "shm"} {
+		t.Run(tls, func(t *testing.T) {
+			res := runJob(t, "gpuqueue", 2, cfg{tls, "direct"})
+			requireLines(t, res, "[0] rank 0: queue ops matched ordinary tagged ops", "[1] rank 1: queue ops matched ordinary tagged ops")
+		})
+	}
+}
+
+func TestGPUFaces(t *testing.T) {
+	res := runJob(t, "gpufaces", 4, cfg{"shm", "direct"})
+	for r := 0; r < 4; r++ {
+		requireLines(t, res, fmt.Sprintf("[%d] rank %d: faces queue matches the reference", r, r),
+			fmt.Sprintf("[%d] rank %d: faces plain matches the reference", r, r))
+	}
+}
+
+// TestGPUCUDA re-runs the scenarios on the cuda backend. It needs a GPU and
+// skips, naming the reason, without one.
+func TestGPUCUDA(t *testing.T) {
+	if err := gpu.CUDAAvailable(); err != nil {
+		t.Skipf("cuda backend skipped: no CUDA driver/device: %v", err)
+	}
+	t.Setenv(gpu.EnvBackend, gpu.BackendCUDA)
+	for _, role := range []string{"gpuchannel", "gpuqueue"} {
+		t.Run(role, func(t *testing.T) {
+			res := runJob(t, role, 2, cfg{"shm", "direct"})
+			requireLines(t, res, "[0] rank 0: gpu backend cuda")
+		})
+	}
+	t.Run("gpufaces", func(t *testing.T) { runJob(t, "gpufaces", 4, cfg{"shm", "direct"}) })
+}

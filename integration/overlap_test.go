@@ -1,0 +1,324 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/troupe-hpc/troupe/transport"
+	"github.com/troupe-hpc/troupe/transport/bootstrap"
+)
+
+// Scenarios of the overlap engine (issue 7). Each runs with the engine off
+// and on (TROUPE_OVERLAP), over TCP and shared memory.
+func init() {
+	scenarios["ovl-late-receiver"] = ovlLateReceiver
+	scenarios["ovl-late-sender"] = ovlLateSender
+	scenarios["ovl-pool-full"] = ovlPoolFull
+}
+
+// ovlSizes mixes eager and rendezvous messages of one tag, so the order of
+// one (source, tag) stream is checked across the engine's paths.
+var ovlSizes = []int{64 << 10, 1 << 20, 4 << 20, 9 << 10, 100, 5<<20 + 3, 0, 256 << 10}
+
+const (
+	ovlTagData  = 1
+	ovlTagCtl   = 2
+	ovlTagData2 = 3
+)
+
+func engineOn() bool { return os.Getenv(transport.OverlapEnv) == "on" }
+
+// ovlCheck compares a received message with the one sent as number i.
+func ovlCheck(st transport.Status, buf []byte, src, tag, i, n int) error {
+	if err := checkStatus(st, src, tag, n); err != nil {
+		return fmt.Errorf("message %d: %w", i, err)
+	}
+	if d := diff(buf[:n], pattern(n, uint32(100+i))); d != "" {
+		return fmt.Errorf("message %d (%d B): %s", i, n, d)
+	}
+	return nil
+}
+
+// waitTaken waits (progressing the transport, no sleeping) until the engine
+// has taken n messages off UCX's unexpected queue, or, with the engine
+// off, until the first message from src is there.
+func waitTaken(ctx context.Context, r *rank, src, tag, n int) error {
+	for {
+		if engineOn() {
+			if r.t.OverlapTable().Unexpected >= n {
+				return nil
+			}
+			if _, _, err := r.t.Iprobe(src, tag); err != nil {
+				return err
+			}
+		} else if _, ok, err := r.t.Iprobe(src, tag); err != nil || ok {
+			return err
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("waiting for %d messages to arrive: %w (table %+v)", n, ctx.Err(), r.t.OverlapTable())
+		}
+		runtime.Gosched()
+	}
+}
+
+// busy computes for d without calling the transport: the rank is late.
+func busy(d time.Duration) {
+	x := 1.0
+	for start := time.Now(); time.Since(start) < d; {
+		for i := 0; i < 1000; i++ {
+			x = x*1.0000001 + 1e-9
+		}
+	}
+	_ = x
+}
+
+// ovlEngineDone checks the engine's books are balanced once everything was
+// received: no transfer record, slot or table entry left behind.
+func ovlEngineDone(r *rank) error {
+	st, ok := r.t.OverlapStats()
+	if !ok {
+		return nil
+	}
+	tab := r.t.OverlapTable()
+	r.logf("engine: offloaded %d onloaded %d prefetched %d eager %d useful %d useless %d pool high water %d/%d table %+v",
+		st.Offloaded, st.Onloaded, st.Prefetched, st.Eager, st.PrefetchUseful, st.PrefetchUseless, st.PoolHighWater, st.PoolSlots, tab)
+	switch {
+	case st.PoolInUse != 0:
+		return fmt.Errorf("%d pool slots still held", st.PoolInUse)
+	case st.Tracked != 0:
+		return fmt.Errorf("the engine still tracks %d transfers", st.Tracked)
+	case st.PoolHighWater > st.PoolSlots:
+		return fmt.Errorf("pool high water %d above its %d slots", st.PoolHighWater, st.PoolSlots)
+	case tab != transport.OverlapTable{}:
+		return fmt.Errorf("engine tables not empty: %+v", tab)
+	}
+	return nil
+}
+
+// ovlLateReceiver: rank 0 sends every size on one tag; rank 1 posts its
+// receives only once all messages have arrived (unexpected messages: with
+// the engine on they are prefetched or held), then checks order and data.
+func ovlLateReceiver(ctx context.Context, r *rank) error {
+	t := r.t
+	switch r.id() {
+	case 0:
+		var reqs []*transport.Request
+		for i, n := range ovlSizes {
+			q, err := t.Isend(1, ovlTagData, pattern(n, uint32(100+i)))
+			if err != nil {
+				return err
+			}
+			reqs = append(reqs, q)
+		}
+		for i, q := range reqs {
+			if _, err := q.Wait(ctx); err != nil {
+				return fmt.Errorf("send %d: %w", i, err)
+			}
+		}
+		r.logf("all sends complete")
+	case 1:
+		if err := waitTaken(ctx, r, 0, ovlTagData, len(ovlSizes)); err != nil {
+			return err
+		}
+		busy(2 * time.Millisecond)
+		for i, n := range ovlSizes {
+			buf := make([]byte, n+64)
+			st, err := t.Recv(ctx, 0, ovlTagData, buf)
+			if err != nil {
+				return fmt.Errorf("recv %d (%d B): %w", i, n, err)
+			}
+			if err := ovlCheck(st, buf, 0, ovlTagData, i, n); err != nil {
+				return err
+			}
+		}
+		if _, ok, err := t.Iprobe(0, ovlTagData); err != nil || ok {
+			return fmt.Errorf("a message too many after the last one: ok=%v err=%v", ok, err)
+		}
+		r.logf("late receiver got %d messages in order", len(ovlSizes))
+		return ovlEngineDone(r)
+	}
+	return nil
+}
+
+// ovlLateSender: rank 1 posts every receive first (expected messages),
+// tells rank 0, and computes without calling the transport; rank 0 is late,
+// then sends. With the engine on the progress goroutine moves the data
+// while rank 1 computes.
+func ovlLateSender(ctx context.Context, r *rank) error {
+	t := r.t
+	ctl := make([]byte, 1)
+	switch r.id() {
+	case 0:
+		if _, err := t.Recv(ctx, 1, ovlTagCtl, ctl); err != nil {
+			return err
+		}
+		busy(5 * time.Millisecond)
+		for i, n := range ovlSizes {
+			if err := t.Send(ctx, 1, ovlTagData, pattern(n, uint32(100+i))); err != nil {
+				return fmt.Errorf("send %d: %w", i, err)
+			}
+		}
+	case 1:
+		bufs := make([][]byte, len(ovlSizes))
+		reqs := make([]*transport.Request, len(ovlSizes))
+		for i, n := range ovlSizes {
+			bufs[i] = make([]byte, n+64)
+			q, err := t.Irecv(0, ovlTagData, bufs[i])
+			if err != nil {
+				return err
+			}
+			reqs[i] = q
+		}
+		if err := t.Send(ctx, 0, ovlTagCtl, ctl); err != nil {
+			return err
+		}
+		busy(20 * time.Millisecond)
+		// A receive cancelled while the engine holds it gives its
+		// sequence number back; the next receive gets the message.
+		extra, err := t.Irecv(0, ovlTagData2, make([]byte, 1<<20))
+		if err != nil {
+			return err
+		}
+		cctx, cancel := context.WithCancel(ctx)
+		cancel()
+		if _, err := extra.Wait(cctx); err == nil {
+			return fmt.Errorf("cancelled receive completed without a message")
+		}
+		for i, q := range reqs {
+			st, err := q.Wait(ctx)
+			if err != nil {
+				return fmt.Errorf("recv %d (%d B): %w", i, ovlSizes[i], err)
+			}
+			if err := ovlCheck(st, bufs[i], 0, ovlTagData, i, ovlSizes[i]); err != nil {
+				return err
+			}
+		}
+		r.logf("late sender's %d messages arrived in order", len(ovlSizes))
+		return ovlEngineDone(r)
+	}
+	return nil
+}
+
+// ovlPoolN messages per tag overflow a 2-slot pool many times over.
+const ovlPoolN = 12
+
+// ovlPoolFull: with a 2-slot pool, rank 0 sends ovlPoolN rendezvous
+// messages on each of two tags, interleaved; rank 1 waits until all have
+// arrived, then receives tag 3 first and tag 1 second. Every message must
+// arrive once, in order, intact, and every slot must come back.
+func ovlPoolFull(ctx context.Context, r *rank) error {
+	t := r.t
+	size := func(i int) int { return 64<<10 + i*4099 }
+	switch r.id() {
+	case 0:
+		var reqs []*transport.Request
+		for i := 0; i < ovlPoolN; i++ {
+			for _, tag := range []int{ovlTagData, ovlTagData2} {
+				q, err := t.Isend(1, tag, pattern(size(i), uint32(100+i+tag*1000)))
+				if err != nil {
+					return err
+				}
+				reqs = append(reqs, q)
+			}
+		}
+		for i, q := range reqs {
+			if _, err := q.Wait(ctx); err != nil {
+				return fmt.Errorf("send %d: %w", i, err)
+			}
+		}
+	case 1:
+		if err := waitTaken(ctx, r, 0, ovlTagData, 2*ovlPoolN); err != nil {
+			return err
+		}
+		if st, ok := t.OverlapStats(); ok && st.Prefetched == 0 {
+			return fmt.Errorf("no message was prefetched: %+v", st)
+		}
+		for _, tag := range []int{ovlTagData2, ovlTagData} {
+			for i := 0; i < ovlPoolN; i++ {
+				buf := make([]byte, size(i))
+				st, err := t.Recv(ctx, 0, tag, buf)
+				if err != nil {
+					return fmt.Errorf("recv tag %d #%d: %w", tag, i, err)
+				}
+				if err := checkStatus(st, 0, tag, size(i)); err != nil {
+					return fmt.Errorf("tag %d #%d: %w", tag, i, err)
+				}
+				if d := diff(buf, pattern(size(i), uint32(100+i+tag*1000))); d != "" {
+					return fmt.Errorf("tag %d #%d: %s", tag, i, d)
+				}
+			}
+			if _, ok, err := t.Iprobe(0, tag); err != nil || ok {
+				return fmt.Errorf("tag %d: a message too many: ok=%v err=%v", tag, ok, err)
+			}
+		}
+		r.logf("pool-full: %d messages each received once, in order", 2*ovlPoolN)
+		return ovlEngineDone(r)
+	}
+	return nil
+}
+
+// launchOvl runs role over tls with the engine on or off.
+func launchOvl(t *testing.T, role, tls string, on bool, slots int) {
+	t.Helper()
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	engine := "off"
+	if on {
+		engine = "on"
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), rankTimeout+10*time.Second)
+	defer cancel()
+	var stdout, stderr syncBuffer
+	env := []string{roleEnv + "=" + role, progressEnv + "=direct", transport.OverlapEnv + "=" + engine}
+	if slots >= 0 {
+		env = append(env, fmt.Sprintf("%s=%d", transport.OverlapSlotsEnv, slots))
+	}
+	err = bootstrap.Launch(ctx, bootstrap.LaunchConfig{N: 2, Program: exe, Env: env, TLS: tls,
+		Stdout: &stdout, Stderr: &stderr, Grace: 15 * time.Second})
+	res := jobResult{err: err, stdout: stdout.String(), stderr: stderr.String()}
+	if err != nil {
+		t.Fatalf("job failed:\n%s", res.dump())
+	}
+	for r := 0; r < 2; r++ {
+		if !strings.Contains(res.stdout, okLine(role, r)) {
+			t.Fatalf("rank %d did not report success:\n%s", r, res.dump())
+		}
+	}
+	if testing.Verbose() {
+		t.Logf("output:\n%s", res.stdout)
+	}
+}
+
+// forOverlap runs f over TCP and shared memory, engine off and on.
+func forOverlap(t *testing.T, f func(t *testing.T, tls string, on bool)) {
+	for _, tls := range []string{"tcp", "shm"} {
+		for _, on := range []bool{false, true} {
+			name := tls + "/engine-off"
+			if on {
+				name = tls + "/engine-on"
+			}
+			t.Run(name, func(t *testing.T) { f(t, tls, on) })
+		}
+	}
+}
+
+func TestOverlapLateReceiver(t *testing.T) {
+	forOverlap(t, func(t *testing.T, tls string, on bool) { launchOvl(t, "ovl-late-receiver", tls, on, -1) })
+}
+
+func TestOverlapLateSender(t *testing.T) {
+	forOverlap(t, func(t *testing.T, tls string, on bool) { launchOvl(t, "ovl-late-sender", tls, on, -1) })
+}
+
+// TestOverlapPoolFull: a 2-slot prefetch pool never loses or duplicates a
+// message when more unexpected messages arrive than it holds.
+func TestOverlapPoolFull(t *testing.T) {
+	forOverlap(t, func(t *testing.T, tls string, on bool) { launchOvl(t, "ovl-pool-full", tls, on, 2) })
+}

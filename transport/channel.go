@@ -1,0 +1,452 @@
+package transport
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/troupe-hpc/troupe/gpu"
+)
+
+// ChannelChunkSize is the framing unit of channel messages. A message of n
+// bytes travels as one UCX message when n < ChannelChunkSize, otherwise as
+// n/ChannelChunkSize full chunks followed by one tail chunk of
+// n%ChannelChunkSize bytes (possibly empty), all under the message's tag.
+// Both ends derive the framing from their own buffer length, so a staged end
+// can pipeline chunk by chunk without telling the other end, and a
+// difference in sizes always shows at the receiver as a short or truncated
+// chunk (the tail is always shorter than a full chunk).
+const ChannelChunkSize = 512 << 10
+
+// stageDepth is how many pinned chunk buffers one staged transfer uses at
+// most: copies of the next chunks overlap the send of the current one.
+const stageDepth = 4
+
+// ErrSizeMismatch: the two ends of a channel transfer used buffers of
+// different sizes.
+var ErrSizeMismatch = errors.New("transport: channel message size mismatch")
+
+// ErrChannelInUse: a channel with that id already exists on this rank.
+var ErrChannelInUse = errors.New("transport: channel id in use")
+
+// SizeMismatchError reports a channel transfer whose two buffers differ in
+// size. The receiver always detects it; on the same-process path the sender
+// is told too. Got is the other end's size when it is known exactly, -1
+// otherwise (Detail then says what was seen).
+type SizeMismatchError struct {
+	Channel uint32
+	Peer    int
+	Op      string // "send" or "recv"
+	Want    int    // this end's buffer size
+	Got     int    // the other end's size, or -1
+	Detail  string
+	cause   error
+}
+
+func (e *SizeMismatchError) Error() string {
+	got := "a different size"
+	if e.Got >= 0 {
+		got = fmt.Sprintf("%d bytes", e.Got)
+	}
+	s := fmt.Sprintf("transport: channel %d %s with rank %d: this end's buffer is %d bytes, the other end's is %s", e.Channel, e.Op, e.Peer, e.Want, got)
+	if e.Detail != "" {
+		s += " (" + e.Detail + ")"
+	}
+	return s
+}
+
+// Unwrap makes errors.Is(err, ErrSizeMismatch) true, and ErrTruncated too
+// when UCX reported truncation.
+func (e *SizeMismatchError) Unwrap() []error {
+	if e.cause != nil {
+		return []error{ErrSizeMismatch, e.cause}
+	}
+	return []error{ErrSizeMismatch}
+}
+
+// TransferPath names how a channel transfer moves its bytes.
+type TransferPath string
+
+// Transfer paths (docs/gpu.md).
+const (
+	// PathLocal: both ends live in this process; one copy, device to
+	// device when both buffers are device memory.
+	PathLocal TransferPath = "local"
+	// PathDirect: UCX reads or writes the buffer itself (host memory, or
+	// device memory when UCX reports support for its memory type).
+	PathDirect TransferPath = "direct"
+	// PathStaged: chunks are copied through pinned host buffers, the
+	// copies overlapping the UCX transfers of earlier chunks.
+	PathStaged TransferPath = "staged"
+)
+
+// Channel is one end of a two-sided channel between this rank and a peer
+// (the Channel API of the GPU-aware runtime paper). Both ranks create it with
+// the same id, which must be unique in the job. Each end counts its sends and
+// its receives; the n-th Send of one end matches the n-th Recv of the other,
+// through a tag made of the channel id and that counter (DESIGN 5.2), so no
+// metadata message is exchanged. Methods are safe for concurrent use; the
+// order of calls fixes the counters.
+type Channel struct {
+	t     *Transport
+	id    uint32
+	peer  int
+	local *Transport // the peer's transport when it lives in this process
+
+	mu       sync.Mutex
+	sendCtr  uint32
+	recvCtr  uint32
+	closed   bool
+	streams  map[streamKey]*gpu.Stream
+	sendStep sync.Mutex // staged sends of this end, one at a time
+	recvStep sync.Mutex // staged receives of this end, one at a time
+}
+
+// streamKey names a channel's copy stream: one per device and direction, so
+// that sends and receives do not wait for each other's copies.
+type streamKey struct {
+	dev  *gpu.Device
+	send bool
+}
+
+type channelKey struct {
+	t  *Transport
+	id uint32
+}
+
+// channels holds the open channels of every transport in the process.
+var channels sync.Map // channelKey -> *Channel
+
+// Channel creates this rank's end of channel id with peer. The peer creates
+// its end with the same id and this rank as its peer. peer may be this rank:
+// the channel then connects the rank with itself. id must fit
+// ChannelBits bits and not be open already on this rank.
+func (t *Transport) Channel(id uint32, peer int) (*Channel, error) {
+	if err := t.checkRank(peer, "channel"); err != nil {
+		return nil, err
+	}
+	if _, err := MakeChannelTag(id, 0); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
+	}
+	t.mu.Lock()
+	closed := t.closed
+	t.mu.Unlock()
+	if closed {
+		return nil, fmt.Errorf("transport: channel %d: %w", id, ErrClosed)
+	}
+	c := &Channel{t: t, id: id, peer: peer, local: t.inProcess(peer)}
+	if _, loaded := channels.LoadOrStore(channelKey{t, id}, c); loaded {
+		return nil, fmt.Errorf("%w: channel %d on rank %d", ErrChannelInUse, id, t.rank)
+	}
+	return c, nil
+}
+
+// ID returns the channel id.
+func (c *Channel) ID() uint32 { return c.id }
+
+// Peer returns the rank at the other end.
+func (c *Channel) Peer() int { return c.peer }
+
+// Close releases the channel id on this rank and the channel's streams.
+// Transfers in flight complete; later calls fail with ErrClosed.
+func (c *Channel) Close() error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil
+	}
+	c.closed = true
+	streams := c.streams
+	c.streams = nil
+	c.mu.Unlock()
+	// Staged transfers in flight hold a step lock and use the streams.
+	c.sendStep.Lock()
+	c.recvStep.Lock()
+	defer c.sendStep.Unlock()
+	defer c.recvStep.Unlock()
+	var errs []error
+	for _, s := range streams {
+		errs = append(errs, s.Destroy())
+	}
+	channels.Delete(channelKey{c.t, c.id})
+	return errors.Join(errs...)
+}
+
+// next takes the next counter of one direction.
+func (c *Channel) next(send bool) (uint32, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return 0, fmt.Errorf("transport: channel %d: %w", c.id, ErrClosed)
+	}
+	if send {
+		c.sendCtr++
+		return c.sendCtr - 1, nil
+	}
+	c.recvCtr++
+	return c.recvCtr - 1, nil
+}
+
+// stream returns the channel's copy stream on dev for one direction,
+// creating it on first use.
+func (c *Channel) stream(dev *gpu.Device, send bool) (*gpu.Stream, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil, fmt.Errorf("transport: channel %d: %w", c.id, ErrClosed)
+	}
+	key := streamKey{dev, send}
+	if s := c.streams[key]; s != nil {
+		return s, nil
+	}
+	s, err := dev.NewStream()
+	if err != nil {
+		return nil, fmt.Errorf("transport: channel %d: staging stream: %w", c.id, err)
+	}
+	if c.streams == nil {
+		c.streams = map[streamKey]*gpu.Stream{}
+	}
+	c.streams[key] = s
+	return s, nil
+}
+
+// endBuf is one end's memory: Go bytes or a gpu.Buffer.
+type endBuf struct {
+	b   []byte
+	g   gpu.Buffer
+	isG bool
+}
+
+func (e endBuf) n() int {
+	if e.isG {
+		return e.g.Len()
+	}
+	return len(e.b)
+}
+
+// Send starts sending buf (any memory kind) as the channel's next message
+// and returns a request that completes when buf may be reused. The peer
+// receives it with its matching Recv or RecvBytes into a buffer of the same
+// size.
+func (c *Channel) Send(buf gpu.Buffer) (*ChannelRequest, error) {
+	if buf.IsZero() {
+		return nil, fmt.Errorf("%w: channel %d send: zero gpu.Buffer", ErrInvalid, c.id)
+	}
+	return c.start(true, endBuf{g: buf, isG: true})
+}
+
+// SendBytes is Send for Go memory. b must not be modified until the request
+// completes.
+func (c *Channel) SendBytes(b []byte) (*ChannelRequest, error) {
+	return c.start(true, endBuf{b: b})
+}
+
+// Recv starts receiving the channel's next message into buf (any memory
+// kind), which must have the sender's size: a different size fails the
+// request with a *SizeMismatchError.
+func (c *Channel) Recv(buf gpu.Buffer) (*ChannelRequest, error) {
+	if buf.IsZero() {
+		return nil, fmt.Errorf("%w: channel %d recv: zero gpu.Buffer", ErrInvalid, c.id)
+	}
+	return c.start(false, endBuf{g: buf, isG: true})
+}
+
+// RecvBytes is Recv for Go memory.
+func (c *Channel) RecvBytes(b []byte) (*ChannelRequest, error) {
+	return c.start(false, endBuf{b: b})
+}
+
+func (c *Channel) start(send bool, e endBuf) (*ChannelRequest, error) {
+	op := "recv"
+	if send {
+		op = "send"
+	}
+	if e.isG && e.g.Freed() {
+		return nil, fmt.Errorf("transport: channel %d %s: %w", c.id, op, gpu.ErrFreed)
+	}
+	ctr, err := c.next(send)
+	if err != nil {
+		return nil, err
+	}
+	cr := &ChannelRequest{c: c, op: op, n: e.n(), counter: ctr}
+	switch {
+	case c.local != nil:
+		cr.path = PathLocal
+		cr.done = make(chan struct{})
+		c.postLocal(send, ctr, e, cr)
+	case !e.isG || e.g.Kind().HostAccessible() || c.t.deviceDirect(e.g):
+		cr.path = PathDirect
+		if err := c.startDirect(send, ctr, e, cr); err != nil {
+			return nil, err
+		}
+	default:
+		cr.path = PathStaged
+		cr.done = make(chan struct{})
+		if send {
+			go c.stagedSend(ctr, e.g, cr)
+		} else {
+			go c.stagedRecv(ctr, e.g, cr)
+		}
+	}
+	return cr, nil
+}
+
+// chunkCount and chunkLen give the framing of an n-byte message
+// (ChannelChunkSize).
+func chunkCount(n int) int {
+	if n < ChannelChunkSize {
+		return 1
+	}
+	return n/ChannelChunkSize + 1
+}
+
+func chunkLen(n, i int) int {
+	if n < ChannelChunkSize {
+		return n
+	}
+	if i < n/ChannelChunkSize {
+		return ChannelChunkSize
+	}
+	return n % ChannelChunkSize
+}
+
+// ChannelRequest is a channel Send or Recv in flight: a future.
+type ChannelRequest struct {
+	c       *Channel
+	op      string
+	n       int
+	counter uint32
+	path    TransferPath
+
+	reqs []*Request // direct path: one UCX request per chunk
+
+	done chan struct{} // local and staged paths: closed when err is final
+
+	resOnce sync.Once
+	res     chan struct{} // direct path: closed when err is final (Done)
+	err     error
+}
+
+// Path reports how the transfer moves its bytes.
+func (r *ChannelRequest) Path() TransferPath { return r.path }
+
+// Size returns the request's buffer size in bytes.
+func (r *ChannelRequest) Size() int { return r.n }
+
+// Wait blocks until the transfer completes or ctx ends, and returns its
+// outcome. Channel transfers cannot be recalled: when ctx ends first, Wait
+// returns ctx's error and the transfer goes on (its buffer stays in use until
+// Done is closed).
+func (r *ChannelRequest) Wait(ctx context.Context) error {
+	if r.reqs == nil {
+		select {
+		case <-r.done:
+			return r.err
+		case <-ctx.Done():
+			return fmt.Errorf("transport: channel %d %s: %w (transfer still in flight)", r.c.id, r.op, ctx.Err())
+		}
+	}
+	for i, q := range r.reqs {
+		_, _ = waitRequest(ctx, q)
+		if !q.fin.Load() {
+			return fmt.Errorf("transport: channel %d %s: %w (transfer still in flight)", r.c.id, r.op, ctx.Err())
+		}
+		if r.chunkErr(i, q) != nil {
+			// The remaining chunk receives may never match: withdraw them.
+			r.c.t.cancelAll(r.reqs[i+1:])
+			for _, rest := range r.reqs[i+1:] {
+				_, _ = waitRequest(context.Background(), rest)
+			}
+			break
+		}
+	}
+	return r.finalize()
+}
+
+// Test reports whether the transfer has completed, and its outcome, without
+// blocking.
+func (r *ChannelRequest) Test() (bool, error) {
+	if r.reqs == nil {
+		select {
+		case <-r.done:
+			return true, r.err
+		default:
+			return false, nil
+		}
+	}
+	for i, q := range r.reqs {
+		if ok, _, _ := q.Test(); !ok {
+			return false, nil
+		}
+		if r.chunkErr(i, q) != nil {
+			r.c.t.cancelAll(r.reqs[i+1:])
+			for _, rest := range r.reqs[i+1:] {
+				_, _ = waitRequest(context.Background(), rest)
+			}
+			break
+		}
+	}
+	return true, r.finalize()
+}
+
+// Done returns a channel closed when the transfer has completed.
+func (r *ChannelRequest) Done() <-chan struct{} {
+	if r.reqs == nil {
+		return r.done
+	}
+	r.resOnce.Do(func() {
+		r.res = make(chan struct{})
+		go func() {
+			_ = r.Wait(context.Background())
+			close(r.res)
+		}()
+	})
+	return r.res
+}
+
+// finalize computes the direct path's outcome from its completed chunk
+// requests.
+func (r *ChannelRequest) finalize() error {
+	var first error
+	for i, q := range r.reqs {
+		err := r.chunkErr(i, q)
+		if err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
+}
+
+func (r *ChannelRequest) chunkErr(i int, q *Request) error {
+	c := r.c
+	want := chunkLen(r.n, i)
+	var trunc *TruncatedError
+	switch {
+	case errors.As(q.err, &trunc):
+		got := -1
+		if len(r.reqs) == 1 {
+			got = trunc.Size
+		}
+		return &SizeMismatchError{Channel: c.id, Peer: c.peer, Op: r.op, Want: r.n, Got: got,
+			Detail: fmt.Sprintf("chunk %d of %d: %d bytes arrived for %d", i, len(r.reqs), trunc.Size, want), cause: q.err}
+	case errors.Is(q.err, errChunkCancelled):
+		return nil // an earlier chunk reports the mismatch
+	case q.err != nil:
+		return fmt.Errorf("transport: channel %d %s (message %d): %w", c.id, r.op, r.counter, q.err)
+	case r.op == "recv" && q.status.Size != want:
+		got := -1
+		if len(r.reqs) == 1 {
+			got = q.status.Size
+		}
+		return &SizeMismatchError{Channel: c.id, Peer: c.peer, Op: r.op, Want: r.n, Got: got,
+			Detail: fmt.Sprintf("chunk %d of %d: %d bytes arrived for %d", i, len(r.reqs), q.status.Size, want)}
+	}
+	return nil
+}
+
+// finish completes a local or staged request.
+func (r *ChannelRequest) finish(err error) {
+	r.err = err
+	close(r.done)
+}

@@ -1,0 +1,606 @@
+package transport
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+	"time"
+	"unsafe"
+
+	"github.com/troupe-hpc/troupe/gpu"
+	"github.com/troupe-hpc/troupe/transport/ucx"
+)
+
+// ---- locality -------------------------------------------------------------
+
+// localRanks maps the worker address of every rank started in this process
+// by StartLocal to its transport: the same-process transfer path needs to
+// know, identically at both ends, that the peer lives here.
+var localRanks sync.Map // string(worker address) -> *Transport
+
+// registerLocal records the ranks of an in-process job; unregisterLocal
+// forgets them.
+func registerLocal(ts []*Transport) {
+	for _, t := range ts {
+		localRanks.Store(string(t.addrs[t.rank]), t)
+	}
+}
+
+func unregisterLocal(ts []*Transport) {
+	for _, t := range ts {
+		if t != nil {
+			localRanks.Delete(string(t.addrs[t.rank]))
+		}
+	}
+}
+
+// noLocalPath makes channels created afterwards ignore locality, so that
+// tests can drive the UCX paths between the ranks of one process.
+var noLocalPath bool
+
+// inProcess returns the transport of rank peer when it lives in this
+// process (the rank itself, or a rank of the same StartLocal job).
+func (t *Transport) inProcess(peer int) *Transport {
+	if noLocalPath {
+		return nil
+	}
+	if peer == t.rank {
+		return t
+	}
+	if _, ok := localRanks.Load(string(t.addrs[t.rank])); !ok {
+		return nil
+	}
+	if v, ok := localRanks.Load(string(t.addrs[peer])); ok {
+		return v.(*Transport)
+	}
+	return nil
+}
+
+// memTypes caches what each transport's UCX context reports it can access.
+var memTypes sync.Map // *Transport -> ucx.MemoryTypes
+
+// deviceDirect reports whether UCX can move b's device or managed memory
+// itself: only on the cuda backend, and only when the UCX context reports
+// support for the memory type (UCX built with CUDA). The host backend's
+// device memory is host memory that only the gpu API may touch, so it takes
+// the staged path that a GPU without UCX support takes.
+func (t *Transport) deviceDirect(b gpu.Buffer) bool {
+	if b.System() == nil || b.System().Backend() != gpu.BackendCUDA {
+		return false
+	}
+	v, ok := memTypes.Load(t)
+	if !ok {
+		mt, err := t.ctx.MemoryTypes()
+		if err != nil {
+			t.log.Warn("ucp_context_query failed; staging device memory")
+		}
+		v, _ = memTypes.LoadOrStore(t, mt)
+	}
+	mt := v.(ucx.MemoryTypes)
+	if b.Kind() == gpu.KindManaged {
+		return mt.Has(ucx.MemoryCUDAManaged)
+	}
+	return mt.Has(ucx.MemoryCUDA)
+}
+
+// ---- raw channel-tag operations ------------------------------------------
+
+// chanSinkKey is the seqKey of channel receives. Channel receives carry
+// their own tags; the key only gives the transport's bookkeeping for
+// cancelled receives (which channel receives never reuse) a place that no
+// user (peer, tag) pair can have.
+var chanSinkKey = seqKey{peer: -1, tag: -1}
+
+// errChunkCancelled marks chunk receives withdrawn after an earlier chunk of
+// the same message failed.
+var errChunkCancelled = errors.New("transport: channel chunk receive withdrawn after an earlier chunk failed")
+
+// rawSend posts a tagged send of n bytes at p with a channel tag.
+func (t *Transport) rawSend(peer int, chanID uint32, tag uint64, p unsafe.Pointer, n int) *Request {
+	r := t.newRequest("channel send", peer, int(chanID), n)
+	r.b = ucx.Buffer{Ptr: p, Len: n}
+	t.exec(func() {
+		ep, err := t.peerLocked(peer, r.op)
+		if err != nil {
+			t.fail(r, err)
+			return
+		}
+		ureq, err := t.w.TagSend(ep.ep, r.b, tag)
+		t.settle(r, ureq, err)
+	})
+	return r
+}
+
+// rawRecv posts a tagged receive of up to n bytes at p for a channel tag.
+func (t *Transport) rawRecv(peer int, chanID uint32, tag uint64, p unsafe.Pointer, n int) *Request {
+	r := t.newRequest("channel recv", peer, int(chanID), n)
+	r.recv = true
+	r.key = chanSinkKey
+	r.b = ucx.Buffer{Ptr: p, Len: n}
+	t.exec(func() {
+		// The endpoint exists so that the peer's death is noticed; a message
+		// that arrived before the peer was lost can still be received.
+		if _, err := t.peerLocked(peer, r.op); err != nil {
+			var lost *PeerLostError
+			if !errors.As(err, &lost) {
+				t.fail(r, err)
+				return
+			}
+			if _, _, ok := t.w.TagProbe(tag, FullMask, false); !ok {
+				t.fail(r, err)
+				return
+			}
+		}
+		ureq, err := t.w.TagRecv(r.b, tag, FullMask)
+		switch {
+		case err != nil:
+			t.fail(r, fmt.Errorf("transport: channel %d recv from rank %d: %w", chanID, peer, err))
+		case !ureq.Pending():
+			t.fail(r, fmt.Errorf("transport: channel %d recv from rank %d: UCX completed a receive without reporting it", chanID, peer))
+		default:
+			t.track(r, ureq)
+		}
+	})
+	return r
+}
+
+// cancelAll withdraws the receives among rs that have not matched yet.
+func (t *Transport) cancelAll(rs []*Request) {
+	for _, r := range rs {
+		r := r
+		if !r.recv || r.fin.Load() {
+			continue
+		}
+		t.exec(func() {
+			if !r.fin.Load() && r.ureq.Pending() {
+				r.failErr = errChunkCancelled
+				t.w.Cancel(r.ureq)
+			}
+		})
+	}
+	t.wake()
+}
+
+// waitRequest waits for r like Request.Wait but never cancels it: when ctx
+// ends first it returns ctx's error and r goes on. Channel transfers cannot be
+// recalled, since their counters are spent.
+func waitRequest(ctx context.Context, r *Request) (Status, error) {
+	if ctx.Done() == nil || !r.recv {
+		return r.Wait(ctx) // nothing to cancel
+	}
+	if r.fin.Load() {
+		return r.status, r.err
+	}
+	t := r.t
+	deadline := time.Now().Add(t.opts.WaitSpin)
+	t.spinners.Add(1)
+	for i := 0; !r.fin.Load(); i++ {
+		if t.opts.Progress == ProgressDirect {
+			t.progressOnce()
+		} else if i&63 == 63 {
+			runtime.Gosched()
+		}
+		if i&15 == 15 && time.Now().After(deadline) {
+			break
+		}
+	}
+	t.spinners.Add(-1)
+	if r.fin.Load() {
+		return r.status, r.err
+	}
+	done := r.Done()
+	t.parked.Add(1)
+	t.wake()
+	defer t.parked.Add(-1)
+	select {
+	case <-done:
+		return r.status, r.err
+	case <-ctx.Done():
+		return Status{}, ctx.Err()
+	}
+}
+
+// ---- direct path ----------------------------------------------------------
+
+// startDirect posts one UCX operation per chunk straight on the memory.
+func (c *Channel) startDirect(send bool, ctr uint32, e endBuf, cr *ChannelRequest) error {
+	tag, err := MakeChannelTag(c.id, ctr)
+	if err != nil {
+		return err
+	}
+	var base unsafe.Pointer
+	var addr uintptr
+	device := false
+	switch {
+	case !e.isG:
+		base = bytesPtr(e.b)
+	case e.g.Kind().HostAccessible():
+		b, err := e.g.Bytes()
+		if err != nil {
+			return fmt.Errorf("transport: channel %d %s: %w", c.id, cr.op, err)
+		}
+		base = bytesPtr(b)
+	default:
+		addr, device = e.g.Ptr(), true
+	}
+	k := chunkCount(cr.n)
+	cr.reqs = make([]*Request, k)
+	off := 0
+	for i := 0; i < k; i++ {
+		n := chunkLen(cr.n, i)
+		var p unsafe.Pointer
+		switch {
+		case n == 0:
+		case device:
+			p = ucx.AddrPointer(addr + uintptr(off))
+		default:
+			p = unsafe.Add(base, off)
+		}
+		if send {
+			cr.reqs[i] = c.t.rawSend(c.peer, c.id, tag, p, n)
+		} else {
+			cr.reqs[i] = c.t.rawRecv(c.peer, c.id, tag, p, n)
+		}
+		off += n
+	}
+	return nil
+}
+
+// ---- same-process path ------------------------------------------------------
+
+// postOffice pairs the sends and receives of channels whose two ends live in
+// this process.
+var postOffice = struct {
+	mu sync.Mutex
+	m  map[poKey]*poEntry
+}{m: map[poKey]*poEntry{}}
+
+type poKey struct {
+	dst *Transport // the receiving end's transport
+	id  uint32
+	ctr uint32
+}
+
+type poEntry struct {
+	send, recv *localEnd
+}
+
+type localEnd struct {
+	e  endBuf
+	cr *ChannelRequest
+}
+
+// postLocal matches a same-process transfer with its other end, or leaves
+// it for the other end to find. The copy runs on its own goroutine.
+func (c *Channel) postLocal(send bool, ctr uint32, e endBuf, cr *ChannelRequest) {
+	key := poKey{dst: c.t, id: c.id, ctr: ctr}
+	if send {
+		key.dst = c.local
+	}
+	me := &localEnd{e: e, cr: cr}
+	postOffice.mu.Lock()
+	pe := postOffice.m[key]
+	if pe == nil {
+		pe = &poEntry{}
+		postOffice.m[key] = pe
+	}
+	if send {
+		pe.send = me
+	} else {
+		pe.recv = me
+	}
+	ready := pe.send != nil && pe.recv != nil
+	if ready {
+		delete(postOffice.m, key)
+	}
+	postOffice.mu.Unlock()
+	if ready {
+		go localTransfer(pe.send, pe.recv)
+	}
+}
+
+func localTransfer(s, r *localEnd) {
+	if sn, rn := s.e.n(), r.e.n(); sn != rn {
+		s.cr.finish(&SizeMismatchError{Channel: s.cr.c.id, Peer: s.cr.c.peer, Op: "send", Want: sn, Got: rn})
+		r.cr.finish(&SizeMismatchError{Channel: r.cr.c.id, Peer: r.cr.c.peer, Op: "recv", Want: rn, Got: sn})
+		return
+	}
+	err := copyEnds(r.e, s.e)
+	if err != nil {
+		err = fmt.Errorf("transport: channel %d same-process copy: %w", s.cr.c.id, err)
+	}
+	s.cr.finish(err)
+	r.cr.finish(err)
+}
+
+// copyEnds copies src into dst (equal sizes): a device-to-device copy when
+// both are gpu.Buffers of one system.
+func copyEnds(dst, src endBuf) error {
+	switch {
+	case !dst.isG && !src.isG:
+		copy(dst.b, src.b)
+		return nil
+	case dst.isG && !src.isG:
+		return gpu.CopyFromHost(dst.g, src.b)
+	case !dst.isG && src.isG:
+		return gpu.CopyToHost(dst.b, src.g)
+	case dst.g.System() == src.g.System():
+		return gpu.Copy(dst.g, src.g)
+	default:
+		// Two systems in one process (two ranks that each opened one):
+		// bounce through host memory.
+		tmp := make([]byte, src.g.Len())
+		if err := gpu.CopyToHost(tmp, src.g); err != nil {
+			return err
+		}
+		return gpu.CopyFromHost(dst.g, tmp)
+	}
+}
+
+// ---- staged path ------------------------------------------------------------
+
+// stagingPools holds one pinned pool per gpu.System for staged transfers.
+var stagingPools sync.Map // *gpu.System -> *gpu.PinnedPool
+
+func stagingPool(sys *gpu.System) (*gpu.PinnedPool, error) {
+	if v, ok := stagingPools.Load(sys); ok {
+		return v.(*gpu.PinnedPool), nil
+	}
+	p, err := sys.NewPinnedPool(gpu.PoolConfig{MinSize: ChannelChunkSize, MaxSize: ChannelChunkSize, MaxBytes: 64 << 20, MaxIdlePerClass: 32})
+	if err != nil {
+		return nil, err
+	}
+	if v, loaded := stagingPools.LoadOrStore(sys, p); loaded {
+		_ = p.Close()
+		return v.(*gpu.PinnedPool), nil
+	}
+	return p, nil
+}
+
+// stage is the pinned buffers, events and stream of one staged transfer.
+type stage struct {
+	pool   *gpu.PinnedPool
+	stream *gpu.Stream
+	slots  []gpu.Buffer
+	bytes  [][]byte
+	events []*gpu.Event
+}
+
+// newStage takes up to min(stageDepth, chunks) pinned chunk buffers: the
+// first one waits for the pool, further ones are taken only if free, so a
+// transfer always makes progress with what it gets.
+func (c *Channel) newStage(buf gpu.Buffer, chunks int, send bool) (*stage, error) {
+	dev := buf.Device()
+	if dev == nil {
+		return nil, fmt.Errorf("transport: channel %d: staged transfer of %s memory", c.id, buf.Kind())
+	}
+	pool, err := stagingPool(buf.System())
+	if err != nil {
+		return nil, err
+	}
+	s, err := c.stream(dev, send)
+	if err != nil {
+		return nil, err
+	}
+	st := &stage{pool: pool, stream: s}
+	want := min(stageDepth, chunks)
+	for i := 0; i < want; i++ {
+		var b gpu.Buffer
+		if i == 0 {
+			b, err = pool.GetWait(context.Background(), ChannelChunkSize)
+		} else {
+			b, err = pool.Get(ChannelChunkSize)
+		}
+		if err != nil {
+			if i > 0 && errors.Is(err, gpu.ErrPoolExhausted) {
+				break
+			}
+			st.release()
+			return nil, err
+		}
+		bs, err := b.Bytes()
+		if err != nil {
+			_ = pool.Put(b)
+			st.release()
+			return nil, err
+		}
+		ev, err := dev.NewEvent()
+		if err != nil {
+			_ = pool.Put(b)
+			st.release()
+			return nil, err
+		}
+		st.slots, st.bytes, st.events = append(st.slots, b), append(st.bytes, bs), append(st.events, ev)
+	}
+	return st, nil
+}
+
+func (st *stage) release() {
+	for _, b := range st.slots {
+		_ = st.pool.Put(b)
+	}
+	for _, e := range st.events {
+		_ = e.Destroy()
+	}
+}
+
+// stagedSend: chunked asynchronous device-to-host copies into pinned
+// buffers, each chunk sent as soon as its copy has landed while the copies of
+// the next chunks run.
+func (c *Channel) stagedSend(ctr uint32, buf gpu.Buffer, cr *ChannelRequest) {
+	c.sendStep.Lock()
+	defer c.sendStep.Unlock()
+	cr.finish(c.runStagedSend(ctr, buf, cr.n))
+}
+
+func (c *Channel) runStagedSend(ctr uint32, buf gpu.Buffer, n int) error {
+	tag, err := MakeChannelTag(c.id, ctr)
+	if err != nil {
+		return err
+	}
+	k := chunkCount(n)
+	st, err := c.newStage(buf, k, true)
+	if err != nil {
+		return fmt.Errorf("transport: channel %d send: %w", c.id, err)
+	}
+	defer st.release()
+	d := len(st.slots)
+	sends := make([]*Request, k)
+	var firstErr error
+	keep := func(err error) {
+		if err != nil && firstErr == nil {
+			firstErr = err
+		}
+	}
+	// copyChunk enqueues chunk i's copy into slot i%d and records its event.
+	copyChunk := func(i int) error {
+		l := chunkLen(n, i)
+		if l == 0 {
+			return nil
+		}
+		src, err := buf.Slice(i*ChannelChunkSize, l)
+		if err != nil {
+			return err
+		}
+		slot, err := st.slots[i%d].Slice(0, l)
+		if err != nil {
+			return err
+		}
+		if err := gpu.CopyAsync(st.stream, slot, src); err != nil {
+			return err
+		}
+		return st.events[i%d].Record(st.stream)
+	}
+	for i := 0; i < min(d-1, k); i++ {
+		if err := copyChunk(i); err != nil {
+			return fmt.Errorf("transport: channel %d send: staging chunk %d: %w", c.id, i, err)
+		}
+	}
+	for i := 0; i < k; i++ {
+		if d == 1 && i > 0 {
+			// One slot: it is free once the previous chunk's send is done.
+			_, e := waitRequest(context.Background(), sends[i-1])
+			keep(e)
+		}
+		if d == 1 {
+			if err := copyChunk(i); err != nil {
+				keep(err)
+				break
+			}
+		}
+		if err := st.events[i%d].Synchronize(); err != nil {
+			keep(fmt.Errorf("transport: channel %d send: staging chunk %d: %w", c.id, i, err))
+			break
+		}
+		l := chunkLen(n, i)
+		var p unsafe.Pointer
+		if l > 0 {
+			p = unsafe.Pointer(unsafe.SliceData(st.bytes[i%d]))
+		}
+		sends[i] = c.t.rawSend(c.peer, c.id, tag, p, l)
+		// Chunk i+d-1 reuses the slot of chunk i-1, whose send was posted
+		// one step ago.
+		if j := i + d - 1; d > 1 && j < k {
+			if i > 0 {
+				_, e := waitRequest(context.Background(), sends[i-1])
+				keep(e)
+			}
+			if err := copyChunk(j); err != nil {
+				keep(err)
+				break
+			}
+		}
+	}
+	for _, s := range sends {
+		if s != nil {
+			_, e := waitRequest(context.Background(), s)
+			keep(e)
+		}
+	}
+	if firstErr != nil {
+		return fmt.Errorf("transport: channel %d send (message %d): %w", c.id, ctr, firstErr)
+	}
+	return nil
+}
+
+// stagedRecv: chunks arrive in pinned buffers and are copied host to device
+// while the next chunks arrive.
+func (c *Channel) stagedRecv(ctr uint32, buf gpu.Buffer, cr *ChannelRequest) {
+	c.recvStep.Lock()
+	defer c.recvStep.Unlock()
+	cr.finish(c.runStagedRecv(ctr, buf, cr))
+}
+
+func (c *Channel) runStagedRecv(ctr uint32, buf gpu.Buffer, cr *ChannelRequest) error {
+	n := cr.n
+	tag, err := MakeChannelTag(c.id, ctr)
+	if err != nil {
+		return err
+	}
+	k := chunkCount(n)
+	st, err := c.newStage(buf, k, false)
+	if err != nil {
+		return fmt.Errorf("transport: channel %d recv: %w", c.id, err)
+	}
+	defer st.release()
+	d := len(st.slots)
+	recvs := make([]*Request, k)
+	post := func(i int) {
+		l := chunkLen(n, i)
+		var p unsafe.Pointer
+		if l > 0 {
+			p = unsafe.Pointer(unsafe.SliceData(st.bytes[i%d]))
+		}
+		recvs[i] = c.t.rawRecv(c.peer, c.id, tag, p, l)
+	}
+	// A failure withdraws the chunk receives still posted and waits for
+	// the copies already enqueued.
+	abort := func(err error) error {
+		c.t.cancelAll(recvs)
+		for _, r := range recvs {
+			if r != nil {
+				_, _ = waitRequest(context.Background(), r)
+			}
+		}
+		_ = st.stream.Synchronize()
+		return err
+	}
+	for i := 0; i < min(d, k); i++ {
+		post(i)
+	}
+	rq := &ChannelRequest{c: c, op: "recv", n: n, counter: ctr, reqs: recvs}
+	for i := 0; i < k; i++ {
+		_, _ = waitRequest(context.Background(), recvs[i])
+		if e := rq.chunkErr(i, recvs[i]); e != nil {
+			return abort(e)
+		}
+		if l := chunkLen(n, i); l > 0 {
+			dst, err := buf.Slice(i*ChannelChunkSize, l)
+			if err == nil {
+				var slot gpu.Buffer
+				if slot, err = st.slots[i%d].Slice(0, l); err == nil {
+					err = gpu.CopyAsync(st.stream, dst, slot)
+				}
+			}
+			if err == nil {
+				err = st.events[i%d].Record(st.stream)
+			}
+			if err != nil {
+				return abort(fmt.Errorf("transport: channel %d recv: unstaging chunk %d: %w", c.id, i, err))
+			}
+		}
+		// Chunk i+d reuses slot i%d once its copy to the device is done.
+		if j := i + d; j < k {
+			if err := st.events[i%d].Synchronize(); err != nil {
+				return abort(fmt.Errorf("transport: channel %d recv: unstaging chunk %d: %w", c.id, i, err))
+			}
+			post(j)
+		}
+	}
+	if err := st.stream.Synchronize(); err != nil {
+		return fmt.Errorf("transport: channel %d recv: unstaging: %w", c.id, err)
+	}
+	return nil
+}

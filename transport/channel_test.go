@@ -1,0 +1,237 @@
+package transport
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"testing"
+
+	"github.com/troupe-hpc/troupe/gpu"
+)
+
+func hostSystem(t *testing.T) *gpu.System {
+	t.Helper()
+	sys, err := gpu.OpenBackend(gpu.BackendHost)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sys.Close() })
+	return sys
+}
+
+// devBuf allocates n bytes of device memory holding data (or zeros).
+func devBuf(t *testing.T, sys *gpu.System, n int, data []byte) gpu.Buffer {
+	t.Helper()
+	a, err := sys.Devices()[0].Alloc(max(n, 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := a.Slice(0, n)
+	if data != nil {
+		if err := gpu.CopyFromHost(b, data); err != nil {
+			t.Fatal(err)
+		}
+	} else if err := gpu.Memset(b, 0); err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func readDev(t *testing.T, b gpu.Buffer) []byte {
+	t.Helper()
+	out := make([]byte, b.Len())
+	if err := gpu.CopyToHost(out, b); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// channelSizes cover one message, exact chunk multiples (empty tail) and
+// chunks plus a tail.
+var channelSizes = []int{0, 1, 4096, ChannelChunkSize - 1, ChannelChunkSize, 2*ChannelChunkSize + 12345, 5 * ChannelChunkSize}
+
+func TestChannelPaths(t *testing.T) {
+	for _, local := range []bool{true, false} {
+		name := "ucx"
+		if local {
+			name = "local"
+		}
+		t.Run(name, func(t *testing.T) {
+			noLocalPath = !local
+			defer func() { noLocalPath = false }()
+			ts := localJob(t, 2, ProgressDirect)
+			ctx := testCtx(t)
+			sys := hostSystem(t)
+			a, err := ts[0].Channel(5, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, err := ts[1].Channel(5, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer a.Close()
+			defer b.Close()
+			for _, n := range channelSizes {
+				want := pattern(n, n)
+				// device -> device
+				src, dst := devBuf(t, sys, n, want), devBuf(t, sys, n, nil)
+				rr, err := b.Recv(dst)
+				if err != nil {
+					t.Fatal(err)
+				}
+				sr, err := a.Send(src)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := sr.Wait(ctx); err != nil {
+					t.Fatalf("%d B device send (%s): %v", n, sr.Path(), err)
+				}
+				if err := rr.Wait(ctx); err != nil {
+					t.Fatalf("%d B device recv (%s): %v", n, rr.Path(), err)
+				}
+				wantPath := PathStaged
+				if local {
+					wantPath = PathLocal
+				}
+				if sr.Path() != wantPath || rr.Path() != wantPath {
+					t.Fatalf("paths %s/%s, want %s", sr.Path(), rr.Path(), wantPath)
+				}
+				if got := readDev(t, dst); !bytes.Equal(got, want) {
+					t.Fatalf("%d B device->device: data differs", n)
+				}
+				// host bytes -> device, then device -> host bytes (mixed ends)
+				hb := make([]byte, n)
+				r1, _ := a.Recv(src)
+				s1, _ := b.SendBytes(want)
+				r2, _ := b.RecvBytes(hb)
+				s2, _ := a.Send(src)
+				for _, r := range []*ChannelRequest{r1, s1, r2, s2} {
+					if err := r.Wait(ctx); err != nil {
+						t.Fatalf("%d B mixed %s (%s): %v", n, r.op, r.Path(), err)
+					}
+				}
+				if !bytes.Equal(hb, want) {
+					t.Fatalf("%d B bytes->device->bytes: data differs", n)
+				}
+			}
+		})
+	}
+}
+
+func TestChannelSizeMismatch(t *testing.T) {
+	for _, local := range []bool{true, false} {
+		t.Run(fmt.Sprint("local=", local), func(t *testing.T) {
+			noLocalPath = !local
+			defer func() { noLocalPath = false }()
+			ts := localJob(t, 2, ProgressDirect)
+			ctx := testCtx(t)
+			sys := hostSystem(t)
+			a, _ := ts[0].Channel(9, 1)
+			b, _ := ts[1].Channel(9, 0)
+			// (sent, received) sizes: shorter and longer, one message and chunked,
+			// chunk multiple against one more chunk.
+			cases := [][2]int{{100, 200}, {200, 100}, {3 * ChannelChunkSize, 2 * ChannelChunkSize}, {ChannelChunkSize + 10, ChannelChunkSize + 20}, {ChannelChunkSize, 10}}
+			for _, c := range cases {
+				for _, dev := range []bool{false, true} {
+					var rr *ChannelRequest
+					if dev {
+						rr, _ = b.Recv(devBuf(t, sys, c[1], nil))
+					} else {
+						rr, _ = b.RecvBytes(make([]byte, c[1]))
+					}
+					sr, _ := a.SendBytes(pattern(c[0], 1))
+					err := rr.Wait(ctx)
+					var sm *SizeMismatchError
+					if !errors.As(err, &sm) || !errors.Is(err, ErrSizeMismatch) {
+						t.Fatalf("sent %d received into %d (device %v, %s): err %v, want *SizeMismatchError", c[0], c[1], dev, rr.Path(), err)
+					}
+					if sm.Want != c[1] {
+						t.Fatalf("mismatch error %+v", sm)
+					}
+					if local {
+						// The same-process path tells the sender too.
+						if err := sr.Wait(ctx); !errors.Is(err, ErrSizeMismatch) {
+							t.Fatalf("sender: %v, want ErrSizeMismatch", err)
+						}
+					}
+					t.Logf("%v", err)
+				}
+			}
+			// The channel still works after mismatches.
+			want := pattern(64, 3)
+			got := make([]byte, 64)
+			rr, _ := b.RecvBytes(got)
+			sr, _ := a.SendBytes(want)
+			if err := rr.Wait(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if err := sr.Wait(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(got, want) {
+				t.Fatal("data after mismatches differs")
+			}
+		})
+	}
+}
+
+func TestChannelErrors(t *testing.T) {
+	ts := localJob(t, 2, ProgressDirect)
+	if _, err := ts[0].Channel(1<<ChannelBits, 1); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("oversize id: %v", err)
+	}
+	if _, err := ts[0].Channel(1, 2); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("bad peer: %v", err)
+	}
+	c, err := ts[0].Channel(1, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ts[0].Channel(1, 1); !errors.Is(err, ErrChannelInUse) {
+		t.Fatalf("duplicate id: %v", err)
+	}
+	if _, err := c.Send(gpu.Buffer{}); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("zero buffer: %v", err)
+	}
+	_ = c.Close()
+	if _, err := c.SendBytes([]byte{1}); !errors.Is(err, ErrClosed) {
+		t.Fatalf("after close: %v", err)
+	}
+	if _, err := ts[0].Channel(1, 1); err != nil {
+		t.Fatalf("id reuse after close: %v", err)
+	}
+}
+
+// TestChannelSelf: a channel from a rank to itself, and counters in call
+// order with several transfers in flight.
+func TestChannelSelf(t *testing.T) {
+	ts := localJob(t, 1, ProgressDirect)
+	ctx := testCtx(t)
+	c, err := ts[0].Channel(3, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rs, ss []*ChannelRequest
+	bufs := make([][]byte, 8)
+	for i := range bufs {
+		bufs[i] = make([]byte, 100+i)
+		r, _ := c.RecvBytes(bufs[i])
+		rs = append(rs, r)
+	}
+	for i := range bufs {
+		s, _ := c.SendBytes(pattern(100+i, i))
+		ss = append(ss, s)
+	}
+	for i := range rs {
+		if err := rs[i].Wait(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := ss[i].Wait(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(bufs[i], pattern(100+i, i)) {
+			t.Fatalf("message %d differs", i)
+		}
+	}
+}

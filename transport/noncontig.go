@@ -1,0 +1,488 @@
+package transport
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"unsafe"
+
+	"github.com/troupe-hpc/troupe/datatype"
+)
+
+// Typed (noncontiguous) transfers of the MPI-style API: a message is count
+// elements of a derived datatype in a byte slice, moved with one of four
+// schemes (docs/noncontig.md):
+//
+//   - pack: pipelined through pooled, pre-registered bounce buffers;
+//   - sgl: UCP IOV lists on both sides, chunked by MaxIOVsPerOp;
+//   - zcopy: RMA writes into UMR-style windows of the receiver's memory;
+//   - adaptive (the default): the layout-aware choice between them.
+//
+// Every transfer starts with an RTS carrying the sender's type signature,
+// size, minimum block and proposed scheme; the receiver checks the signature
+// and answers (CTS or ACK), so a mismatch fails on both sides.
+
+// ErrTypeMismatch: the receiver's type signature does not match the sender's.
+var ErrTypeMismatch = errors.New("transport: datatype signature mismatch")
+
+// TypeMismatchError reports a typed transfer whose two sides do not fit:
+// signatures that differ, or a receive layout smaller than the message
+// (TooSmall; then errors.Is(err, ErrTruncated) holds instead of
+// ErrTypeMismatch). Both the sender and the receiver get one.
+type TypeMismatchError struct {
+	Op        string // "typed send" or "typed recv"
+	Peer, Tag int
+	SendBytes int64 // packed bytes the sender sends
+	RecvBytes int64 // packed bytes the receive layout holds
+	SendSig   datatype.Signature
+	RecvSig   datatype.Signature // zero when TooSmall
+	TooSmall  bool
+}
+
+func (e *TypeMismatchError) Error() string {
+	if e.TooSmall {
+		return fmt.Sprintf("transport: %s rank %d tag %d: message of %d packed bytes does not fit the receive layout of %d bytes",
+			e.Op, e.Peer, e.Tag, e.SendBytes, e.RecvBytes)
+	}
+	return fmt.Sprintf("transport: %s rank %d tag %d: datatype signature mismatch: sender %v (%d bytes), receiver %v (%d bytes)",
+		e.Op, e.Peer, e.Tag, e.SendSig, e.SendBytes, e.RecvSig, e.RecvBytes)
+}
+
+// Unwrap gives ErrTruncated for a receive layout too small, ErrTypeMismatch
+// otherwise.
+func (e *TypeMismatchError) Unwrap() error {
+	if e.TooSmall {
+		return ErrTruncated
+	}
+	return ErrTypeMismatch
+}
+
+// NoncontigOptions tune typed transfers. Zero fields take the defaults of
+// DefaultNoncontigOptions; environment variables (NoncontigOptionsFromEnv)
+// override them.
+type NoncontigOptions struct {
+	// Scheme is the scheme of calls that do not name one (default
+	// SchemeAuto, the layout-aware adaptive scheme). TROUPE_NC_SCHEME.
+	Scheme datatype.Scheme
+	// Thresholds steer the adaptive scheme and the chunk size:
+	// TROUPE_NC_T (ZCopyAvgBlock), TROUPE_NC_WINDOW_SEGMENTS,
+	// TROUPE_NC_WINDOW_MIN_BLOCK, TROUPE_NC_SGL_SEGMENTS,
+	// TROUPE_NC_MAX_IOVS.
+	Thresholds datatype.Thresholds
+	// PackChunk is the size of one pipelined pack message and of the pooled
+	// bounce buffers (default 128 KiB). TROUPE_NC_PACK_CHUNK.
+	PackChunk int
+	// PackDepth is how many pack chunks (and SGL chunks) are in flight per
+	// transfer (default 4). TROUPE_NC_PACK_DEPTH.
+	PackDepth int
+	// PackBuffers is the number of pooled bounce buffers registered up
+	// front (default 16). TROUPE_NC_PACK_BUFFERS.
+	PackBuffers int
+	// EagerLimit: pack payloads up to this size travel inside the RTS
+	// (default 8 KiB, at most 32 KiB; negative turns it off).
+	// TROUPE_NC_EAGER.
+	EagerLimit int
+	// KeyPool is the capacity of the window key pool; a background
+	// goroutine refills it when it falls to half (default 256).
+	// TROUPE_NC_KEY_POOL.
+	KeyPool int
+	// MaxLayouts bounds the layouts whose registration and windows are kept
+	// (default 1024). TROUPE_NC_MAX_LAYOUTS.
+	MaxLayouts int
+	// FailRegistration makes every layout registration fail, to exercise
+	// the fallback to pack (TROUPE_NC_FAULT=register). For tests.
+	FailRegistration bool
+}
+
+// DefaultNoncontigOptions returns the defaults (docs/noncontig.md).
+func DefaultNoncontigOptions() NoncontigOptions {
+	return NoncontigOptions{
+		Scheme:      datatype.SchemeAuto,
+		Thresholds:  datatype.DefaultThresholds(),
+		PackChunk:   128 << 10,
+		PackDepth:   4,
+		PackBuffers: 16,
+		EagerLimit:  8 << 10,
+		KeyPool:     256,
+		MaxLayouts:  1024,
+	}
+}
+
+func (o *NoncontigOptions) fill() {
+	d := DefaultNoncontigOptions()
+	if o.Thresholds == (datatype.Thresholds{}) {
+		o.Thresholds = d.Thresholds
+	}
+	if o.PackChunk == 0 {
+		o.PackChunk = d.PackChunk
+	}
+	if o.PackDepth == 0 {
+		o.PackDepth = d.PackDepth
+	}
+	if o.PackBuffers == 0 {
+		o.PackBuffers = d.PackBuffers
+	}
+	if o.EagerLimit == 0 {
+		o.EagerLimit = d.EagerLimit
+	}
+	if o.KeyPool == 0 {
+		o.KeyPool = d.KeyPool
+	}
+	if o.MaxLayouts == 0 {
+		o.MaxLayouts = d.MaxLayouts
+	}
+}
+
+// Validate reports options that cannot work.
+func (o NoncontigOptions) Validate() error {
+	if err := o.Thresholds.Validate(); err != nil {
+		return fmt.Errorf("%w: noncontig thresholds: %v", ErrInvalid, err)
+	}
+	switch {
+	case o.Scheme > datatype.SchemeZCopy:
+		return fmt.Errorf("%w: noncontig scheme %d", ErrInvalid, o.Scheme)
+	case o.PackChunk < 1 || o.PackDepth < 1 || o.PackBuffers < 0 || o.KeyPool < 2 || o.MaxLayouts < 1:
+		return fmt.Errorf("%w: noncontig options %+v", ErrInvalid, o)
+	case o.EagerLimit > ncEagerMax:
+		return fmt.Errorf("%w: noncontig EagerLimit %d above %d", ErrInvalid, o.EagerLimit, ncEagerMax)
+	}
+	return nil
+}
+
+// NoncontigOptionsFromEnv applies the TROUPE_NC_* environment variables
+// (sizes in bytes, counts as integers) to o.
+func NoncontigOptionsFromEnv(o NoncontigOptions) (NoncontigOptions, error) {
+	ints := []struct {
+		name string
+		dst  *int64
+	}{
+		{"TROUPE_NC_T", &o.Thresholds.ZCopyAvgBlock},
+		{"TROUPE_NC_WINDOW_SEGMENTS", &o.Thresholds.WindowMaxSegments},
+		{"TROUPE_NC_WINDOW_MIN_BLOCK", &o.Thresholds.WindowMinBlock},
+		{"TROUPE_NC_SGL_SEGMENTS", &o.Thresholds.SGLMaxSegments},
+	}
+	for _, e := range ints {
+		if v, ok := os.LookupEnv(e.name); ok {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				return o, fmt.Errorf("%w: %s=%q: %v", ErrInvalid, e.name, v, err)
+			}
+			*e.dst = n
+		}
+	}
+	small := []struct {
+		name string
+		dst  *int
+	}{
+		{"TROUPE_NC_MAX_IOVS", &o.Thresholds.MaxIOVsPerOp},
+		{"TROUPE_NC_PACK_CHUNK", &o.PackChunk},
+		{"TROUPE_NC_PACK_DEPTH", &o.PackDepth},
+		{"TROUPE_NC_PACK_BUFFERS", &o.PackBuffers},
+		{"TROUPE_NC_EAGER", &o.EagerLimit},
+		{"TROUPE_NC_KEY_POOL", &o.KeyPool},
+		{"TROUPE_NC_MAX_LAYOUTS", &o.MaxLayouts},
+	}
+	for _, e := range small {
+		if v, ok := os.LookupEnv(e.name); ok {
+			n, err := strconv.Atoi(v)
+			if err != nil {
+				return o, fmt.Errorf("%w: %s=%q: %v", ErrInvalid, e.name, v, err)
+			}
+			*e.dst = n
+		}
+	}
+	if v, ok := os.LookupEnv("TROUPE_NC_SCHEME"); ok {
+		s, err := datatype.ParseScheme(v)
+		if err != nil {
+			return o, fmt.Errorf("%w: TROUPE_NC_SCHEME: %v", ErrInvalid, err)
+		}
+		o.Scheme = s
+	}
+	if v := os.Getenv("TROUPE_NC_FAULT"); v == "register" {
+		o.FailRegistration = true
+	} else if v != "" {
+		return o, fmt.Errorf("%w: TROUPE_NC_FAULT=%q (only \"register\" is known)", ErrInvalid, v)
+	}
+	return o, o.Validate()
+}
+
+// SchemeCounts counts transfers by the scheme they finally used.
+type SchemeCounts struct {
+	Pack, SGL, ZCopy int64
+}
+
+// NoncontigStats are the counters of typed transfers, readable in-process
+// with Transport.NoncontigStats.
+type NoncontigStats struct {
+	Sent, Received SchemeCounts // completed transfers by final scheme
+	Eager          int64        // pack sends carried inside the RTS
+	Errors         int64        // transfers failed by a signature or size mismatch
+	// LayoutHits and LayoutMisses count lookups of the layout state (a
+	// miss is a layout's first use).
+	LayoutHits, LayoutMisses int64
+	// Registrations counts layout registrations made (each covers one
+	// layout's memory through the registration cache); RegistrationFailures
+	// those that failed; Fallbacks the transfers that went pack because a
+	// registration failed.
+	Registrations, RegistrationFailures, Fallbacks int64
+	// WindowMaps counts window sets mapped (local window cache misses),
+	// WindowHits reuses.
+	WindowMaps, WindowHits int64
+	// KeyExchanges counts CTS messages that carried window keys (receiver
+	// side); KeysOmitted CTS messages that left them out because the peer's
+	// bit was set; RemoteKeyHits transfers whose sender took the keys from
+	// its remote window cache.
+	KeyExchanges, KeysOmitted, RemoteKeyHits int64
+	// KeyPoolRefills counts background refills of the window key pool,
+	// KeyPoolEmpty keys made synchronously because the pool was empty.
+	KeyPoolRefills, KeyPoolEmpty int64
+	// Puts counts the RMA writes of zero-copy transfers.
+	Puts int64
+}
+
+type ncCounters struct {
+	sent, recv                                  [4]atomic.Int64
+	eager, errors, layoutHits, layoutMisses     atomic.Int64
+	regs, regFails, fallbacks                   atomic.Int64
+	winMaps, winHits, keyX, keysOmitted, rkHits atomic.Int64
+	refills, poolEmpty, puts                    atomic.Int64
+}
+
+// TypedOptions choose how one typed call runs.
+type TypedOptions struct {
+	// Scheme forces a scheme on this side; SchemeAuto means the transport's
+	// default (NoncontigOptions.Scheme). The receiver has the last word:
+	// pack if either side asks for pack, zcopy only if both do, else SGL.
+	Scheme datatype.Scheme
+	// Base is the index of the datatype's origin in the buffer (MPI's buf
+	// pointer), so that types with negative displacements can be used.
+	Base int
+}
+
+// noncontigs holds each transport's typed-transfer state, created on first
+// use and dropped when the transport's progress goroutine ends (Close).
+var noncontigs sync.Map // *Transport -> *noncontig
+
+// SetNoncontigOptions sets the options of typed transfers. It must be called
+// before the first typed call; environment variables are not applied on top.
+func (t *Transport) SetNoncontigOptions(o NoncontigOptions) error {
+	o.fill()
+	if err := o.Validate(); err != nil {
+		return err
+	}
+	nc := newNoncontig(t, o)
+	if _, loaded := noncontigs.LoadOrStore(t, nc); loaded {
+		return fmt.Errorf("%w: SetNoncontigOptions after the first typed transfer", ErrInvalid)
+	}
+	nc.start()
+	return nil
+}
+
+var ncInitMu sync.Mutex
+
+// noncontig returns t's typed-transfer state, creating it from the
+// environment on first use.
+func (t *Transport) noncontig() (*noncontig, error) {
+	if v, ok := noncontigs.Load(t); ok {
+		return v.(*noncontig), nil
+	}
+	ncInitMu.Lock()
+	defer ncInitMu.Unlock()
+	if v, ok := noncontigs.Load(t); ok {
+		return v.(*noncontig), nil
+	}
+	o, err := NoncontigOptionsFromEnv(DefaultNoncontigOptions())
+	if err != nil {
+		return nil, err
+	}
+	nc := newNoncontig(t, o)
+	noncontigs.Store(t, nc)
+	nc.start()
+	return nc, nil
+}
+
+// NoncontigOptions returns the options typed transfers use.
+func (t *Transport) NoncontigOptions() (NoncontigOptions, error) {
+	nc, err := t.noncontig()
+	if err != nil {
+		return NoncontigOptions{}, err
+	}
+	return nc.opts, nil
+}
+
+// NoncontigStats returns the counters of typed transfers.
+func (t *Transport) NoncontigStats() NoncontigStats {
+	v, ok := noncontigs.Load(t)
+	if !ok {
+		return NoncontigStats{}
+	}
+	c := &v.(*noncontig).c
+	return NoncontigStats{
+		Sent:                 SchemeCounts{Pack: c.sent[datatype.SchemePack].Load(), SGL: c.sent[datatype.SchemeSGL].Load(), ZCopy: c.sent[datatype.SchemeZCopy].Load()},
+		Received:             SchemeCounts{Pack: c.recv[datatype.SchemePack].Load(), SGL: c.recv[datatype.SchemeSGL].Load(), ZCopy: c.recv[datatype.SchemeZCopy].Load()},
+		Eager:                c.eager.Load(),
+		Errors:               c.errors.Load(),
+		LayoutHits:           c.layoutHits.Load(),
+		LayoutMisses:         c.layoutMisses.Load(),
+		Registrations:        c.regs.Load(),
+		RegistrationFailures: c.regFails.Load(),
+		Fallbacks:            c.fallbacks.Load(),
+		WindowMaps:           c.winMaps.Load(),
+		WindowHits:           c.winHits.Load(),
+		KeyExchanges:         c.keyX.Load(),
+		KeysOmitted:          c.keysOmitted.Load(),
+		RemoteKeyHits:        c.rkHits.Load(),
+		KeyPoolRefills:       c.refills.Load(),
+		KeyPoolEmpty:         c.poolEmpty.Load(),
+		Puts:                 c.puts.Load(),
+	}
+}
+
+// typedCall is one typed send or receive, checked.
+type typedCall struct {
+	peer, tag int
+	buf       []byte
+	dt        *datatype.Type
+	count     int64
+	base      int64
+	scheme    datatype.Scheme
+	bytes     int64 // packed size
+	origin    uintptr
+}
+
+func (t *Transport) typedCall(op string, peer, tag int, buf []byte, dt *datatype.Type, count int, o TypedOptions) (*noncontig, typedCall, error) {
+	c := typedCall{peer: peer, tag: tag, buf: buf, dt: dt, count: int64(count), base: int64(o.Base), scheme: o.Scheme}
+	if err := t.checkRank(peer, op); err != nil {
+		return nil, c, err
+	}
+	if err := checkTag(tag, op); err != nil {
+		return nil, c, err
+	}
+	if dt == nil {
+		return nil, c, fmt.Errorf("%w: %s: nil datatype", ErrInvalid, op)
+	}
+	if count < 0 || o.Base < 0 || o.Base > len(buf) {
+		return nil, c, fmt.Errorf("%w: %s: count %d, base %d, buffer of %d bytes", ErrInvalid, op, count, o.Base, len(buf))
+	}
+	if o.Scheme > datatype.SchemeZCopy {
+		return nil, c, fmt.Errorf("%w: %s: scheme %d", ErrInvalid, op, o.Scheme)
+	}
+	n, err := dt.PackedSize(c.count)
+	if err != nil {
+		return nil, c, fmt.Errorf("%w: %s: %v", ErrInvalid, op, err)
+	}
+	c.bytes = n
+	lo, hi, err := dt.DataBounds(c.count)
+	if err != nil {
+		return nil, c, fmt.Errorf("%w: %s: %v", ErrInvalid, op, err)
+	}
+	if n > 0 && (c.base+lo < 0 || c.base+hi > int64(len(buf))) {
+		return nil, c, fmt.Errorf("%w: %s: data at [%d, %d) relative to base %d outside buffer of %d bytes", ErrInvalid, op, lo, hi, c.base, len(buf))
+	}
+	nc, err := t.noncontig()
+	if err != nil {
+		return nil, c, err
+	}
+	if c.scheme == datatype.SchemeAuto {
+		c.scheme = nc.opts.Scheme
+	}
+	c.origin = uintptr(unsafe.Pointer(unsafe.SliceData(buf)))
+	return nc, c, nil
+}
+
+// IsendTyped starts sending count elements of dt whose origin is buf[0] to
+// rank dst with a user tag, with the default scheme. buf must not be
+// modified until the request completes. The request completes when the
+// receiver has accepted the message (its signature matched) and buf may be
+// reused; a mismatch fails it with a *TypeMismatchError.
+func (t *Transport) IsendTyped(dst, tag int, buf []byte, dt *datatype.Type, count int) (*Request, error) {
+	return t.IsendTypedWith(dst, tag, buf, dt, count, TypedOptions{})
+}
+
+// IsendTypedWith is IsendTyped with a scheme and origin of its own.
+func (t *Transport) IsendTypedWith(dst, tag int, buf []byte, dt *datatype.Type, count int, o TypedOptions) (*Request, error) {
+	nc, c, err := t.typedCall("typed send", dst, tag, buf, dt, count, o)
+	if err != nil {
+		return nil, err
+	}
+	r := t.newRequest("typed send", dst, tag, len(buf))
+	seq := nc.nextSendSeq(dst, tag)
+	go func() {
+		st, err := nc.send(context.Background(), c, seq)
+		t.ncComplete(r, st, err)
+	}()
+	return r, nil
+}
+
+// SendTyped sends count elements of dt whose origin is buf[0] to rank dst
+// and waits until the receiver accepted them and buf may be reused.
+func (t *Transport) SendTyped(ctx context.Context, dst, tag int, buf []byte, dt *datatype.Type, count int) error {
+	return t.SendTypedWith(ctx, dst, tag, buf, dt, count, TypedOptions{})
+}
+
+// SendTypedWith is SendTyped with a scheme and origin of its own. It runs
+// the protocol in the calling goroutine; when ctx ends it returns ctx's
+// error and abandons the transfer.
+func (t *Transport) SendTypedWith(ctx context.Context, dst, tag int, buf []byte, dt *datatype.Type, count int, o TypedOptions) error {
+	nc, c, err := t.typedCall("typed send", dst, tag, buf, dt, count, o)
+	if err != nil {
+		return err
+	}
+	_, err = nc.send(ctx, c, nc.nextSendSeq(dst, tag))
+	return err
+}
+
+// IrecvTyped starts receiving the next typed message from rank src with a
+// user tag into count elements of dt whose origin is buf[0]. The message's
+// type signature must match (the first elements of) dt's, and its packed
+// size must fit; otherwise both sides fail with a *TypeMismatchError. The
+// request's Status.Size is the number of packed bytes received. Once posted,
+// a typed receive cannot be cancelled (Wait with an ended context returns
+// while the receive stays posted).
+func (t *Transport) IrecvTyped(src, tag int, buf []byte, dt *datatype.Type, count int) (*Request, error) {
+	return t.IrecvTypedWith(src, tag, buf, dt, count, TypedOptions{})
+}
+
+// IrecvTypedWith is IrecvTyped with a scheme and origin of its own.
+func (t *Transport) IrecvTypedWith(src, tag int, buf []byte, dt *datatype.Type, count int, o TypedOptions) (*Request, error) {
+	nc, c, err := t.typedCall("typed recv", src, tag, buf, dt, count, o)
+	if err != nil {
+		return nil, err
+	}
+	r := t.newRequest("typed recv", src, tag, len(buf))
+	seq := nc.takeRecvSeq(src, tag)
+	go func() {
+		st, err := nc.recv(context.Background(), c, seq)
+		t.ncComplete(r, st, err)
+	}()
+	return r, nil
+}
+
+// RecvTyped receives the next typed message from rank src with a user tag
+// into count elements of dt whose origin is buf[0].
+func (t *Transport) RecvTyped(ctx context.Context, src, tag int, buf []byte, dt *datatype.Type, count int) (Status, error) {
+	return t.RecvTypedWith(ctx, src, tag, buf, dt, count, TypedOptions{})
+}
+
+// RecvTypedWith is RecvTyped with a scheme and origin of its own. It runs
+// the protocol in the calling goroutine; ctx can cancel it until the
+// message is matched.
+func (t *Transport) RecvTypedWith(ctx context.Context, src, tag int, buf []byte, dt *datatype.Type, count int, o TypedOptions) (Status, error) {
+	nc, c, err := t.typedCall("typed recv", src, tag, buf, dt, count, o)
+	if err != nil {
+		return Status{}, err
+	}
+	return nc.recv(ctx, c, nc.takeRecvSeq(src, tag))
+}
+
+// ncComplete completes a typed request from its protocol goroutine.
+func (t *Transport) ncComplete(r *Request, st Status, err error) {
+	t.mu.Lock()
+	r.status, r.err = st, err
+	t.complete(r)
+	t.mu.Unlock()
+}

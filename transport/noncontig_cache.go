@@ -1,0 +1,603 @@
+package transport
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+
+	"go.uber.org/zap"
+
+	"github.com/troupe-hpc/troupe/datatype"
+)
+
+// Caches of typed transfers: the layout state (flattened layout, statistics
+// and the layout-based registration: one lookup gives the registration of a
+// whole layout), the local window cache keyed by (layout, base, chunk) with
+// its per-peer bitmap, the remote window cache per peer, the window key pool
+// and the pool of pre-registered bounce buffers. Lock order: nc.mu, then
+// ls.regMu, then the worker lock; code holding the worker lock never takes
+// the others.
+
+type layoutKey struct {
+	t     *datatype.Type
+	base  uintptr
+	count int64
+}
+
+// layoutState is one layout's entry in the layout-based registration cache.
+type layoutState struct {
+	key    layoutKey
+	lay    *datatype.Layout
+	lo, hi uintptr // memory the layout's blocks span
+
+	wanted     atomic.Bool // the registrar should register it
+	registered atomic.Bool
+	failed     atomic.Bool
+
+	regMu   sync.Mutex // serialises registration and eviction
+	reg     *regEntry  // one registration covering [lo, hi)
+	evicted bool       // guarded by regMu
+
+	busy int // transfers using it; guarded by nc.mu
+}
+
+type winKey struct {
+	layout layoutKey
+	chunk  int64
+}
+
+// windowKey is one slot of the window key pool. On hardware with UMR a slot
+// is a pre-created memory key; UCX has no UMR, so a slot here is the window's
+// descriptor (address and span inside the layout's registration), filled
+// when a window is mapped.
+type windowKey struct {
+	id         uint64
+	addr, span uint64
+}
+
+// windowSet is a layout cut into windows of one chunk size: the local
+// window cache entry.
+type windowSet struct {
+	id    uint64
+	chunk int64
+	wins  []datatype.Window
+	keys  []*windowKey
+	rkey  []byte
+	mu    sync.Mutex
+	blob  []byte   // encoded keys for peers (receiver side), built once
+	sent  []uint64 // bitmap of peers that hold the keys
+	owner layoutKey
+}
+
+func (ws *windowSet) hasSent(peer int) bool {
+	ws.mu.Lock()
+	defer ws.mu.Unlock()
+	return ws.sent[peer/64]&(1<<(peer%64)) != 0
+}
+
+func (ws *windowSet) markSent(peer int) {
+	ws.mu.Lock()
+	ws.sent[peer/64] |= 1 << (peer % 64)
+	ws.mu.Unlock()
+}
+
+// remoteSet is a peer's window set as the sender sees it: the receiver's
+// registration key and, per window, the receiver's memory pieces.
+type remoteSet struct {
+	rkey []byte
+	wins [][]datatype.IOV
+}
+
+// remoteEntry is a remote window cache entry; it becomes ready when the
+// keys have arrived (another transfer may be receiving them).
+type remoteEntry struct {
+	once  sync.Once
+	ready chan struct{}
+	set   *remoteSet
+	err   error
+}
+
+type noncontig struct {
+	t    *Transport
+	opts NoncontigOptions
+	c    ncCounters
+
+	mu      sync.Mutex
+	layouts map[layoutKey]*layoutState
+	wsets   map[winKey]*windowSet
+	remote  map[int]map[uint64]*remoteEntry
+	sendSeq map[seqKey]uint32
+	recvSeq map[seqKey]*recvCounter
+	xids    map[int]uint32
+	nextID  uint64
+	keys    []*windowKey
+
+	refill  chan struct{}
+	regWake chan struct{}
+	stop    chan struct{}
+
+	bounceOnce sync.Once
+	bounce     chan []byte
+	rtsBufs    sync.Pool
+}
+
+func newNoncontig(t *Transport, o NoncontigOptions) *noncontig {
+	nc := &noncontig{
+		t: t, opts: o,
+		layouts: map[layoutKey]*layoutState{},
+		wsets:   map[winKey]*windowSet{},
+		remote:  map[int]map[uint64]*remoteEntry{},
+		sendSeq: map[seqKey]uint32{},
+		recvSeq: map[seqKey]*recvCounter{},
+		xids:    map[int]uint32{},
+		refill:  make(chan struct{}, 1),
+		regWake: make(chan struct{}, 1),
+		stop:    make(chan struct{}),
+	}
+	nc.rtsBufs.New = func() any { b := make([]byte, rtsHdrLen+ncEagerMax); return &b }
+	// The key pool starts full, as an MPI library creates its memory keys
+	// at init.
+	for len(nc.keys) < o.KeyPool {
+		nc.nextID++
+		nc.keys = append(nc.keys, &windowKey{id: nc.nextID})
+	}
+	return nc
+}
+
+// start runs the background goroutines: the registrar (Algorithm 2), the
+// key pool refiller, and a watcher that ends both when the transport closes.
+func (nc *noncontig) start() {
+	go nc.registrar()
+	go nc.refiller()
+	go func() {
+		<-nc.t.loopDone
+		close(nc.stop)
+		noncontigs.Delete(nc.t)
+	}()
+}
+
+// Sequence numbers and transfer ids.
+
+func (nc *noncontig) nextSendSeq(peer, tag int) uint32 {
+	nc.mu.Lock()
+	defer nc.mu.Unlock()
+	k := seqKey{peer, tag}
+	s := nc.sendSeq[k]
+	nc.sendSeq[k] = (s + 1) & ncSeqMask
+	return s
+}
+
+func (nc *noncontig) takeRecvSeq(peer, tag int) uint32 {
+	nc.mu.Lock()
+	defer nc.mu.Unlock()
+	k := seqKey{peer, tag}
+	c := nc.recvSeq[k]
+	if c == nil {
+		c = &recvCounter{}
+		nc.recvSeq[k] = c
+	}
+	if len(c.freed) > 0 {
+		s := c.freed[0]
+		c.freed = c.freed[1:]
+		return s
+	}
+	s := c.next
+	c.next = (c.next + 1) & ncSeqMask
+	return s
+}
+
+// freeRecvSeq gives a cancelled receive's sequence number back.
+func (nc *noncontig) freeRecvSeq(peer, tag int, seq uint32) {
+	nc.mu.Lock()
+	defer nc.mu.Unlock()
+	c := nc.recvSeq[seqKey{peer, tag}]
+	c.freed = append(c.freed, seq)
+}
+
+func (nc *noncontig) nextXid(peer int) uint32 {
+	nc.mu.Lock()
+	defer nc.mu.Unlock()
+	x := nc.xids[peer]
+	nc.xids[peer] = (x + 1) & ncXidMask
+	return x
+}
+
+// Layout states.
+
+// state returns the layout state of a call, flattening the layout on its
+// first use (known = false). The caller must call done.
+func (nc *noncontig) state(c typedCall) (*layoutState, bool, error) {
+	k := layoutKey{c.dt, c.origin + uintptr(c.base), c.count}
+	nc.mu.Lock()
+	if ls := nc.layouts[k]; ls != nil {
+		ls.busy++
+		nc.mu.Unlock()
+		nc.c.layoutHits.Add(1)
+		return ls, true, nil
+	}
+	nc.mu.Unlock()
+	nc.c.layoutMisses.Add(1)
+	lay, err := datatype.Flatten(c.dt, k.base, c.count)
+	if err != nil {
+		return nil, false, fmt.Errorf("%w: flattening %v: %v", ErrInvalid, c.dt, err)
+	}
+	ls := &layoutState{key: k, lay: lay}
+	for i, v := range lay.IOVs {
+		if i == 0 || v.Addr < ls.lo {
+			ls.lo = v.Addr
+		}
+		if end := v.Addr + uintptr(v.Len); end > ls.hi {
+			ls.hi = end
+		}
+	}
+	nc.mu.Lock()
+	defer nc.mu.Unlock()
+	if old := nc.layouts[k]; old != nil {
+		old.busy++
+		return old, true, nil
+	}
+	nc.layouts[k] = ls
+	ls.busy++
+	nc.evictLocked()
+	return ls, false, nil
+}
+
+func (nc *noncontig) done(ls *layoutState) {
+	if ls == nil {
+		return
+	}
+	nc.mu.Lock()
+	ls.busy--
+	nc.mu.Unlock()
+}
+
+// evictLocked drops idle layouts (with their registration and window sets)
+// while there are more than MaxLayouts; nc.mu is held.
+func (nc *noncontig) evictLocked() {
+	for k, ls := range nc.layouts {
+		if len(nc.layouts) <= nc.opts.MaxLayouts {
+			return
+		}
+		if ls.busy > 0 || !ls.regMu.TryLock() {
+			continue
+		}
+		ls.evicted = true
+		if ls.reg != nil {
+			nc.t.mu.Lock()
+			if !nc.t.closed {
+				nc.t.reg.release(ls.reg)
+			}
+			nc.t.mu.Unlock()
+			ls.reg = nil
+		}
+		ls.regMu.Unlock()
+		delete(nc.layouts, k)
+		for wk, ws := range nc.wsets {
+			if wk.layout == k {
+				nc.keys = append(nc.keys, ws.keys...)
+				delete(nc.wsets, wk)
+			}
+		}
+	}
+}
+
+// register registers the memory of a layout through the registration cache
+// (one registration covering its blocks), once. It reports success; a
+// failure is counted and remembered, and the layout then goes pack.
+func (nc *noncontig) register(ls *layoutState) bool {
+	if ls.registered.Load() {
+		return true
+	}
+	ls.regMu.Lock()
+	defer ls.regMu.Unlock()
+	if ls.registered.Load() {
+		return true
+	}
+	if ls.failed.Load() || ls.evicted {
+		return false
+	}
+	var err error
+	var e *regEntry
+	if nc.opts.FailRegistration {
+		err = errors.New("injected failure (TROUPE_NC_FAULT=register)")
+	} else {
+		t := nc.t
+		t.mu.Lock()
+		if t.closed {
+			err = ErrClosed
+		} else {
+			e, err = t.reg.acquire(ls.lo, int(max(ls.hi-ls.lo, 1)))
+		}
+		t.mu.Unlock()
+	}
+	if err != nil {
+		ls.failed.Store(true)
+		nc.c.regFails.Add(1)
+		nc.t.log.Warn("typed transfer: layout registration failed; the layout goes pack",
+			zap.Stringer("type", ls.key.t), zap.Int64("bytes", ls.lay.Stats.Bytes), zap.Error(err))
+		return false
+	}
+	ls.reg = e
+	nc.c.regs.Add(1)
+	ls.registered.Store(true)
+	return true
+}
+
+// registrar is Algorithm 2: it sleeps until woken, then registers every
+// layout that asked for it.
+func (nc *noncontig) registrar() {
+	for {
+		select {
+		case <-nc.stop:
+			return
+		case <-nc.regWake:
+		}
+		nc.mu.Lock()
+		var todo []*layoutState
+		for _, ls := range nc.layouts {
+			if ls.wanted.Load() && !ls.registered.Load() && !ls.failed.Load() {
+				todo = append(todo, ls)
+			}
+		}
+		nc.mu.Unlock()
+		for _, ls := range todo {
+			nc.register(ls)
+		}
+	}
+}
+
+func (nc *noncontig) wakeRegistrar() {
+	select {
+	case nc.regWake <- struct{}{}:
+	default:
+	}
+}
+
+// Window key pool.
+
+// takeKeys takes n key slots from the pool (making the missing ones at once
+// if it runs dry) and wakes the refiller when the pool falls to half.
+func (nc *noncontig) takeKeys(n int) []*windowKey {
+	nc.mu.Lock()
+	out := make([]*windowKey, 0, n)
+	k := min(n, len(nc.keys))
+	out = append(out, nc.keys[len(nc.keys)-k:]...)
+	nc.keys = nc.keys[:len(nc.keys)-k]
+	for len(out) < n {
+		nc.nextID++
+		out = append(out, &windowKey{id: nc.nextID})
+		nc.c.poolEmpty.Add(1)
+	}
+	low := len(nc.keys) <= nc.opts.KeyPool/2
+	nc.mu.Unlock()
+	if low {
+		select {
+		case nc.refill <- struct{}{}:
+		default:
+		}
+	}
+	return out
+}
+
+// refiller tops the key pool up in the background.
+func (nc *noncontig) refiller() {
+	for {
+		select {
+		case <-nc.stop:
+			return
+		case <-nc.refill:
+		}
+		nc.mu.Lock()
+		added := false
+		for len(nc.keys) < nc.opts.KeyPool {
+			nc.nextID++
+			nc.keys = append(nc.keys, &windowKey{id: nc.nextID})
+			added = true
+		}
+		nc.mu.Unlock()
+		if added {
+			nc.c.refills.Add(1)
+		}
+	}
+}
+
+// Local window cache.
+
+// windows returns the window set of a registered layout for chunk, mapping
+// it on a miss.
+func (nc *noncontig) windows(ls *layoutState, chunk int64) (*windowSet, error) {
+	k := winKey{ls.key, chunk}
+	nc.mu.Lock()
+	if ws := nc.wsets[k]; ws != nil {
+		nc.mu.Unlock()
+		nc.c.winHits.Add(1)
+		return ws, nil
+	}
+	nc.mu.Unlock()
+	wins, err := datatype.Windows(ls.lay.IOVs, chunk)
+	if err != nil {
+		return nil, fmt.Errorf("%w: windows: %v", ErrInvalid, err)
+	}
+	ls.regMu.Lock()
+	reg := ls.reg
+	ls.regMu.Unlock()
+	if reg == nil {
+		return nil, fmt.Errorf("transport: typed transfer: windows of an unregistered layout")
+	}
+	keys := nc.takeKeys(len(wins))
+	for i, w := range wins {
+		keys[i].addr, keys[i].span = uint64(w.Addr), uint64(w.End-w.Addr)
+	}
+	ws := &windowSet{chunk: chunk, wins: wins, keys: keys, rkey: reg.handle.(*regHandle).rkey,
+		sent: make([]uint64, (nc.t.size+63)/64), owner: ls.key}
+	nc.mu.Lock()
+	defer nc.mu.Unlock()
+	if old := nc.wsets[k]; old != nil {
+		nc.keys = append(nc.keys, keys...)
+		nc.c.winHits.Add(1)
+		return old, nil
+	}
+	nc.nextID++
+	ws.id = nc.nextID
+	nc.wsets[k] = ws
+	nc.c.winMaps.Add(1)
+	return ws, nil
+}
+
+// keyBlob encodes a window set for a peer: set id, registration key, and
+// per window the receiver's memory pieces (the offset list that stands in
+// for a UMR key's scatter list).
+func (ws *windowSet) keyBlob(iovs []datatype.IOV) []byte {
+	ws.mu.Lock()
+	defer ws.mu.Unlock()
+	if ws.blob != nil {
+		return ws.blob
+	}
+	le := binary.LittleEndian
+	b := make([]byte, 0, 16+len(ws.rkey)+len(ws.wins)*24)
+	b = le.AppendUint64(b, ws.id)
+	b = le.AppendUint32(b, uint32(len(ws.wins)))
+	b = le.AppendUint32(b, uint32(len(ws.rkey)))
+	b = append(b, ws.rkey...)
+	var ps []datatype.IOV
+	for _, w := range ws.wins {
+		ps = w.Pieces(iovs, ps[:0])
+		b = le.AppendUint32(b, uint32(len(ps)))
+		for _, p := range ps {
+			b = le.AppendUint64(b, uint64(p.Addr))
+			b = le.AppendUint64(b, uint64(p.Len))
+		}
+	}
+	ws.blob = b
+	return b
+}
+
+func decodeKeyBlob(b []byte, wantID uint64) (*remoteSet, error) {
+	le := binary.LittleEndian
+	bad := func(what string) (*remoteSet, error) {
+		return nil, fmt.Errorf("%w: window keys: %s", ErrInvalid, what)
+	}
+	if len(b) < 16 {
+		return bad("short header")
+	}
+	if id := le.Uint64(b); id != wantID {
+		return bad(fmt.Sprintf("set %d, CTS announced %d", id, wantID))
+	}
+	nwin, nk := int(le.Uint32(b[8:])), int(le.Uint32(b[12:]))
+	b = b[16:]
+	if nk == 0 || nk > len(b) {
+		return bad("registration key length")
+	}
+	rs := &remoteSet{rkey: append([]byte(nil), b[:nk]...)}
+	b = b[nk:]
+	if nwin > len(b)/4 {
+		return bad("window count")
+	}
+	rs.wins = make([][]datatype.IOV, nwin)
+	for w := range rs.wins {
+		if len(b) < 4 {
+			return bad("truncated window")
+		}
+		np := int(le.Uint32(b))
+		b = b[4:]
+		if np > len(b)/16 {
+			return bad("piece count")
+		}
+		ps := make([]datatype.IOV, np)
+		for i := range ps {
+			ps[i] = datatype.IOV{Addr: uintptr(le.Uint64(b)), Len: int64(le.Uint64(b[8:]))}
+			if ps[i].Len < 0 {
+				return bad("negative piece")
+			}
+			b = b[16:]
+		}
+		rs.wins[w] = ps
+	}
+	if len(b) != 0 {
+		return bad("trailing bytes")
+	}
+	return rs, nil
+}
+
+// Remote window cache.
+
+// remoteEntry returns the cache entry for a peer's window set, creating an
+// empty one that the transfer receiving the keys fills.
+func (nc *noncontig) remoteEntry(peer int, id uint64) *remoteEntry {
+	nc.mu.Lock()
+	defer nc.mu.Unlock()
+	m := nc.remote[peer]
+	if m == nil {
+		m = map[uint64]*remoteEntry{}
+		nc.remote[peer] = m
+	}
+	e := m[id]
+	if e == nil {
+		e = &remoteEntry{ready: make(chan struct{})}
+		m[id] = e
+	}
+	return e
+}
+
+// fillRemote completes a remote entry once (later fills are ignored).
+func (nc *noncontig) fillRemote(peer int, id uint64, e *remoteEntry, rs *remoteSet, err error) {
+	e.once.Do(func() {
+		e.set, e.err = rs, err
+		close(e.ready)
+	})
+}
+
+func (e *remoteEntry) wait(ctx context.Context) (*remoteSet, error) {
+	select {
+	case <-e.ready:
+		return e.set, e.err
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// Bounce buffers for pack.
+
+func (nc *noncontig) initBounce() {
+	nc.bounce = make(chan []byte, nc.opts.PackBuffers)
+	t := nc.t
+	for i := 0; i < nc.opts.PackBuffers; i++ {
+		b := make([]byte, nc.opts.PackChunk)
+		// Pre-registered through the registration cache (the registration
+		// stays cached with the buffer for the transport's life).
+		t.mu.Lock()
+		if !t.closed {
+			if _, err := t.reg.acquire(uintptr(bytesPtr(b)), len(b)); err != nil {
+				t.log.Warn("typed transfer: registering a bounce buffer failed", zap.Error(err))
+			}
+		}
+		t.mu.Unlock()
+		nc.bounce <- b
+	}
+}
+
+// getBounce returns a buffer of at least n bytes: a pooled one when n fits.
+func (nc *noncontig) getBounce(n int64) []byte {
+	nc.bounceOnce.Do(nc.initBounce)
+	if n <= int64(nc.opts.PackChunk) {
+		select {
+		case b := <-nc.bounce:
+			return b[:n]
+		default:
+		}
+	}
+	return make([]byte, n)
+}
+
+func (nc *noncontig) putBounce(b []byte) {
+	if cap(b) != nc.opts.PackChunk {
+		return
+	}
+	select {
+	case nc.bounce <- b[:cap(b)]:
+	default:
+	}
+}

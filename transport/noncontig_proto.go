@@ -1,0 +1,618 @@
+package transport
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"unsafe"
+
+	"github.com/troupe-hpc/troupe/datatype"
+	"github.com/troupe-hpc/troupe/transport/ucx"
+)
+
+// The typed-transfer protocol. Sender: RTS (signature, size, minimum block,
+// proposed scheme; a small pack payload inline). A pack proposal streams its
+// chunks at once and waits for the receiver's ACK; an SGL or zero-copy
+// proposal waits for the CTS, where the receiver decides (Algorithm 1) and
+// gives the agreed chunk and, for zero-copy, the window keys.
+
+// choose is one side's local scheme for a call (Algorithm 1's
+// SelectLocalScheme for the adaptive default).
+func (nc *noncontig) choose(c typedCall, ls *layoutState, known bool) datatype.Scheme {
+	if c.bytes == 0 || ls == nil {
+		return datatype.SchemePack
+	}
+	switch c.scheme {
+	case datatype.SchemeAuto:
+		th := nc.opts.Thresholds
+		if ls.failed.Load() {
+			if ls.lay.Stats.AvgBlock > float64(th.ZCopyAvgBlock) {
+				nc.c.fallbacks.Add(1)
+			}
+			return datatype.SchemePack
+		}
+		s, want := th.SelectLocal(ls.lay.Stats, known, ls.registered.Load())
+		if want && ls.wanted.CompareAndSwap(false, true) {
+			nc.wakeRegistrar()
+		}
+		return s
+	case datatype.SchemeZCopy:
+		if !nc.register(ls) {
+			nc.c.fallbacks.Add(1)
+			return datatype.SchemePack
+		}
+		return datatype.SchemeZCopy
+	default:
+		return c.scheme
+	}
+}
+
+func (nc *noncontig) mismatch(op string, c typedCall, code uint8, sbytes, rbytes int64, ssig, rsig datatype.Signature) error {
+	nc.c.errors.Add(1)
+	e := &TypeMismatchError{Op: op, Peer: c.peer, Tag: c.tag, SendBytes: sbytes, RecvBytes: rbytes, SendSig: ssig, TooSmall: code == stTooSmall}
+	if !e.TooSmall {
+		e.RecvSig = rsig
+	}
+	return e
+}
+
+// send runs the sender's side of one typed transfer.
+func (nc *noncontig) send(ctx context.Context, c typedCall, seq uint32) (Status, error) {
+	t := nc.t
+	sig, err := c.dt.SignatureHash(c.count)
+	if err != nil {
+		return Status{}, fmt.Errorf("%w: typed send: %v", ErrInvalid, err)
+	}
+	var ls *layoutState
+	known := false
+	if c.bytes > 0 {
+		if ls, known, err = nc.state(c); err != nil {
+			return Status{}, err
+		}
+		defer nc.done(ls)
+	}
+	proposal := nc.choose(c, ls, known)
+	h := rts{proposal: proposal, xid: nc.nextXid(c.peer), bytes: c.bytes, sig: sig, chunk: int64(nc.opts.PackChunk)}
+	if ls != nil {
+		h.minBlock, h.segments = ls.lay.Stats.MinBlock, ls.lay.Stats.Segments
+	}
+	inline := proposal == datatype.SchemePack && c.bytes <= int64(nc.opts.EagerLimit)
+	msg := make([]byte, rtsHdrLen)
+	if inline {
+		h.flags |= rtsInline
+		msg = make([]byte, rtsHdrLen+int(c.bytes))
+		if c.bytes > 0 {
+			if _, err := c.dt.PackRaw(datatype.SliceRegion(msg[rtsHdrLen:]), datatype.SliceRegion(c.buf), c.base, c.count, 0); err != nil {
+				return Status{}, fmt.Errorf("%w: typed send: packing: %v", ErrInvalid, err)
+			}
+		}
+	}
+	h.encode(msg)
+	me := uint32(t.rank)
+	replyIdx := uint32(idxCTS)
+	if proposal == datatype.SchemePack {
+		replyIdx = idxAck
+	}
+	reply := make([]byte, ctsLen)
+	rr := t.ncRecv(c.peer, ncXferTag(dirReply, uint32(c.peer), h.xid, replyIdx), bufOf(reply), nil)
+	sr := t.ncSend(c.peer, ncRTSTag(me, uint16(c.tag), seq), bufOf(msg), nil)
+	final := proposal
+	if proposal == datatype.SchemePack {
+		if inline {
+			nc.c.eager.Add(1)
+		} else if err := nc.packSend(ctx, c, h.xid); err != nil {
+			return Status{}, err
+		}
+	} else {
+		if _, err := sr.Wait(ctx); err != nil {
+			return Status{}, err
+		}
+		if _, err := rr.Wait(ctx); err != nil {
+			return Status{}, err
+		}
+		var m cts
+		if err := m.decode(reply); err != nil {
+			return Status{}, err
+		}
+		if m.status != stOK {
+			return Status{}, nc.replyError(c, m, sig)
+		}
+		final = m.scheme
+		switch final {
+		case datatype.SchemePack:
+			rr = t.ncRecv(c.peer, ncXferTag(dirReply, uint32(c.peer), h.xid, idxAck), bufOf(reply), nil)
+			if err := nc.packSend(ctx, c, h.xid); err != nil {
+				return Status{}, err
+			}
+		case datatype.SchemeSGL:
+			if err := nc.sglSend(ctx, c, ls, h.xid, m.chunk); err != nil {
+				return Status{}, err
+			}
+			rr = nil
+		case datatype.SchemeZCopy:
+			if err := nc.zcopySend(ctx, c, ls, h.xid, m); err != nil {
+				return Status{}, err
+			}
+			rr = nil
+		}
+	}
+	if _, err := sr.Wait(ctx); err != nil {
+		return Status{}, err
+	}
+	if rr != nil {
+		if _, err := rr.Wait(ctx); err != nil {
+			return Status{}, err
+		}
+		var m cts
+		if err := m.decode(reply); err != nil {
+			return Status{}, err
+		}
+		if m.status != stOK {
+			return Status{}, nc.replyError(c, m, sig)
+		}
+	}
+	nc.c.sent[final].Add(1)
+	return Status{}, nil
+}
+
+func (nc *noncontig) replyError(c typedCall, m cts, sig datatype.Signature) error {
+	if m.status == stFailed {
+		return fmt.Errorf("transport: typed send rank %d tag %d: the receiver failed the transfer", c.peer, c.tag)
+	}
+	return nc.mismatch("typed send", c, m.status, c.bytes, m.rbytes, sig, m.rsig)
+}
+
+// packSend packs the payload chunk by chunk into bounce buffers and sends
+// each, with PackDepth chunks in flight: chunk k+1 is packed while chunk k
+// travels.
+func (nc *noncontig) packSend(ctx context.Context, c typedCall, xid uint32) error {
+	t := nc.t
+	chunk := int64(nc.opts.PackChunk)
+	n := datatype.Chunks(c.bytes, chunk)
+	type flight struct {
+		r *Request
+		b []byte
+	}
+	var q []flight
+	var first error
+	drain := func(keep int) {
+		for len(q) > keep {
+			if _, err := q[0].r.Wait(ctx); err != nil && first == nil {
+				first = err
+			}
+			if q[0].r.fin.Load() {
+				nc.putBounce(q[0].b)
+			}
+			q = q[1:]
+		}
+	}
+	for k := int64(0); k < n && first == nil; k++ {
+		off := k * chunk
+		b := nc.getBounce(min(chunk, c.bytes-off))
+		if _, err := c.dt.PackRaw(datatype.SliceRegion(b), datatype.SliceRegion(c.buf), c.base, c.count, off); err != nil {
+			return fmt.Errorf("%w: typed send: packing: %v", ErrInvalid, err)
+		}
+		r := t.ncSend(c.peer, ncXferTag(dirData, uint32(t.rank), xid, uint32(k)), bufOf(b), nil)
+		q = append(q, flight{r, b})
+		drain(nc.opts.PackDepth - 1)
+	}
+	drain(0)
+	return first
+}
+
+// packRecv receives n pack chunks with PackDepth receives posted ahead and
+// unpacks each as it arrives (or drops them when discard is set).
+func (nc *noncontig) packRecv(ctx context.Context, c typedCall, h rts, discard bool) error {
+	t := nc.t
+	n := datatype.Chunks(h.bytes, h.chunk)
+	type flight struct {
+		r *Request
+		b []byte
+	}
+	q := make([]flight, 0, nc.opts.PackDepth)
+	next := int64(0)
+	post := func() {
+		off := next * h.chunk
+		b := nc.getBounce(min(h.chunk, h.bytes-off))
+		q = append(q, flight{t.ncRecv(c.peer, ncXferTag(dirData, uint32(c.peer), h.xid, uint32(next)), bufOf(b), nil), b})
+		next++
+	}
+	for next < n && len(q) < nc.opts.PackDepth {
+		post()
+	}
+	var first error
+	for k := int64(0); k < n; k++ {
+		f := q[0]
+		q = q[1:]
+		st, err := f.r.Wait(ctx)
+		if err == nil && int64(st.Size) != int64(len(f.b)) {
+			err = fmt.Errorf("%w: typed recv: pack chunk %d of %d bytes, want %d", ErrInvalid, k, st.Size, len(f.b))
+		}
+		if err != nil {
+			if first == nil {
+				first = err
+			}
+			continue
+		}
+		if !discard && first == nil {
+			if _, err := c.dt.UnpackRaw(datatype.SliceRegion(c.buf), datatype.SliceRegion(f.b), c.base, c.count, k*h.chunk); err != nil {
+				first = fmt.Errorf("%w: typed recv: unpacking: %v", ErrInvalid, err)
+			}
+		}
+		nc.putBounce(f.b)
+		if next < n {
+			post()
+		}
+	}
+	return first
+}
+
+// sglDepth is how many SGL chunks are in flight per transfer.
+func (nc *noncontig) sglDepth() int { return max(nc.opts.PackDepth, 16) }
+
+// sglSend sends the layout window by window (chunk bytes each) as UCP IOV
+// messages.
+func (nc *noncontig) sglSend(ctx context.Context, c typedCall, ls *layoutState, xid uint32, chunk int64) error {
+	t := nc.t
+	wins, err := datatype.Windows(ls.lay.IOVs, chunk)
+	if err != nil {
+		return fmt.Errorf("%w: typed send: %v", ErrInvalid, err)
+	}
+	var q []*Request
+	var first error
+	var ps []datatype.IOV
+	for k, w := range wins {
+		ps = w.Pieces(ls.lay.IOVs, ps[:0])
+		b, pins := iovList(c.buf, c.origin, ps)
+		q = append(q, t.ncSend(c.peer, ncXferTag(dirData, uint32(t.rank), xid, uint32(k)), b, pins))
+		for len(q) >= nc.sglDepth() {
+			if _, err := q[0].Wait(ctx); err != nil && first == nil {
+				first = err
+			}
+			q = q[1:]
+		}
+		if first != nil {
+			break
+		}
+	}
+	if err := waitAll(ctx, q); err != nil && first == nil {
+		first = err
+	}
+	runtime.KeepAlive(c.buf)
+	return first
+}
+
+// trimIOVs returns the prefix of iovs holding n bytes.
+func trimIOVs(iovs []datatype.IOV, n int64) []datatype.IOV {
+	var out []datatype.IOV
+	for _, v := range iovs {
+		if n <= 0 {
+			break
+		}
+		l := min(v.Len, n)
+		out = append(out, datatype.IOV{Addr: v.Addr, Len: l})
+		n -= l
+	}
+	return out
+}
+
+// sglRecv receives bytes packed bytes window by window into the layout;
+// ready runs once the first receives are posted (it sends the CTS).
+func (nc *noncontig) sglRecv(ctx context.Context, c typedCall, ls *layoutState, h rts, chunk int64, ready func() error) error {
+	t := nc.t
+	iovs := ls.lay.IOVs
+	if h.bytes < ls.lay.Stats.Bytes {
+		iovs = trimIOVs(iovs, h.bytes)
+	}
+	wins, err := datatype.Windows(iovs, chunk)
+	if err != nil {
+		return fmt.Errorf("%w: typed recv: %v", ErrInvalid, err)
+	}
+	q := make([]*Request, 0, nc.sglDepth())
+	next := 0
+	var ps []datatype.IOV
+	post := func() {
+		w := wins[next]
+		ps = w.Pieces(iovs, ps[:0])
+		b, pins := iovList(c.buf, c.origin, ps)
+		q = append(q, t.ncRecv(c.peer, ncXferTag(dirData, uint32(c.peer), h.xid, uint32(next)), b, pins))
+		next++
+	}
+	for next < len(wins) && len(q) < nc.sglDepth() {
+		post()
+	}
+	if err := ready(); err != nil {
+		return err
+	}
+	var first error
+	for k := 0; k < len(wins); k++ {
+		r := q[0]
+		q = q[1:]
+		st, err := r.Wait(ctx)
+		if err == nil && int64(st.Size) != wins[k].Len {
+			err = fmt.Errorf("%w: typed recv: SGL chunk %d of %d bytes, want %d", ErrInvalid, k, st.Size, wins[k].Len)
+		}
+		if err != nil && first == nil {
+			first = err
+		}
+		if next < len(wins) {
+			post()
+		}
+	}
+	runtime.KeepAlive(c.buf)
+	return first
+}
+
+// zcopySend writes the payload into the receiver's windows: window k of the
+// sender (same chunk) goes into window k of the receiver as puts of the
+// sender's pieces (UCX 1.13's put takes contiguous buffers only, so one
+// window write is a put per matching piece, issued back to back), then a
+// flush and the completion message.
+func (nc *noncontig) zcopySend(ctx context.Context, c typedCall, ls *layoutState, xid uint32, m cts) error {
+	t := nc.t
+	e := nc.remoteEntry(c.peer, m.setID)
+	if m.flags&ctsKeys != 0 {
+		blob := make([]byte, m.keysLen)
+		r := t.ncRecv(c.peer, ncXferTag(dirReply, uint32(c.peer), xid, idxKeys), bufOf(blob), nil)
+		_, err := r.Wait(ctx)
+		var rs *remoteSet
+		if err == nil {
+			rs, err = decodeKeyBlob(blob, m.setID)
+		}
+		if err != nil {
+			return fmt.Errorf("transport: typed send rank %d tag %d: window keys: %w", c.peer, c.tag, err)
+		}
+		nc.fillRemote(c.peer, m.setID, e, rs, nil)
+	} else {
+		// Keys omitted: this peer has them, or another transfer of ours is
+		// receiving them right now.
+		nc.c.rkHits.Add(1)
+	}
+	rs, err := e.wait(ctx)
+	if err != nil {
+		return err
+	}
+	ws, err := nc.windows(ls, m.chunk)
+	if err != nil {
+		return err
+	}
+	if len(ws.wins) > len(rs.wins) {
+		return fmt.Errorf("%w: typed send: %d windows, receiver has %d", ErrInvalid, len(ws.wins), len(rs.wins))
+	}
+	var moves []datatype.Move
+	var ps []datatype.IOV
+	for k, w := range ws.wins {
+		ps = w.Pieces(ls.lay.IOVs, ps[:0])
+		if moves, err = datatype.Moves(ps, trimIOVs(rs.wins[k], w.Len), moves); err != nil {
+			return fmt.Errorf("%w: typed send: window %d: %v", ErrInvalid, k, err)
+		}
+	}
+	puts := t.ncPuts(c.peer, c.buf, c.origin, moves, rs.rkey)
+	nc.c.puts.Add(int64(len(moves)))
+	err = waitAll(ctx, puts)
+	runtime.KeepAlive(c.buf)
+	if err != nil {
+		return err
+	}
+	fin := make([]byte, finLen)
+	_, err = t.ncSend(c.peer, ncXferTag(dirData, uint32(t.rank), xid, idxFin), bufOf(fin), nil).Wait(ctx)
+	return err
+}
+
+// ncPuts issues one put per move into the peer's registration rkey and then
+// a flush, all under one hold of the worker lock; the last request is the
+// flush.
+func (t *Transport) ncPuts(peer int, buf []byte, origin uintptr, moves []datatype.Move, rkey []byte) []*Request {
+	rs := make([]*Request, len(moves)+1)
+	for i, mv := range moves {
+		rs[i] = t.newRequest("typed put", peer, -1, int(mv.Len))
+	}
+	flush := t.newRequest("typed flush", peer, -1, 0)
+	rs[len(moves)] = flush
+	base := bytesPtr(buf)
+	t.exec(func() {
+		p, err := t.peerLocked(peer, "typed put")
+		if err != nil {
+			for _, r := range rs {
+				t.fail(r, err)
+			}
+			return
+		}
+		rk := p.rkeys[string(rkey)]
+		if rk == nil {
+			if rk, err = p.ep.UnpackRkey(rkey); err != nil {
+				for _, r := range rs {
+					t.fail(r, fmt.Errorf("transport: typed put rank %d: %w", peer, err))
+				}
+				return
+			}
+			p.rkeys[string(rkey)] = rk
+		}
+		for i, mv := range moves {
+			ptr := unsafe.Add(base, int(mv.Src-origin))
+			ureq, err := t.w.Put(p.ep, ptr, int(mv.Len), uint64(mv.Dst), rk)
+			t.settle(rs[i], ureq, err, base)
+		}
+		ureq, err := t.w.Flush(p.ep)
+		t.settle(flush, ureq, err)
+	})
+	return rs
+}
+
+// recv runs the receiver's side of one typed transfer.
+func (nc *noncontig) recv(ctx context.Context, c typedCall, seq uint32) (Status, error) {
+	t := nc.t
+	bp := nc.rtsBufs.Get().(*[]byte)
+	defer nc.rtsBufs.Put(bp)
+	hbuf := *bp
+	rr := t.ncRecv(c.peer, ncRTSTag(uint32(c.peer), uint16(c.tag), seq), ucx.Buffer{Ptr: bytesPtr(hbuf), Len: len(hbuf)}, nil)
+	st, err := rr.Wait(ctx)
+	if err != nil {
+		if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+			nc.freeRecvSeq(c.peer, c.tag, seq)
+		}
+		return Status{}, err
+	}
+	var h rts
+	if err := h.decode(hbuf[:st.Size]); err != nil {
+		return Status{}, fmt.Errorf("transport: typed recv rank %d tag %d: %w", c.peer, c.tag, err)
+	}
+	status := Status{Source: c.peer, Tag: c.tag, Size: int(h.bytes)}
+	reply := func(idx uint32, m cts) error {
+		b := make([]byte, ctsLen)
+		m.encode(b)
+		_, err := t.ncSend(c.peer, ncXferTag(dirReply, uint32(t.rank), h.xid, idx), bufOf(b), nil).Wait(ctx)
+		return err
+	}
+	code, rsig, err := nc.check(c, h)
+	if err != nil {
+		code = stFailed
+	}
+	if code != stOK {
+		m := cts{status: code, rbytes: c.bytes, rsig: rsig}
+		if h.proposal == datatype.SchemePack {
+			if h.flags&rtsInline == 0 {
+				_ = nc.packRecv(ctx, c, h, true)
+			}
+			_ = reply(idxAck, m)
+		} else {
+			_ = reply(idxCTS, m)
+		}
+		if err != nil {
+			return status, err
+		}
+		return status, nc.mismatch("typed recv", c, code, h.bytes, c.bytes, h.sig, rsig)
+	}
+	// Algorithm 1's RTS handler: the receiver's own choice for its layout
+	// (which also wakes its background registration on first use).
+	var ls *layoutState
+	known := false
+	if c.bytes > 0 {
+		if ls, known, err = nc.state(c); err != nil {
+			m := cts{status: stFailed, rbytes: c.bytes}
+			if h.proposal == datatype.SchemePack {
+				if h.flags&rtsInline == 0 {
+					_ = nc.packRecv(ctx, c, h, true)
+				}
+				_ = reply(idxAck, m)
+			} else {
+				_ = reply(idxCTS, m)
+			}
+			return status, err
+		}
+		defer nc.done(ls)
+	}
+	local := nc.choose(c, ls, known)
+	if h.proposal == datatype.SchemePack {
+		if h.flags&rtsInline != 0 {
+			if h.bytes > 0 {
+				if _, err := c.dt.UnpackRaw(datatype.SliceRegion(c.buf), datatype.SliceRegion(hbuf[rtsHdrLen:rtsHdrLen+h.bytes]), c.base, c.count, 0); err != nil {
+					err = fmt.Errorf("%w: typed recv: unpacking: %v", ErrInvalid, err)
+					_ = reply(idxAck, cts{status: stFailed, rbytes: c.bytes})
+					return status, err
+				}
+			}
+		} else if err := nc.packRecv(ctx, c, h, false); err != nil {
+			_ = reply(idxAck, cts{status: stFailed, rbytes: c.bytes})
+			return status, err
+		}
+		if err := reply(idxAck, cts{status: stOK, scheme: datatype.SchemePack, rbytes: c.bytes}); err != nil {
+			return status, err
+		}
+		nc.c.recv[datatype.SchemePack].Add(1)
+		return status, nil
+	}
+	// An SGL or zero-copy proposal (so there are bytes): the receiver decides.
+	final := datatype.Agree(h.proposal, local)
+	var chunk int64
+	if final != datatype.SchemePack {
+		if chunk, err = datatype.AgreeChunk(nc.opts.Thresholds.MaxIOVsPerOp, h.minBlock, ls.lay.Stats.MinBlock); err != nil {
+			final = datatype.SchemePack
+		}
+	}
+	switch final {
+	case datatype.SchemeSGL:
+		err = nc.sglRecv(ctx, c, ls, h, chunk, func() error {
+			return reply(idxCTS, cts{status: stOK, scheme: datatype.SchemeSGL, chunk: chunk, rbytes: c.bytes})
+		})
+	case datatype.SchemeZCopy:
+		err = nc.zcopyRecv(ctx, c, ls, h, chunk, reply)
+	default:
+		final = datatype.SchemePack
+		if err = reply(idxCTS, cts{status: stOK, scheme: datatype.SchemePack, rbytes: c.bytes}); err == nil {
+			if err = nc.packRecv(ctx, c, h, false); err != nil {
+				_ = reply(idxAck, cts{status: stFailed, rbytes: c.bytes})
+			} else {
+				err = reply(idxAck, cts{status: stOK, scheme: datatype.SchemePack, rbytes: c.bytes})
+			}
+		}
+	}
+	if err != nil {
+		return status, err
+	}
+	nc.c.recv[final].Add(1)
+	return status, nil
+}
+
+// zcopyRecv maps (or finds) the layout's windows for the agreed chunk, sends
+// the CTS with the window keys unless this peer already holds them, and
+// waits for the sender's completion message.
+func (nc *noncontig) zcopyRecv(ctx context.Context, c typedCall, ls *layoutState, h rts, chunk int64, reply func(uint32, cts) error) error {
+	t := nc.t
+	ws, err := nc.windows(ls, chunk)
+	if err != nil {
+		_ = reply(idxCTS, cts{status: stFailed, rbytes: c.bytes})
+		return err
+	}
+	fin := make([]byte, finLen)
+	fr := t.ncRecv(c.peer, ncXferTag(dirData, uint32(c.peer), h.xid, idxFin), bufOf(fin), nil)
+	m := cts{status: stOK, scheme: datatype.SchemeZCopy, nwin: uint32(len(ws.wins)), chunk: chunk, setID: ws.id, rbytes: c.bytes}
+	var blob []byte
+	if !ws.hasSent(c.peer) {
+		blob = ws.keyBlob(ls.lay.IOVs)
+		m.flags |= ctsKeys
+		m.keysLen = int64(len(blob))
+	}
+	if err := reply(idxCTS, m); err != nil {
+		return err
+	}
+	if blob != nil {
+		if _, err := t.ncSend(c.peer, ncXferTag(dirReply, uint32(t.rank), h.xid, idxKeys), bufOf(blob), nil).Wait(ctx); err != nil {
+			return err
+		}
+		ws.markSent(c.peer)
+		nc.c.keyX.Add(1)
+	} else {
+		nc.c.keysOmitted.Add(1)
+	}
+	_, err = fr.Wait(ctx)
+	runtime.KeepAlive(c.buf)
+	return err
+}
+
+// check compares the sender's signature and size with the receive layout's:
+// the message must fit, and its signature must equal that of the receiver's
+// first elements.
+func (nc *noncontig) check(c typedCall, h rts) (uint8, datatype.Signature, error) {
+	if h.bytes > c.bytes {
+		return stTooSmall, datatype.Signature{}, nil
+	}
+	k := c.count
+	if h.bytes < c.bytes {
+		size := c.dt.Size()
+		if size == 0 || h.bytes%size != 0 {
+			rsig, err := c.dt.SignatureHash(c.count)
+			return stMismatch, rsig, err
+		}
+		k = h.bytes / size
+	}
+	rsig, err := c.dt.SignatureHash(k)
+	if err != nil {
+		return stFailed, rsig, err
+	}
+	if rsig != h.sig {
+		return stMismatch, rsig, nil
+	}
+	return stOK, rsig, nil
+}

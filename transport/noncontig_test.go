@@ -1,0 +1,106 @@
+package transport
+
+import (
+	"bytes"
+	"errors"
+	"testing"
+
+	"github.com/troupe-hpc/troupe/datatype"
+)
+
+// A quick in-process check of every scheme (two ranks in this process, each
+// with its own UCX worker); the full matrix over real processes is in
+// integration/noncontig_test.go.
+func TestTypedSchemesLocal(t *testing.T) {
+	ts := localJob(t, 2, ProgressDirect)
+	ctx := testCtx(t)
+	vec, err := datatype.Vector(64, 128, 256, datatype.Float64) // 64 blocks of 1 KiB, stride 2 KiB
+	if err != nil {
+		t.Fatal(err)
+	}
+	contig, err := datatype.Contiguous(64*128, datatype.Float64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	span := int(vec.Extent())
+	for _, s := range []datatype.Scheme{datatype.SchemePack, datatype.SchemeSGL, datatype.SchemeZCopy, datatype.SchemeAuto} {
+		src := make([]byte, span)
+		dst := make([]byte, span)
+		s0, r0 := ts[0].NoncontigStats(), ts[1].NoncontigStats()
+		for round := 0; round < 3; round++ {
+			copy(src, pattern(span, round+int(s)))
+			copy(dst, bytes.Repeat([]byte{0xee}, span))
+			o := TypedOptions{Scheme: s}
+			rr, err := ts[1].IrecvTypedWith(0, 3, dst, vec, 1, o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := ts[0].SendTypedWith(ctx, 1, 3, src, vec, 1, o); err != nil {
+				t.Fatalf("%v round %d: send: %v", s, round, err)
+			}
+			st, err := rr.Wait(ctx)
+			if err != nil {
+				t.Fatalf("%v round %d: recv: %v", s, round, err)
+			}
+			if st.Size != 64*1024 {
+				t.Fatalf("%v: size %d", s, st.Size)
+			}
+			for i := 0; i < span; i++ {
+				want := byte(0xee)
+				if i%2048 < 1024 {
+					want = src[i]
+				}
+				if dst[i] != want {
+					t.Fatalf("%v round %d: byte %d = %#x, want %#x", s, round, i, dst[i], want)
+				}
+			}
+		}
+		if s == datatype.SchemeZCopy {
+			// Second and third use: no registration, no key exchange.
+			s1, r1 := ts[0].NoncontigStats(), ts[1].NoncontigStats()
+			if s1.Registrations-s0.Registrations != 1 || r1.Registrations-r0.Registrations != 1 ||
+				r1.KeyExchanges-r0.KeyExchanges != 1 || r1.KeysOmitted-r0.KeysOmitted != 2 ||
+				s1.RemoteKeyHits-s0.RemoteKeyHits != 2 || s1.Sent.ZCopy-s0.Sent.ZCopy != 3 {
+				t.Fatalf("zcopy caches: sender %+v -> %+v, receiver %+v -> %+v", s0, s1, r0, r1)
+			}
+		}
+		// Different layout, same signature: vector into contiguous.
+		copy(src, pattern(span, 9))
+		dst = make([]byte, 64*1024)
+		rr, err := ts[1].IrecvTypedWith(0, 4, dst, contig, 1, TypedOptions{Scheme: s})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := ts[0].SendTypedWith(ctx, 1, 4, src, vec, 1, TypedOptions{Scheme: s}); err != nil {
+			t.Fatalf("%v: vector to contiguous: send: %v", s, err)
+		}
+		if _, err := rr.Wait(ctx); err != nil {
+			t.Fatalf("%v: vector to contiguous: recv: %v", s, err)
+		}
+		packed := make([]byte, 64*1024)
+		if _, err := vec.Pack(packed, src, 0, 1); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(dst, packed) {
+			t.Fatalf("%v: vector to contiguous: bytes differ", s)
+		}
+	}
+	t.Logf("sender %+v", ts[0].NoncontigStats())
+	t.Logf("receiver %+v", ts[1].NoncontigStats())
+
+	// Signature mismatch fails on both sides.
+	ints, err := datatype.Contiguous(64*128*2, datatype.Int32)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rr, err := ts[1].IrecvTyped(0, 5, make([]byte, 64*1024), ints, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	serr := ts[0].SendTyped(ctx, 1, 5, pattern(span, 1), vec, 1)
+	_, rerr := rr.Wait(ctx)
+	var me *TypeMismatchError
+	if !errors.As(serr, &me) || !errors.Is(serr, ErrTypeMismatch) || !errors.Is(rerr, ErrTypeMismatch) {
+		t.Fatalf("mismatch: send %v, recv %v", serr, rerr)
+	}
+}

@@ -1,0 +1,248 @@
+package transport
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"unsafe"
+
+	"github.com/troupe-hpc/troupe/datatype"
+	"github.com/troupe-hpc/troupe/transport/ucx"
+)
+
+// Tags of typed transfers (kind KindTyped). Two layouts, told apart by bit 59:
+//
+//	RTS:      kind(4) | 0 | source rank(24) | user tag(16) | sequence(19)
+//	transfer: kind(4) | 1 | dir(1) | source rank(24) | transfer id(20) | index(14)
+//
+// The RTS carries the per-(source, user tag) sequence number, so typed
+// messages match in send order exactly like the untyped API (trace-based
+// matching). Everything after the RTS is addressed by the sender's transfer
+// id: dir 0 flows sender to receiver (pack chunks, SGL chunks, the zero-copy
+// completion), dir 1 receiver to sender (CTS, window keys, ACK). Indices wrap;
+// messages with equal tags from one peer match in order, so wrapping is safe.
+const (
+	ncSeqBits  = 19
+	ncSeqMask  = 1<<ncSeqBits - 1
+	ncXidBits  = 20
+	ncXidMask  = 1<<ncXidBits - 1
+	ncIdxBits  = 14
+	ncIdxMask  = 1<<ncIdxBits - 1
+	ncRankMask = 1<<24 - 1
+
+	dirData  = 0 // sender to receiver
+	dirReply = 1 // receiver to sender
+
+	idxCTS  = 0 // dirReply: clear to send
+	idxKeys = 1 // dirReply: window keys following a CTS
+	idxAck  = 2 // dirReply: final status of a pack transfer
+	idxFin  = 0 // dirData: zero-copy completion
+)
+
+func ncRTSTag(src uint32, tag uint16, seq uint32) uint64 {
+	return uint64(KindTyped)<<kindShift | uint64(src&ncRankMask)<<(UserTagBits+ncSeqBits) |
+		uint64(tag)<<ncSeqBits | uint64(seq&ncSeqMask)
+}
+
+func ncXferTag(dir uint64, src uint32, xid uint32, idx uint32) uint64 {
+	return uint64(KindTyped)<<kindShift | 1<<59 | dir<<58 | uint64(src&ncRankMask)<<(ncXidBits+ncIdxBits) |
+		uint64(xid&ncXidMask)<<ncIdxBits | uint64(idx&ncIdxMask)
+}
+
+// Wire messages, little endian.
+
+const (
+	ncVersion  = 1
+	rtsHdrLen  = 64
+	ctsLen     = 64
+	finLen     = 8
+	ncEagerMax = 32 << 10 // largest payload an RTS may carry inline
+
+	rtsInline = 1 // RTS flag: the packed payload follows the header
+	ctsKeys   = 1 // CTS flag: a window-key message follows
+)
+
+// CTS/ACK status codes.
+const (
+	stOK       = 0
+	stMismatch = 1 // type signatures differ
+	stTooSmall = 2 // receive layout smaller than the message
+	stFailed   = 3 // receiver failed otherwise
+)
+
+// rts is the request to send.
+type rts struct {
+	proposal datatype.Scheme
+	flags    uint8
+	xid      uint32
+	bytes    int64
+	sig      datatype.Signature
+	minBlock int64
+	segments int64
+	chunk    int64 // sender's pack chunk
+}
+
+func (m *rts) encode(b []byte) {
+	b[0], b[1], b[2], b[3] = ncVersion, byte(m.proposal), m.flags, 0
+	le := binary.LittleEndian
+	le.PutUint32(b[4:], m.xid)
+	le.PutUint64(b[8:], uint64(m.bytes))
+	le.PutUint64(b[16:], uint64(m.sig.Elements))
+	le.PutUint64(b[24:], m.sig.Hash[0])
+	le.PutUint64(b[32:], m.sig.Hash[1])
+	le.PutUint64(b[40:], uint64(m.minBlock))
+	le.PutUint64(b[48:], uint64(m.segments))
+	le.PutUint64(b[56:], uint64(m.chunk))
+}
+
+func (m *rts) decode(b []byte) error {
+	if len(b) < rtsHdrLen {
+		return fmt.Errorf("%w: typed RTS of %d bytes, header needs %d", ErrInvalid, len(b), rtsHdrLen)
+	}
+	if b[0] != ncVersion {
+		return fmt.Errorf("%w: typed RTS version %d, want %d", ErrInvalid, b[0], ncVersion)
+	}
+	le := binary.LittleEndian
+	m.proposal, m.flags = datatype.Scheme(b[1]), b[2]
+	m.xid = le.Uint32(b[4:])
+	m.bytes = int64(le.Uint64(b[8:]))
+	m.sig.Elements = int64(le.Uint64(b[16:]))
+	m.sig.Hash = [2]uint64{le.Uint64(b[24:]), le.Uint64(b[32:])}
+	m.minBlock = int64(le.Uint64(b[40:]))
+	m.segments = int64(le.Uint64(b[48:]))
+	m.chunk = int64(le.Uint64(b[56:]))
+	switch {
+	case m.proposal < datatype.SchemePack || m.proposal > datatype.SchemeZCopy:
+		return fmt.Errorf("%w: typed RTS proposes scheme %d", ErrInvalid, m.proposal)
+	case m.bytes < 0 || m.minBlock < 0 || m.segments < 0 || m.chunk < 1:
+		return fmt.Errorf("%w: typed RTS with bytes %d, min block %d, segments %d, chunk %d", ErrInvalid, m.bytes, m.minBlock, m.segments, m.chunk)
+	case m.flags&rtsInline != 0 && int64(len(b)-rtsHdrLen) != m.bytes:
+		return fmt.Errorf("%w: typed RTS carries %d inline bytes, says %d", ErrInvalid, len(b)-rtsHdrLen, m.bytes)
+	}
+	return nil
+}
+
+// cts is the clear to send (and, with the same layout, the ACK of a pack
+// transfer): the receiver's decision or the error it found.
+type cts struct {
+	status   uint8
+	scheme   datatype.Scheme
+	flags    uint8
+	nwin     uint32
+	chunk    int64
+	setID    uint64
+	keysLen  int64
+	rbytes   int64 // receiver's layout size
+	rsig     datatype.Signature
+	reserved uint64
+}
+
+func (m *cts) encode(b []byte) {
+	b[0], b[1], b[2], b[3] = m.status, byte(m.scheme), m.flags, 0
+	le := binary.LittleEndian
+	le.PutUint32(b[4:], m.nwin)
+	le.PutUint64(b[8:], uint64(m.chunk))
+	le.PutUint64(b[16:], m.setID)
+	le.PutUint64(b[24:], uint64(m.keysLen))
+	le.PutUint64(b[32:], uint64(m.rbytes))
+	le.PutUint64(b[40:], uint64(m.rsig.Elements))
+	le.PutUint64(b[48:], m.rsig.Hash[0])
+	le.PutUint64(b[56:], m.rsig.Hash[1])
+}
+
+func (m *cts) decode(b []byte) error {
+	if len(b) != ctsLen {
+		return fmt.Errorf("%w: typed CTS of %d bytes, want %d", ErrInvalid, len(b), ctsLen)
+	}
+	le := binary.LittleEndian
+	m.status, m.scheme, m.flags = b[0], datatype.Scheme(b[1]), b[2]
+	m.nwin = le.Uint32(b[4:])
+	m.chunk = int64(le.Uint64(b[8:]))
+	m.setID = le.Uint64(b[16:])
+	m.keysLen = int64(le.Uint64(b[24:]))
+	m.rbytes = int64(le.Uint64(b[32:]))
+	m.rsig.Elements = int64(le.Uint64(b[40:]))
+	m.rsig.Hash = [2]uint64{le.Uint64(b[48:]), le.Uint64(b[56:])}
+	if m.status == stOK && (m.scheme < datatype.SchemePack || m.scheme > datatype.SchemeZCopy) {
+		return fmt.Errorf("%w: typed CTS chose scheme %d", ErrInvalid, m.scheme)
+	}
+	if m.keysLen < 0 || m.keysLen > 1<<34 || m.chunk < 0 {
+		return fmt.Errorf("%w: typed CTS with keys length %d, chunk %d", ErrInvalid, m.keysLen, m.chunk)
+	}
+	return nil
+}
+
+// Raw tagged operations of the typed protocol. They reuse the transport's
+// request machinery (tracking, pinning, peer-loss failure) with wire tags
+// of kind KindTyped.
+
+// ncSend starts a tagged send of b (a contiguous buffer or an IOV list whose
+// pointers are pins).
+func (t *Transport) ncSend(peer int, tag uint64, b ucx.Buffer, pins []unsafe.Pointer) *Request {
+	r := t.newRequest("typed send", peer, -1, b.Len)
+	r.b, r.pins, r.iov = b, pins, b.IOV
+	t.exec(func() {
+		p, err := t.peerLocked(peer, r.op)
+		if err != nil {
+			t.fail(r, err)
+			return
+		}
+		ureq, err := t.w.TagSend(p.ep, r.b, tag)
+		t.settle(r, ureq, err)
+	})
+	return r
+}
+
+// ncRecv posts a tagged receive of exactly tag into b.
+func (t *Transport) ncRecv(peer int, tag uint64, b ucx.Buffer, pins []unsafe.Pointer) *Request {
+	r := t.newRequest("typed recv", peer, -1, b.Len)
+	r.recv = true
+	r.b, r.pins, r.iov = b, pins, b.IOV
+	t.exec(func() {
+		if _, err := t.peerLocked(peer, r.op); err != nil {
+			t.fail(r, err)
+			return
+		}
+		ureq, err := t.w.TagRecv(r.b, tag, FullMask)
+		switch {
+		case err != nil:
+			t.fail(r, fmt.Errorf("transport: %s rank %d: %w", r.op, peer, err))
+		case !ureq.Pending():
+			t.fail(r, fmt.Errorf("transport: %s rank %d: UCX completed a receive without reporting it", r.op, peer))
+		default:
+			t.track(r, ureq)
+		}
+	})
+	return r
+}
+
+func bufOf(b []byte) ucx.Buffer { return ucx.Buffer{Ptr: bytesPtr(b), Len: len(b)} }
+
+// waitAll waits for every request and returns the first error.
+func waitAll(ctx context.Context, rs []*Request) error {
+	var first error
+	for _, r := range rs {
+		if r == nil {
+			continue
+		}
+		if _, err := r.Wait(ctx); err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
+}
+
+// iovList builds a C IOV list over pieces of the caller's buffer: piece
+// addresses are absolute, buf's first byte is at address origin.
+func iovList(buf []byte, origin uintptr, pieces []datatype.IOV) (ucx.Buffer, []unsafe.Pointer) {
+	v := ucx.NewIOV(len(pieces))
+	pins := make([]unsafe.Pointer, 0, 1)
+	base := bytesPtr(buf)
+	var total int64
+	for i, p := range pieces {
+		v.Set(i, unsafe.Add(base, int(p.Addr-origin)), int(p.Len))
+		total += p.Len
+	}
+	pins = append(pins, base)
+	return ucx.Buffer{IOV: v, Len: int(total)}, pins
+}

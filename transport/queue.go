@@ -1,0 +1,423 @@
+package transport
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"unsafe"
+
+	"github.com/troupe-hpc/troupe/gpu"
+	"github.com/troupe-hpc/troupe/transport/ucx"
+)
+
+// The stream-triggered queue lives in transport, not in gpu: it issues
+// transport operations, and gpu imports nothing of troupe (DESIGN 3). The
+// gpu package provides what a queue needs of a stream (WriteValue64,
+// WaitValue64, WaitValue64Host, WriteValue64Host), so no interface has to be
+// threaded back into gpu.
+
+// ErrQueueFreed: the queue was freed before the operation completed.
+var ErrQueueFreed = errors.New("transport: queue freed")
+
+// Queue is a stream-triggered communication queue (MPIX_Queue of the
+// stream-triggered MPI proposal): sends and receives are enqueued by the
+// host, started and waited for by the GPU stream. Start enqueues a stream
+// write of the queue's trigger counter; a progress agent (a goroutine of the
+// queue, playing the role of the NIC's triggered operations) sleeps until the
+// counter reaches a started batch, then issues the batch's operations through
+// the tagged API; when they have completed it advances the completion
+// counter, which the stream waits on after Wait. Host calls never block on
+// the stream or the network.
+//
+// Operations use the tagged API's (peer, tag) matching and sequence numbers,
+// so an enqueued send matches an ordinary Recv/Irecv and an enqueued receive
+// matches an ordinary Send/Isend. Operations of one queue are issued in the
+// order they were enqueued. There are no wildcards.
+type Queue struct {
+	t      *Transport
+	stream *gpu.Stream
+	sys    *gpu.System
+	words  gpu.Buffer // pinned: trigger counter, completion counter
+	trig   gpu.Buffer
+	comp   gpu.Buffer
+	pool   *gpu.PinnedPool
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	mu        sync.Mutex
+	pending   []*QueueOp // enqueued since the last Start
+	started   []*qbatch  // started, not yet triggered
+	issued    []*qbatch  // issued, not yet complete
+	starts    uint64     // Start calls so far: the last trigger value
+	freed     bool
+	kickStart chan struct{}
+	kickDone  chan struct{}
+}
+
+type qbatch struct {
+	seq uint64
+	ops []*QueueOp
+}
+
+// QueueOp is one enqueued send or receive.
+type QueueOp struct {
+	q    *Queue
+	send bool
+	peer int
+	tag  int
+	buf  gpu.Buffer
+
+	req  *Request
+	slot gpu.Buffer // pinned staging buffer, for device memory
+
+	done   chan struct{}
+	status Status
+	err    error
+}
+
+// QueueMaxMessage is the largest device-memory message a queue stages
+// through pinned host memory.
+const QueueMaxMessage = 64 << 20
+
+// NewQueue creates a queue bound to stream: its Start and Wait operations
+// are ordered with the stream's other work.
+func (t *Transport) NewQueue(stream *gpu.Stream) (*Queue, error) {
+	if stream == nil {
+		return nil, fmt.Errorf("%w: NewQueue: nil stream", ErrInvalid)
+	}
+	sys := stream.Device().System()
+	words, err := sys.AllocHost(16)
+	if err != nil {
+		return nil, fmt.Errorf("transport: NewQueue: counters: %w", err)
+	}
+	q := &Queue{t: t, stream: stream, sys: sys, words: words,
+		kickStart: make(chan struct{}, 1), kickDone: make(chan struct{}, 1)}
+	q.trig, _ = words.Slice(0, 8)
+	q.comp, _ = words.Slice(8, 8)
+	for _, w := range []gpu.Buffer{q.trig, q.comp} {
+		if err := gpu.WriteValue64Host(w, 0); err != nil {
+			_ = gpu.Free(words)
+			return nil, fmt.Errorf("transport: NewQueue: counters: %w", err)
+		}
+	}
+	q.pool, err = sys.NewPinnedPool(gpu.PoolConfig{MinSize: 64 << 10, MaxSize: QueueMaxMessage, MaxBytes: 4 * QueueMaxMessage})
+	if err != nil {
+		_ = gpu.Free(words)
+		return nil, fmt.Errorf("transport: NewQueue: staging pool: %w", err)
+	}
+	q.ctx, q.cancel = context.WithCancel(context.Background())
+	q.wg.Add(2)
+	go q.triggerAgent()
+	go q.completionAgent()
+	return q, nil
+}
+
+// EnqueueSend adds a send of buf to rank dst with a user tag to the queue.
+// It runs when the stream reaches the queue's next Start. buf must not be
+// changed between that point and the completion of the next Wait.
+func (q *Queue) EnqueueSend(buf gpu.Buffer, dst, tag int) (*QueueOp, error) {
+	return q.enqueue(true, buf, dst, tag)
+}
+
+// EnqueueRecv adds a receive into buf from rank src with a user tag to the
+// queue. Wildcards (negative src or tag) are refused. The data is in buf
+// when the stream passes the Wait that follows the Start triggering it.
+func (q *Queue) EnqueueRecv(buf gpu.Buffer, src, tag int) (*QueueOp, error) {
+	return q.enqueue(false, buf, src, tag)
+}
+
+func (q *Queue) enqueue(send bool, buf gpu.Buffer, peer, tag int) (*QueueOp, error) {
+	op := "EnqueueRecv"
+	if send {
+		op = "EnqueueSend"
+	}
+	if !send && (peer < 0 || tag < 0) {
+		return nil, fmt.Errorf("%w: %s: source %d tag %d: stream-triggered receives take no wildcards", ErrInvalid, op, peer, tag)
+	}
+	if err := q.t.checkRank(peer, op); err != nil {
+		return nil, err
+	}
+	if err := checkTag(tag, op); err != nil {
+		return nil, err
+	}
+	if buf.IsZero() || buf.Freed() {
+		return nil, fmt.Errorf("%w: %s: buffer is zero or freed", ErrInvalid, op)
+	}
+	if buf.System() != q.sys {
+		return nil, fmt.Errorf("%w: %s: buffer of another gpu.System than the queue's stream", ErrInvalid, op)
+	}
+	if q.staged(buf) && buf.Len() > QueueMaxMessage {
+		return nil, fmt.Errorf("%w: %s: %d-byte device message over the %d-byte staging limit", ErrInvalid, op, buf.Len(), QueueMaxMessage)
+	}
+	o := &QueueOp{q: q, send: send, peer: peer, tag: tag, buf: buf, done: make(chan struct{})}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.freed {
+		return nil, fmt.Errorf("transport: %s: %w", op, ErrQueueFreed)
+	}
+	q.pending = append(q.pending, o)
+	return o, nil
+}
+
+// staged reports whether buf travels through pinned host memory.
+func (q *Queue) staged(buf gpu.Buffer) bool {
+	return !buf.Kind().HostAccessible() && !q.t.deviceDirect(buf)
+}
+
+// Start enqueues on the stream the trigger of every operation enqueued since
+// the previous Start: a stream write of the trigger counter. It returns at
+// once.
+func (q *Queue) Start() error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.freed {
+		return fmt.Errorf("transport: queue Start: %w", ErrQueueFreed)
+	}
+	seq := q.starts + 1
+	if err := gpu.WriteValue64(q.stream, q.trig, seq); err != nil {
+		return fmt.Errorf("transport: queue Start: %w", err)
+	}
+	q.starts = seq
+	q.started = append(q.started, &qbatch{seq: seq, ops: q.pending})
+	q.pending = nil
+	kick(q.kickStart)
+	return nil
+}
+
+// Wait enqueues on the stream a wait until every operation started so far
+// has completed: a stream wait on the completion counter. Work enqueued on
+// the stream afterwards sees received data. It returns at once.
+func (q *Queue) Wait() error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.freed {
+		return fmt.Errorf("transport: queue Wait: %w", ErrQueueFreed)
+	}
+	if err := gpu.WaitValue64(q.stream, q.comp, q.starts, gpu.GEQ); err != nil {
+		return fmt.Errorf("transport: queue Wait: %w", err)
+	}
+	return nil
+}
+
+// Free stops the queue's agent and releases its counters. Operations not
+// completed yet fail with ErrQueueFreed (receives not matched are
+// withdrawn); stream waits on the queue are released. As with MPIX_Free_queue
+// the caller should first let the stream pass the last Wait.
+func (q *Queue) Free() error {
+	q.mu.Lock()
+	if q.freed {
+		q.mu.Unlock()
+		return nil
+	}
+	q.freed = true
+	q.mu.Unlock()
+	q.cancel()
+	q.wg.Wait()
+	q.mu.Lock()
+	var left []*QueueOp
+	for _, b := range append(q.started, q.issued...) {
+		left = append(left, b.ops...)
+	}
+	left = append(left, q.pending...)
+	q.started, q.issued, q.pending = nil, nil, nil
+	last := q.starts
+	q.mu.Unlock()
+	for _, o := range left {
+		o.finish(fmt.Errorf("transport: queue %s rank %d tag %d: %w", o.kind(), o.peer, o.tag, ErrQueueFreed))
+	}
+	errs := []error{gpu.WriteValue64Host(q.comp, last)}
+	errs = append(errs, gpu.Free(q.words), q.pool.Close())
+	return errors.Join(errs...)
+}
+
+func kick(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
+	}
+}
+
+// triggerAgent waits, asleep, for the stream to write each started batch's
+// trigger value and then issues the batch.
+func (q *Queue) triggerAgent() {
+	defer q.wg.Done()
+	for {
+		q.mu.Lock()
+		var b *qbatch
+		if len(q.started) > 0 {
+			b = q.started[0]
+		}
+		q.mu.Unlock()
+		if b == nil {
+			select {
+			case <-q.kickStart:
+				continue
+			case <-q.ctx.Done():
+				return
+			}
+		}
+		if err := gpu.WaitValue64Host(q.ctx, q.trig, b.seq, gpu.GEQ); err != nil {
+			return // freed (or the gpu system closed): Free fails what is left
+		}
+		for _, o := range b.ops {
+			o.issue()
+		}
+		q.mu.Lock()
+		q.started = q.started[1:]
+		q.issued = append(q.issued, b)
+		q.mu.Unlock()
+		kick(q.kickDone)
+	}
+}
+
+// completionAgent waits for each issued batch's operations in order and
+// then advances the completion counter to the batch's trigger value.
+func (q *Queue) completionAgent() {
+	defer q.wg.Done()
+	for {
+		q.mu.Lock()
+		var b *qbatch
+		if len(q.issued) > 0 {
+			b = q.issued[0]
+		}
+		q.mu.Unlock()
+		if b == nil {
+			select {
+			case <-q.kickDone:
+				continue
+			case <-q.ctx.Done():
+				return
+			}
+		}
+		for _, o := range b.ops {
+			if !o.complete(q.ctx) {
+				return // freed
+			}
+		}
+		q.mu.Lock()
+		q.issued = q.issued[1:]
+		q.mu.Unlock()
+		if err := gpu.WriteValue64Host(q.comp, b.seq); err != nil {
+			q.t.log.Warn("stream-triggered queue: writing the completion counter failed")
+		}
+	}
+}
+
+func (o *QueueOp) kind() string {
+	if o.send {
+		return "send"
+	}
+	return "recv"
+}
+
+// issue starts the operation through the tagged API (agent goroutine).
+func (o *QueueOp) issue() {
+	q, t := o.q, o.q.t
+	n := o.buf.Len()
+	var p unsafe.Pointer
+	if q.staged(o.buf) {
+		slot, err := q.pool.Get(max(n, 1))
+		if err == nil {
+			o.slot, _ = slot.Slice(0, n)
+			if o.send {
+				// The stream reached the trigger: the data is final.
+				err = gpu.Copy(o.slot, o.buf)
+			}
+		}
+		if err != nil {
+			o.fail(fmt.Errorf("transport: queue %s rank %d tag %d: staging: %w", o.kind(), o.peer, o.tag, err))
+			return
+		}
+		p = o.ptr(o.slot)
+	} else {
+		p = o.ptr(o.buf)
+	}
+	r := t.newRequest(o.kind(), o.peer, o.tag, n)
+	r.b = ucx.Buffer{Ptr: p, Len: n}
+	o.req = r
+	if o.send {
+		t.execReq(r, startSend)
+	} else {
+		r.recv = true
+		t.execReq(r, startRecv)
+	}
+}
+
+// ptr is the address UCX uses for b.
+func (o *QueueOp) ptr(b gpu.Buffer) unsafe.Pointer {
+	if b.Len() == 0 {
+		return nil
+	}
+	if bs, err := b.Bytes(); err == nil {
+		return unsafe.Pointer(unsafe.SliceData(bs))
+	}
+	return ucx.AddrPointer(b.Ptr())
+}
+
+// fail records an issue failure; complete reports it.
+func (o *QueueOp) fail(err error) { o.err = err }
+
+// complete waits for the operation (agent goroutine), unstages received
+// data and finishes it. It reports false when the queue was freed first.
+func (o *QueueOp) complete(ctx context.Context) bool {
+	if o.err != nil {
+		o.releaseSlot()
+		o.finish(o.err)
+		return true
+	}
+	st, err := o.req.Wait(ctx)
+	if err != nil && ctx.Err() != nil && !o.req.fin.Load() {
+		return false
+	}
+	if err == nil && !o.send && !o.slot.IsZero() && st.Size > 0 {
+		var src, dst gpu.Buffer
+		if src, err = o.slot.Slice(0, st.Size); err == nil {
+			if dst, err = o.buf.Slice(0, st.Size); err == nil {
+				err = gpu.Copy(dst, src)
+			}
+		}
+		if err != nil {
+			err = fmt.Errorf("transport: queue recv rank %d tag %d: unstaging: %w", o.peer, o.tag, err)
+		}
+	}
+	o.releaseSlot()
+	o.status = st
+	o.finish(err)
+	return true
+}
+
+func (o *QueueOp) releaseSlot() {
+	if !o.slot.IsZero() {
+		_ = o.q.pool.Put(o.slot)
+		o.slot = gpu.Buffer{}
+	}
+}
+
+func (o *QueueOp) finish(err error) {
+	select {
+	case <-o.done:
+		return
+	default:
+	}
+	o.err = err
+	close(o.done)
+}
+
+// Done returns a channel closed when the operation has completed (before the
+// completion counter that covers it advances).
+func (o *QueueOp) Done() <-chan struct{} { return o.done }
+
+// Wait blocks the calling goroutine until the operation completes (the host
+// side of MPI_Wait on a stream-triggered request) and returns a receive's
+// status.
+func (o *QueueOp) Wait(ctx context.Context) (Status, error) {
+	select {
+	case <-o.done:
+		return o.status, o.err
+	case <-ctx.Done():
+		return Status{}, fmt.Errorf("transport: queue %s rank %d tag %d: %w", o.kind(), o.peer, o.tag, ctx.Err())
+	}
+}

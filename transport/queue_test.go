@@ -1,0 +1,148 @@
+package transport
+
+import (
+	"bytes"
+	"errors"
+	"testing"
+
+	"github.com/troupe-hpc/troupe/gpu"
+)
+
+// TestQueueMatchesTaggedOps: rank 0's enqueued sends meet rank 1's ordinary
+// receives and rank 1's ordinary sends meet rank 0's enqueued receives; the
+// stream waits for the completion counter before it copies the received
+// data out, and the host never blocks in Start or Wait.
+func TestQueueMatchesTaggedOps(t *testing.T) {
+	ts := localJob(t, 2, ProgressDirect)
+	ctx := testCtx(t)
+	sys := hostSystem(t)
+	dev := sys.Devices()[0]
+	s, err := dev.NewStream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	q, err := ts[0].NewQueue(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sizes := []int{0, 8, 100000, 1 << 20}
+	for iter := 0; iter < 3; iter++ {
+		var sends, recvs []gpu.Buffer
+		var outs []gpu.Buffer
+		var hostRecv []*Request
+		for i, n := range sizes {
+			src := devBuf(t, sys, n, nil)
+			// "Kernel" producing the data: a stream-ordered copy, before the
+			// Start that triggers the send.
+			in, _ := sys.AllocHost(max(n, 1))
+			inB, _ := in.Bytes()
+			copy(inB, pattern(n, iter*10+i))
+			in, _ = in.Slice(0, n)
+			if err := gpu.CopyAsync(s, src, in); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := q.EnqueueSend(src, 1, 20+i); err != nil {
+				t.Fatal(err)
+			}
+			sends = append(sends, src)
+			got := make([]byte, n)
+			r, err := ts[1].Irecv(0, 20+i, got)
+			if err != nil {
+				t.Fatal(err)
+			}
+			hostRecv = append(hostRecv, r)
+			_ = got
+			dst := devBuf(t, sys, n, nil)
+			if _, err := q.EnqueueRecv(dst, 1, 40+i); err != nil {
+				t.Fatal(err)
+			}
+			recvs = append(recvs, dst)
+		}
+		if err := q.Start(); err != nil {
+			t.Fatal(err)
+		}
+		if err := q.Wait(); err != nil {
+			t.Fatal(err)
+		}
+		// After the Wait, the stream copies the received data out.
+		for i, n := range sizes {
+			out, _ := sys.AllocHost(max(n, 1))
+			out, _ = out.Slice(0, n)
+			if err := gpu.CopyAsync(s, out, recvs[i]); err != nil {
+				t.Fatal(err)
+			}
+			outs = append(outs, out)
+		}
+		for i, n := range sizes {
+			if err := ts[1].Send(ctx, 0, 40+i, pattern(n, 100+iter*10+i)); err != nil {
+				t.Fatal(err)
+			}
+			st, err := hostRecv[i].Wait(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st.Size != n {
+				t.Fatalf("size %d, want %d", st.Size, n)
+			}
+		}
+		if err := s.Synchronize(); err != nil {
+			t.Fatal(err)
+		}
+		for i, n := range sizes {
+			b, _ := outs[i].Bytes()
+			if !bytes.Equal(b, pattern(n, 100+iter*10+i)) {
+				t.Fatalf("iter %d: enqueued receive %d differs", iter, i)
+			}
+		}
+	}
+	if err := q.Free(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestQueueErrors(t *testing.T) {
+	ts := localJob(t, 2, ProgressDirect)
+	sys := hostSystem(t)
+	s, _ := sys.Devices()[0].NewStream()
+	q, err := ts[0].NewQueue(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := devBuf(t, sys, 8, nil)
+	if _, err := q.EnqueueRecv(b, -1, 3); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("any-source receive: %v", err)
+	}
+	if _, err := q.EnqueueRecv(b, 1, -1); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("any-tag receive: %v", err)
+	}
+	if _, err := q.EnqueueSend(b, 5, 3); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("bad rank: %v", err)
+	}
+	if _, err := q.EnqueueSend(gpu.Buffer{}, 1, 3); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("zero buffer: %v", err)
+	}
+	// A started receive that never matches: Free withdraws it and releases
+	// the stream's wait.
+	op, err := q.EnqueueRecv(b, 1, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := q.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if err := q.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	if err := q.Free(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Synchronize(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := op.Wait(testCtx(t)); err == nil {
+		t.Fatal("withdrawn receive reported success")
+	}
+	if _, err := q.EnqueueSend(b, 1, 3); !errors.Is(err, ErrQueueFreed) {
+		t.Fatalf("after Free: %v", err)
+	}
+}
