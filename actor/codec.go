@@ -10,6 +10,8 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/troupe-hpc/troupe/gpu"
 )
 
 // ErrUnregistered is returned when a message's type was never registered.
@@ -33,6 +35,7 @@ type codecType struct {
 	name    string
 	typ     reflect.Type // the value type (never a pointer)
 	payload int          // index of the Payload field, or -1
+	device  int          // index of the gpu.Buffer field, or -1
 }
 
 var registry = struct {
@@ -80,17 +83,22 @@ func registerType(t reflect.Type) error {
 	if t.Kind() == reflect.Interface || t.Kind() == reflect.Func || t.Kind() == reflect.Chan {
 		return fmt.Errorf("actor: cannot register %s: a %s cannot cross ranks", t, t.Kind())
 	}
-	ct := &codecType{name: typeName(t), typ: t, payload: -1}
+	ct := &codecType{name: typeName(t), typ: t, payload: -1, device: -1}
 	ct.id = TypeID(ct.name)
 	if t.Kind() == reflect.Struct {
 		for i := 0; i < t.NumField(); i++ {
-			if t.Field(i).Type != payloadType {
+			ft := t.Field(i).Type
+			if ft != payloadType && ft != deviceType {
 				continue
 			}
-			if ct.payload >= 0 {
-				return fmt.Errorf("actor: cannot register %s: more than one Payload field", ct.name)
+			if ct.payload >= 0 || ct.device >= 0 {
+				return fmt.Errorf("actor: cannot register %s: more than one Payload or gpu.Buffer field", ct.name)
 			}
-			ct.payload = i
+			if ft == payloadType {
+				ct.payload = i
+			} else {
+				ct.device = i
+			}
 		}
 	}
 	registry.Lock()
@@ -162,6 +170,15 @@ func encodeBody(ct *codecType, msg any) (body []byte, payload []byte, err error)
 		c.Field(ct.payload).SetBytes(nil)
 		v = c
 	}
+	if ct.device >= 0 {
+		if payload, err = stageDevice(v.Field(ct.device)); err != nil {
+			return nil, nil, fmt.Errorf("actor: %s: %w", ct.name, err)
+		}
+		c := reflect.New(ct.typ).Elem()
+		c.Set(v)
+		c.Field(ct.device).Set(reflect.Zero(deviceType))
+		v = c
+	}
 	pe := encoderPool.Get().(*pooledEncoder)
 	defer encoderPool.Put(pe)
 	pe.buf.Reset()
@@ -176,6 +193,11 @@ var decoderPool = sync.Pool{New: func() any { return msgpack.NewDecoder(nil) }}
 // decodeBody decodes a body of type ct after validating it; payload (may be
 // nil) is set into the Payload field.
 func decodeBody(ct *codecType, body []byte, ptr bool, payload []byte) (any, error) {
+	return decodeBodyDevice(ct, body, ptr, payload, gpu.Buffer{})
+}
+
+// decodeBodyDevice is decodeBody that also sets the gpu.Buffer field to dev.
+func decodeBodyDevice(ct *codecType, body []byte, ptr bool, payload []byte, dev gpu.Buffer) (any, error) {
 	if err := validateMsgpack(body); err != nil {
 		return nil, fmt.Errorf("actor: body of %s: %w", ct.name, err)
 	}
@@ -190,6 +212,9 @@ func decodeBody(ct *codecType, body []byte, ptr bool, payload []byte) (any, erro
 	}
 	if ct.payload >= 0 && payload != nil {
 		v.Elem().Field(ct.payload).SetBytes(payload)
+	}
+	if ct.device >= 0 && !dev.IsZero() {
+		v.Elem().Field(ct.device).Set(reflect.ValueOf(dev))
 	}
 	if ptr {
 		return v.Interface(), nil

@@ -28,8 +28,9 @@ type Incoming struct {
 
 // localActor is an actor spawned through the runtime's Props.
 type localActor struct {
-	pid  *pa.PID
-	hook PostReceiver
+	pid   *pa.PID
+	hook  PostReceiver
+	actor pa.Actor
 }
 
 // Props returns protoactor Props for an actor that other ranks can message
@@ -57,7 +58,7 @@ func (rt *Runtime) trackMiddleware(next pa.ReceiverFunc) pa.ReceiverFunc {
 	return func(c pa.ReceiverContext, env *pa.MessageEnvelope) {
 		switch env.Message.(type) {
 		case *pa.Started:
-			la := &localActor{pid: c.Self()}
+			la := &localActor{pid: c.Self(), actor: c.Actor()}
 			la.hook, _ = c.Actor().(PostReceiver)
 			rt.local.Store(c.Self().Id, la)
 		case *pa.Stopped:
@@ -70,9 +71,9 @@ func (rt *Runtime) trackMiddleware(next pa.ReceiverFunc) pa.ReceiverFunc {
 // creditMiddleware returns credits after an actor processes a remote message.
 type creditMiddleware struct{ rt *Runtime }
 
-func (m *creditMiddleware) MailboxStarted()      {}
-func (m *creditMiddleware) MessagePosted(any)    {}
-func (m *creditMiddleware) MailboxEmpty()        {}
+func (m *creditMiddleware) MailboxStarted()   {}
+func (m *creditMiddleware) MessagePosted(any) {}
+func (m *creditMiddleware) MailboxEmpty()     {}
 func (m *creditMiddleware) MessageReceived(msg any) {
 	env, ok := msg.(*pa.MessageEnvelope)
 	if !ok || env.Header == nil {

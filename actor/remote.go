@@ -11,6 +11,7 @@ import (
 	pa "github.com/asynkron/protoactor-go/actor"
 	"go.uber.org/zap"
 
+	"github.com/troupe-hpc/troupe/gpu"
 	"github.com/troupe-hpc/troupe/transport"
 )
 
@@ -338,6 +339,8 @@ func (rt *Runtime) onMessage(m *transport.AMMessage) {
 		switch {
 		case werr != nil:
 			it.err = "receiving data: " + werr.Error()
+		case it.e.Flags&flagBodyHdr != 0 && ct != nil && ct.device >= 0:
+			rt.decodeDevice(it, ct, dst)
 		case it.e.Flags&flagBodyHdr != 0:
 			rt.decode(it, ct, it.e.Body, dst)
 		default:
@@ -352,7 +355,7 @@ func (rt *Runtime) onMessage(m *transport.AMMessage) {
 // landing picks the memory a message's data lands in: the target actor's
 // PostReceive hook for a payload, else pooled memory.
 func (rt *Runtime) landing(it *inItem, ct *codecType, size int) []byte {
-	if it.e.Flags&flagBodyHdr == 0 || ct == nil || it.err != "" {
+	if it.e.Flags&flagBodyHdr == 0 || ct == nil || it.err != "" || ct.device >= 0 {
 		return getBuf(size)
 	}
 	if la, ok := rt.local.Load(it.e.Target); ok && la.(*localActor).hook != nil {
@@ -391,6 +394,32 @@ func (rt *Runtime) decode(it *inItem, ct *codecType, body []byte, payload []byte
 		it.err = err.Error()
 		return
 	}
+	it.msg = msg
+}
+
+// decodeDevice moves a landed device payload (host bytes) into device
+// memory and decodes the message around it.
+func (rt *Runtime) decodeDevice(it *inItem, ct *codecType, host []byte) {
+	defer putBuf(host)
+	it.ready = true
+	if it.err != "" {
+		return
+	}
+	dst, err := rt.deviceLanding(it, len(host))
+	if err == nil {
+		err = gpu.CopyFromHost(dst, host)
+	}
+	if err != nil {
+		it.err = "device payload: " + err.Error()
+		return
+	}
+	msg, err := decodeBodyDevice(ct, it.e.Body, it.e.Flags&flagPointer != 0, nil, dst)
+	if err != nil {
+		rt.stats.DecodeErrors.Add(1)
+		it.err = err.Error()
+		return
+	}
+	rt.stats.DeviceLanded.Add(1)
 	it.msg = msg
 }
 

@@ -16,6 +16,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/exp/zapslog"
 
+	"github.com/troupe-hpc/troupe/gpu"
 	"github.com/troupe-hpc/troupe/transport"
 	"github.com/troupe-hpc/troupe/transport/bootstrap"
 )
@@ -62,6 +63,9 @@ type Options struct {
 	Credits int
 	// Log receives the runtime's logs and protoactor's (nil: TROUPE_LOG).
 	Log *zap.Logger
+	// Device is where gpu.Buffer message fields land when the receiving
+	// actor names no buffer (nil: device 0 of gpu.Default()).
+	Device *gpu.Device
 }
 
 // Runtime is one rank's actor system: a protoactor-go ActorSystem whose
@@ -89,6 +93,10 @@ type Runtime struct {
 	watchMu sync.Mutex
 	watches []map[watchKey]*pa.PID // per rank: remote watchee + local watcher
 
+	devOnce sync.Once
+	dev     *gpu.Device
+	devErr  error
+
 	closed   atomic.Bool
 	stop     chan struct{}
 	bg       sync.WaitGroup
@@ -102,6 +110,7 @@ type Stats struct {
 	Received      atomic.Uint64 // actor messages received from other ranks
 	Rendezvous    atomic.Uint64 // received messages whose data came by rendezvous
 	HookLanded    atomic.Uint64 // payloads landed in hook-provided memory
+	DeviceLanded  atomic.Uint64 // gpu.Buffer fields landed in device memory
 	DeadLetters   atomic.Uint64 // undeliverable received messages
 	CreditWaits   atomic.Uint64 // sends that waited for credits
 	CreditsBack   atomic.Uint64 // credit messages sent back to senders
@@ -225,6 +234,7 @@ func start(ctx context.Context, t *transport.Transport, opts Options) (*Runtime,
 		log:     log.With(zap.Int("rank", t.Rank())),
 		credits: opts.Credits,
 		stop:    make(chan struct{}),
+		dev:     opts.Device,
 		reqs:    map[string]int{},
 	}
 	if rt.credits <= 0 {

@@ -1,0 +1,89 @@
+package actor
+
+import (
+	"fmt"
+	"reflect"
+
+	"github.com/troupe-hpc/troupe/gpu"
+)
+
+// This file is the GPU Messaging API (paper 002, section 3.2.1): a message
+// field of type gpu.Buffer never enters the msgpack body. Its bytes travel
+// as the active message's data (rendezvous when large) and land in device
+// memory on the receiver: in the buffer the target actor's
+// PostReceiveDevice hook names, else in a buffer the runtime allocates on
+// its device. The receiving actor's Receive then runs with the message,
+// whose gpu.Buffer field refers to the receiver's device memory.
+//
+// Transfer path: the device bytes are staged through host memory (a copy to
+// the host at the sender, inside Send, and to the device at the receiver).
+// That is the pipelined-staging path of DESIGN 7 without the pipelining; the
+// sender may reuse its device buffer as soon as Send returns, which is how
+// it learns of completion.
+
+var deviceType = reflect.TypeFor[gpu.Buffer]()
+
+// DevicePostReceiver is implemented by actors that choose the device buffer
+// a message's gpu.Buffer field lands in. It runs on the runtime's progress
+// goroutine (see PostReceiver); the buffer must be exactly in.Size bytes, or
+// the message is undeliverable. Returning the zero Buffer lets the runtime
+// allocate on its device.
+type DevicePostReceiver interface {
+	PostReceiveDevice(in *Incoming) gpu.Buffer
+}
+
+// stageDevice copies a gpu.Buffer field's bytes to host memory.
+func stageDevice(f reflect.Value) ([]byte, error) {
+	b := f.Interface().(gpu.Buffer)
+	if b.IsZero() {
+		return nil, nil
+	}
+	host := make([]byte, b.Len())
+	if err := gpu.CopyToHost(host, b); err != nil {
+		return nil, fmt.Errorf("staging a %d-byte device buffer: %w", b.Len(), err)
+	}
+	return host, nil
+}
+
+// deviceLanding returns the device buffer a message's bytes land in.
+func (rt *Runtime) deviceLanding(it *inItem, size int) (gpu.Buffer, error) {
+	if la, ok := rt.local.Load(it.e.Target); ok {
+		if h, ok := la.(*localActor).actor.(DevicePostReceiver); ok {
+			in := &Incoming{Target: rt.PID(rt.rank, it.e.Target), Size: size}
+			if it.e.Sender != "" {
+				in.Sender = rt.PID(it.e.SenderRank, it.e.Sender)
+			}
+			if ct := lookupID(it.e.Type); ct != nil {
+				in.Type = ct.name
+			}
+			if b := h.PostReceiveDevice(in); !b.IsZero() {
+				if b.Len() != size {
+					return gpu.Buffer{}, fmt.Errorf("PostReceiveDevice returned %d bytes for a device payload of %d", b.Len(), size)
+				}
+				return b, nil
+			}
+		}
+	}
+	dev, err := rt.device()
+	if err != nil {
+		return gpu.Buffer{}, err
+	}
+	return dev.Alloc(size)
+}
+
+// device returns the runtime's GPU device (Options.Device, else device 0 of
+// the default system), opened on first use.
+func (rt *Runtime) device() (*gpu.Device, error) {
+	rt.devOnce.Do(func() {
+		if rt.dev != nil {
+			return
+		}
+		sys, err := gpu.Default()
+		if err != nil {
+			rt.devErr = err
+			return
+		}
+		rt.dev, rt.devErr = sys.Device(0)
+	})
+	return rt.dev, rt.devErr
+}
