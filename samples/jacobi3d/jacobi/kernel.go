@@ -1,0 +1,273 @@
+// Package jacobi is the Jacobi3D sample's engine: the 7-point stencil
+// kernel, the block decomposition, the serial reference and the field hash
+// of docs/jacobi3d.md, and Run, which solves the problem with an actor array
+// of blocks on a troupe actor runtime.
+//
+// The problem (unknowns, boundary values, sweep, residual and field_hash) is
+// the reference problem every Jacobi3D implementation of this project
+// reproduces bit for bit; see docs/jacobi3d.md.
+package jacobi
+
+import (
+	"fmt"
+	"math"
+)
+
+// C7 is the float64 nearest 1/7 (0x3FC2492492492492), the stencil weight.
+var C7 = math.Float64frombits(0x3FC2492492492492)
+
+// HotValue is the fixed boundary value on the face x = -1; the five other
+// boundary faces hold 0.
+const HotValue = 1.0
+
+// Directions of a block's six faces. A face's opposite is d ^ 1.
+const (
+	XLow = iota
+	XHigh
+	YLow
+	YHigh
+	ZLow
+	ZHigh
+	NumDirs
+)
+
+// Box is a block's part of the global grid: interior points
+// [X0, X0+NX) x [Y0, Y0+NY) x [Z0, Z0+NZ).
+type Box struct {
+	X0, Y0, Z0 int
+	NX, NY, NZ int
+}
+
+// Split returns where part p of n cells cut into parts parts starts and how
+// many cells it has: part p gets [p*n/parts, (p+1)*n/parts).
+func Split(n, parts, p int) (start, size int) {
+	start = p * n / parts
+	return start, (p+1)*n/parts - start
+}
+
+// BlockBox returns the box of block (bx, by, bz) when an nx x ny x nz grid is
+// cut into blocks[0] x blocks[1] x blocks[2] blocks.
+func BlockBox(nx, ny, nz int, blocks [3]int, bx, by, bz int) Box {
+	var b Box
+	b.X0, b.NX = Split(nx, blocks[0], bx)
+	b.Y0, b.NY = Split(ny, blocks[1], by)
+	b.Z0, b.NZ = Split(nz, blocks[2], bz)
+	return b
+}
+
+// Block is a sub-grid with one ghost layer on every side. Point (i, j, k) of
+// the box (0 <= i < NX, ...) is stored at Idx(i, j, k); ghosts are at i = -1
+// and i = NX (and likewise in y and z). Edges and corners of the ghost layer
+// are never read.
+type Block struct {
+	Box
+	SX, SXY int // strides of j and k in the padded array
+}
+
+// NewBlock describes the padded storage of box b.
+func NewBlock(b Box) Block {
+	sx := b.NX + 2
+	return Block{Box: b, SX: sx, SXY: sx * (b.NY + 2)}
+}
+
+// Len is the number of float64s of the padded storage.
+func (b Block) Len() int { return b.SXY * (b.NZ + 2) }
+
+// Idx is the storage index of box point (i, j, k); -1 and N address ghosts.
+func (b Block) Idx(i, j, k int) int { return (i + 1) + b.SX*(j+1) + b.SXY*(k+1) }
+
+// Sweep computes one Jacobi sweep of the block: it reads u (interior and
+// ghosts) and writes the new interior into v, and returns the block's
+// residual max |v - u| over the interior. The arithmetic per point is the
+// reference's: s = u[c]; s += x-1; s += x+1; s += y-1; s += y+1; s += z-1;
+// s += z+1; v = s*C7, each a separately rounded float64 operation.
+func (b Block) Sweep(u, v []float64) float64 {
+	sx, sxy := b.SX, b.SXY
+	r := 0.0
+	for k := 0; k < b.NZ; k++ {
+		for j := 0; j < b.NY; j++ {
+			row := b.Idx(0, j, k)
+			// Sub-slices let the compiler drop most bounds checks.
+			c0 := u[row : row+b.NX]
+			xm := u[row-1 : row-1+b.NX]
+			xp := u[row+1 : row+1+b.NX]
+			ym := u[row-sx : row-sx+b.NX]
+			yp := u[row+sx : row+sx+b.NX]
+			zm := u[row-sxy : row-sxy+b.NX]
+			zp := u[row+sxy : row+sxy+b.NX]
+			out := v[row : row+b.NX]
+			for i := range out {
+				old := c0[i]
+				s := old
+				s += xm[i]
+				s += xp[i]
+				s += ym[i]
+				s += yp[i]
+				s += zm[i]
+				s += zp[i]
+				// The explicit conversion forbids fusing s*C7 - old into an
+				// FMA on architectures that would (the Go spec allows it).
+				nv := float64(s * C7)
+				out[i] = nv
+				if d := math.Abs(nv - old); d > r {
+					r = d
+				}
+			}
+		}
+	}
+	return r
+}
+
+// faceRange returns the index ranges, in box coordinates, of the interior
+// plane next to face d (inner = true, what a neighbour needs) or of the ghost
+// plane of face d (inner = false, where the neighbour's plane goes).
+func (b Block) faceRange(d int, inner bool) (lo, hi [3]int) {
+	hi = [3]int{b.NX, b.NY, b.NZ}
+	n := hi[d/2]
+	var at int
+	switch {
+	case d%2 == 0 && inner:
+		at = 0
+	case d%2 == 0:
+		at = -1
+	case inner:
+		at = n - 1
+	default:
+		at = n
+	}
+	lo[d/2], hi[d/2] = at, at+1
+	return lo, hi
+}
+
+// FaceLen is the number of points of face d.
+func (b Block) FaceLen(d int) int {
+	switch d / 2 {
+	case 0:
+		return b.NY * b.NZ
+	case 1:
+		return b.NX * b.NZ
+	default:
+		return b.NX * b.NY
+	}
+}
+
+// PackFace copies the interior plane next to face d of u into a new slice,
+// in (i fastest, then j, then k) order.
+func (b Block) PackFace(u []float64, d int) []float64 {
+	lo, hi := b.faceRange(d, true)
+	out := make([]float64, 0, b.FaceLen(d))
+	for k := lo[2]; k < hi[2]; k++ {
+		for j := lo[1]; j < hi[1]; j++ {
+			row := b.Idx(lo[0], j, k)
+			out = append(out, u[row:row+hi[0]-lo[0]]...)
+		}
+	}
+	return out
+}
+
+// UnpackFace copies a neighbour's plane (as PackFace made it) into the ghost
+// plane of face d of u.
+func (b Block) UnpackFace(u []float64, d int, face []float64) error {
+	if len(face) != b.FaceLen(d) {
+		return fmt.Errorf("jacobi: face %d has %d points, want %d", d, len(face), b.FaceLen(d))
+	}
+	lo, hi := b.faceRange(d, false)
+	w := hi[0] - lo[0]
+	p := 0
+	for k := lo[2]; k < hi[2]; k++ {
+		for j := lo[1]; j < hi[1]; j++ {
+			row := b.Idx(lo[0], j, k)
+			copy(u[row:row+w], face[p:p+w])
+			p += w
+		}
+	}
+	return nil
+}
+
+// FillGhost sets the ghost plane of face d to value v (a fixed boundary).
+func (b Block) FillGhost(u []float64, d int, v float64) {
+	lo, hi := b.faceRange(d, false)
+	for k := lo[2]; k < hi[2]; k++ {
+		for j := lo[1]; j < hi[1]; j++ {
+			for i := lo[0]; i < hi[0]; i++ {
+				u[b.Idx(i, j, k)] = v
+			}
+		}
+	}
+}
+
+// Interior copies the block's interior out of u, i fastest.
+func (b Block) Interior(u []float64) []float64 {
+	out := make([]float64, 0, b.NX*b.NY*b.NZ)
+	for k := 0; k < b.NZ; k++ {
+		for j := 0; j < b.NY; j++ {
+			row := b.Idx(0, j, k)
+			out = append(out, u[row:row+b.NX]...)
+		}
+	}
+	return out
+}
+
+// BoundaryValue is the fixed value of the global boundary face d.
+func BoundaryValue(d int) float64 {
+	if d == XLow {
+		return HotValue
+	}
+	return 0
+}
+
+// mix64 is the SplitMix64 finalizer.
+func mix64(z uint64) uint64 {
+	z = (z ^ z>>30) * 0xBF58476D1CE4E5B9
+	z = (z ^ z>>27) * 0x94D049BB133111EB
+	return z ^ z>>31
+}
+
+// HashPartial is the block's share of H = sum over points of
+// mix64(bits(u) + p*0x9E3779B97F4A7C15) mod 2^64, p = i + NX*(j + NY*k) in
+// global coordinates of an nx x ny grid. Shares add (mod 2^64) to H.
+func (b Block) HashPartial(u []float64, nx, ny int) uint64 {
+	var h uint64
+	for k := 0; k < b.NZ; k++ {
+		for j := 0; j < b.NY; j++ {
+			row := b.Idx(0, j, k)
+			p := uint64(b.X0 + nx*((b.Y0+j)+ny*(b.Z0+k)))
+			for i := 0; i < b.NX; i++ {
+				h += mix64(math.Float64bits(u[row+i]) + (p+uint64(i))*0x9E3779B97F4A7C15)
+			}
+		}
+	}
+	return h
+}
+
+// FieldHash turns H (the sum of every block's HashPartial) into the printed
+// field_hash, H >> 11.
+func FieldHash(h uint64) uint64 { return h >> 11 }
+
+// Serial is the serial reference: sweeps Jacobi sweeps of the nx x ny x nz
+// problem from the initial state. It returns the interior field after the
+// last sweep (i fastest, then j, then k) and that sweep's residual.
+func Serial(nx, ny, nz, sweeps int) (field []float64, residual float64) {
+	b := NewBlock(Box{NX: nx, NY: ny, NZ: nz})
+	u := make([]float64, b.Len())
+	v := make([]float64, b.Len())
+	for d := 0; d < NumDirs; d++ {
+		b.FillGhost(u, d, BoundaryValue(d))
+		b.FillGhost(v, d, BoundaryValue(d))
+	}
+	for s := 0; s < sweeps; s++ {
+		residual = b.Sweep(u, v)
+		u, v = v, u
+	}
+	return b.Interior(u), residual
+}
+
+// HashField is field_hash of a whole interior field as Serial returns it
+// (its index is p = i + NX*(j + NY*k)).
+func HashField(field []float64) uint64 {
+	var h uint64
+	for p, x := range field {
+		h += mix64(math.Float64bits(x) + uint64(p)*0x9E3779B97F4A7C15)
+	}
+	return FieldHash(h)
+}

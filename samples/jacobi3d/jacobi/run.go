@@ -1,0 +1,778 @@
+package jacobi
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"slices"
+	"sync"
+	"time"
+
+	pa "github.com/asynkron/protoactor-go/actor"
+
+	"github.com/troupe-hpc/troupe/actor"
+)
+
+// Config describes a Jacobi3D run. Every rank passes the same Config to Run.
+type Config struct {
+	// Name names the actor array (and the driver, Name+"-driver"); runs
+	// sharing runtimes need distinct names. Default "jacobi3d".
+	Name string
+	// NX, NY, NZ are the numbers of interior points per dimension.
+	NX, NY, NZ int
+	// Blocks is the actor array's shape: the grid is cut into
+	// Blocks[0] x Blocks[1] x Blocks[2] blocks (zero: DefaultBlocks).
+	Blocks [3]int
+	// Warmup sweeps come before the timed ones; the run does
+	// S = Warmup + Iters sweeps (at most that many with Tol).
+	Warmup, Iters int
+	// Tol > 0 stops the run once a reduced residual is <= Tol: the blocks,
+	// allowed one reduction interval ahead of the driver, stop at the end of
+	// the interval they are in (or after S sweeps, whichever comes first).
+	Tol float64
+	// ReduceEvery is K: the residual is reduced after every K-th sweep and
+	// after the last one (default 1).
+	ReduceEvery int
+	// Check makes rank 0 gather the final field and compare it with the
+	// serial reference.
+	Check bool
+}
+
+// Sweeps is S, the number of sweeps of a fixed-count run (the cap with Tol).
+func (c *Config) Sweeps() int { return c.Warmup + c.Iters }
+
+// DefaultBlocks returns the default array shape for ranks ranks: the same
+// count f in every dimension, the smallest with f^3 >= 8*ranks (at least 8
+// blocks per rank), capped by the grid.
+func DefaultBlocks(ranks, nx, ny, nz int) [3]int {
+	f := 1
+	for f*f*f < 8*ranks {
+		f++
+	}
+	return [3]int{min(f, nx), min(f, ny), min(f, nz)}
+}
+
+// normalize fills defaults and validates c for a job of size ranks.
+func (c *Config) normalize(ranks int) error {
+	if c.Name == "" {
+		c.Name = "jacobi3d"
+	}
+	if c.NX <= 0 || c.NY <= 0 || c.NZ <= 0 {
+		return fmt.Errorf("jacobi: grid %dx%dx%d must be positive", c.NX, c.NY, c.NZ)
+	}
+	if c.Blocks == [3]int{} {
+		c.Blocks = DefaultBlocks(ranks, c.NX, c.NY, c.NZ)
+	}
+	n := [3]int{c.NX, c.NY, c.NZ}
+	for d, b := range c.Blocks {
+		if b <= 0 || b > n[d] {
+			return fmt.Errorf("jacobi: %d blocks in dimension %d of a %d-point grid (want 1..%d)", b, d, n[d], n[d])
+		}
+	}
+	if nb := c.Blocks[0] * c.Blocks[1] * c.Blocks[2]; nb < ranks {
+		return fmt.Errorf("jacobi: %d blocks for %d ranks: every rank needs at least one block", nb, ranks)
+	}
+	if c.Warmup < 0 || c.Iters < 0 || c.Sweeps() < 1 {
+		return fmt.Errorf("jacobi: warm-up %d + iterations %d must be at least one sweep", c.Warmup, c.Iters)
+	}
+	if c.ReduceEvery <= 0 {
+		c.ReduceEvery = 1
+	}
+	if c.Tol < 0 || math.IsNaN(c.Tol) {
+		return fmt.Errorf("jacobi: tolerance %g", c.Tol)
+	}
+	return nil
+}
+
+// Result is what Run reports on rank 0.
+type Result struct {
+	Sweeps    int     // sweeps done (S, or fewer with Tol)
+	Residual  float64 // r of the last sweep
+	FieldHash uint64  // field_hash of the final field
+	// TimedSweeps is how many sweeps the timings cover: those after the
+	// warm-up (all of them when the run ended within the warm-up).
+	TimedSweeps int
+	// IterMs is the median time per timed sweep, measured at the driver as
+	// the time between successive residual reductions arriving (divided by
+	// the sweeps between them).
+	IterMs float64
+	// MeanIterMs is the timed wall time divided by TimedSweeps.
+	MeanIterMs float64
+	// CommMs is the time per timed sweep a rank spent with none of its
+	// blocks computing (waiting for halos, the driver or message handling),
+	// averaged over ranks.
+	CommMs float64
+	// CommShare is that idle time as a share of the ranks' timed wall time
+	// (summed over ranks).
+	CommShare float64
+	// KernelMs is the kernel time (ghost unpacking, the sweep, face
+	// packing) per timed sweep, summed over all blocks.
+	KernelMs float64
+	// Elapsed is the whole run at the driver, from the first Go to the
+	// final reduction.
+	Elapsed time.Duration
+	// Checked is set when the field was compared with the serial
+	// reference; then MaxAbsDiff, SerialResidual, SerialHash and Pass are
+	// set. Pass: max |u - u_serial| <= 1e-12 and the field hashes equal.
+	Checked        bool
+	MaxAbsDiff     float64
+	SerialResidual float64
+	SerialHash     uint64
+	Pass           bool
+}
+
+// Halo is a block's boundary plane after sweep Iter, sent to the neighbour
+// on that side. Dir is the face of the receiving block whose ghost plane it
+// fills (XLow..ZHigh); Face is i-fastest, then j, then k.
+type Halo struct {
+	Iter int
+	Dir  int
+	Face []float64
+}
+
+// Go allows the blocks to compute sweeps up to Until; Last says Until is the
+// final sweep.
+type Go struct {
+	Until int
+	Last  bool
+}
+
+// Field carries a block's interior after the final sweep to the driver (for
+// the check against the serial reference).
+type Field struct {
+	Linear int
+	Data   []float64
+}
+
+// Done tells the blocks that the driver has all it needs: their rank may
+// shut down.
+type Done struct{}
+
+func init() {
+	actor.MustRegister[Halo]()
+	actor.MustRegister[Go]()
+	actor.MustRegister[Field]()
+	actor.MustRegister[Done]()
+}
+
+// Run solves the problem described by cfg with an actor array of blocks on
+// rt. It is collective: every rank calls it with the same cfg. Rank 0 hosts
+// the driver and returns the Result; the other ranks return nil once the
+// driver has everything. Run does not shut rt down.
+func Run(ctx context.Context, rt *actor.Runtime, cfg Config) (*Result, error) {
+	if err := cfg.normalize(rt.Size()); err != nil {
+		return nil, err
+	}
+	dims := []int{cfg.Blocks[0], cfg.Blocks[1], cfg.Blocks[2]}
+	nblocks := dims[0] * dims[1] * dims[2]
+	rs := &rankState{warmup: cfg.Warmup, done: make(chan struct{}), errc: make(chan error, 1), idleFrom: time.Now()}
+	for i := 0; i < nblocks; i++ {
+		if actor.Block(nil, i, dims, rt.Size()) == rt.Rank() {
+			rs.nlocal++
+		}
+	}
+	driverPID := rt.PID(0, cfg.Name+"-driver")
+	var results chan driverResult
+	if rt.Rank() == 0 {
+		results = make(chan driverResult, 1)
+		d := &driver{rt: rt, cfg: cfg, nblocks: nblocks, out: results, times: map[int]time.Time{}}
+		if _, err := rt.Root().SpawnNamed(rt.Props(func() pa.Actor { return d }), driverPID.Id); err != nil {
+			return nil, fmt.Errorf("jacobi: spawning the driver: %w", err)
+		}
+		defer rt.Root().Stop(driverPID)
+	}
+	arr, err := rt.NewArray(ctx, actor.ArrayConfig{
+		Name:      cfg.Name,
+		Dims:      dims,
+		Placement: actor.Block,
+		New: func(el *actor.Element) pa.Actor {
+			return newBlock(el, rt, &cfg, rs, driverPID)
+		},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("jacobi: creating the block array: %w", err)
+	}
+	if rt.Rank() != 0 {
+		return nil, rs.wait(ctx)
+	}
+	if err := rt.Send(driverPID, &startRun{arr: arr}); err != nil {
+		return nil, fmt.Errorf("jacobi: starting the driver: %w", err)
+	}
+	var res driverResult
+	select {
+	case res = <-results:
+	case err := <-rs.errc:
+		return nil, err
+	case <-ctx.Done():
+		return nil, fmt.Errorf("jacobi: waiting for the driver: %w", ctx.Err())
+	}
+	if res.err != nil {
+		return nil, res.err
+	}
+	if err := arr.Broadcast(&Done{}); err != nil {
+		return nil, fmt.Errorf("jacobi: broadcasting done: %w", err)
+	}
+	if err := rs.wait(ctx); err != nil {
+		return nil, err
+	}
+	out := res.res
+	if cfg.Check {
+		field, r := Serial(cfg.NX, cfg.NY, cfg.NZ, out.Sweeps)
+		out.Checked = true
+		out.SerialResidual = r
+		out.SerialHash = HashField(field)
+		for p, x := range field {
+			out.MaxAbsDiff = max(out.MaxAbsDiff, math.Abs(x-res.field[p]))
+		}
+		out.Pass = out.MaxAbsDiff <= 1e-12 && out.SerialHash == out.FieldHash
+	}
+	return &out, nil
+}
+
+// rankState is what a rank's blocks share: completion, errors, and the
+// accounting of the time during which none of them computes.
+type rankState struct {
+	nlocal int
+	warmup int
+
+	mu        sync.Mutex
+	active    int           // blocks computing now
+	idleFrom  time.Time     // when active last dropped to 0
+	idle      time.Duration // time with active == 0, up to idleFrom
+	marks     map[int]int   // sweep -> local blocks that finished it (0: started)
+	t0        time.Time     // start of the timed window
+	idle0     time.Duration // idle time at t0
+	haveT0    bool
+	tFirst    time.Time // start of the run on this rank (every block started)
+	idleFirst time.Duration
+	finished  int
+	doneCount int
+
+	done    chan struct{}
+	errc    chan error
+	errOnce sync.Once
+}
+
+// idleNow returns the idle time up to now; mu must be held.
+func (rs *rankState) idleNow(now time.Time) time.Duration {
+	if rs.active == 0 {
+		return rs.idle + now.Sub(rs.idleFrom)
+	}
+	return rs.idle
+}
+
+// begin and end bracket a block's kernel.
+func (rs *rankState) begin() {
+	rs.mu.Lock()
+	if rs.active == 0 {
+		rs.idle += time.Since(rs.idleFrom)
+	}
+	rs.active++
+	rs.mu.Unlock()
+}
+
+func (rs *rankState) end() {
+	rs.mu.Lock()
+	rs.active--
+	if rs.active == 0 {
+		rs.idleFrom = time.Now()
+	}
+	rs.mu.Unlock()
+}
+
+// mark records that a block finished sweep s (0: it started). When every
+// local block has started, the run starts on this rank; when every local
+// block has finished the warm-up, the timed window starts.
+func (rs *rankState) mark(s int) {
+	if s != 0 && s != rs.warmup {
+		return
+	}
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	if rs.marks == nil {
+		rs.marks = map[int]int{}
+	}
+	rs.marks[s]++
+	if rs.marks[s] != rs.nlocal {
+		return
+	}
+	now := time.Now()
+	if s == 0 {
+		rs.tFirst, rs.idleFirst = now, rs.idleNow(now)
+	}
+	if s == rs.warmup {
+		rs.t0, rs.idle0, rs.haveT0 = now, rs.idleNow(now), true
+	}
+}
+
+// finish records that a block did its last sweep. The last local block to
+// finish gets the rank's idle and wall time over the timed window (or over
+// the whole run when it ended within the warm-up) and last = true.
+func (rs *rankState) finish() (idle, wall time.Duration, last bool) {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	rs.finished++
+	if rs.finished != rs.nlocal {
+		return 0, 0, false
+	}
+	now := time.Now()
+	t0, idle0 := rs.tFirst, rs.idleFirst
+	if rs.haveT0 {
+		t0, idle0 = rs.t0, rs.idle0
+	}
+	return rs.idleNow(now) - idle0, now.Sub(t0), true
+}
+
+// doneOne counts a block that heard Done; the last one releases the rank.
+func (rs *rankState) doneOne() {
+	rs.mu.Lock()
+	rs.doneCount++
+	n := rs.doneCount
+	rs.mu.Unlock()
+	if n == rs.nlocal {
+		close(rs.done)
+	}
+}
+
+// fail reports the rank's first error.
+func (rs *rankState) fail(err error) {
+	rs.errOnce.Do(func() { rs.errc <- err })
+}
+
+// wait waits until every local block heard Done, or an error.
+func (rs *rankState) wait(ctx context.Context) error {
+	select {
+	case <-rs.done:
+		return nil
+	case err := <-rs.errc:
+		return err
+	case <-ctx.Done():
+		return fmt.Errorf("jacobi: waiting for the run to finish: %w", ctx.Err())
+	}
+}
+
+// block is one array element: a sub-grid with ghost layers.
+type block struct {
+	el     *actor.Element
+	rt     *actor.Runtime
+	cfg    *Config
+	rs     *rankState
+	driver *pa.PID
+	geo    Block
+	u, v   []float64
+	nbr    [NumDirs]*pa.PID // neighbour on each side, nil at the global boundary
+	need   int              // number of neighbours
+
+	sweep   int // sweeps done: u holds the field after sweep
+	granted int // the driver allows sweeps up to this
+	final   int // the last sweep, 0 while unknown
+	started bool
+	done    bool // final sweep done and reported
+	failed  bool
+	halos   map[int]*haloSet // faces by iteration: the input of sweep Iter+1
+	kernel  time.Duration    // kernel time of sweeps after the warm-up
+	kernelW time.Duration    // kernel time of warm-up sweeps
+}
+
+// haloSet collects the faces of one iteration.
+type haloSet struct {
+	faces [NumDirs][]float64
+	n     int
+}
+
+func newBlock(el *actor.Element, rt *actor.Runtime, cfg *Config, rs *rankState, driver *pa.PID) *block {
+	ix, iy, iz := el.Index[0], el.Index[1], el.Index[2]
+	geo := NewBlock(BlockBox(cfg.NX, cfg.NY, cfg.NZ, cfg.Blocks, ix, iy, iz))
+	b := &block{el: el, rt: rt, cfg: cfg, rs: rs, driver: driver, geo: geo,
+		u: make([]float64, geo.Len()), v: make([]float64, geo.Len()), halos: map[int]*haloSet{}}
+	a := el.Array
+	b.nbr = [NumDirs]*pa.PID{
+		a.Element(ix-1, iy, iz), a.Element(ix+1, iy, iz),
+		a.Element(ix, iy-1, iz), a.Element(ix, iy+1, iz),
+		a.Element(ix, iy, iz-1), a.Element(ix, iy, iz+1),
+	}
+	for d, p := range b.nbr {
+		if p != nil {
+			b.need++
+			continue
+		}
+		// Global boundary: the ghost plane holds the fixed value for good.
+		geo.FillGhost(b.u, d, BoundaryValue(d))
+		geo.FillGhost(b.v, d, BoundaryValue(d))
+	}
+	return b
+}
+
+// Receive implements protoactor's Actor.
+func (b *block) Receive(c pa.Context) {
+	if b.failed {
+		return
+	}
+	switch m := c.Message().(type) {
+	case *Go:
+		if m.Until > b.granted {
+			b.granted = m.Until
+		}
+		if m.Last {
+			b.final = m.Until
+		}
+		if !b.started {
+			b.started = true
+			b.rs.mark(0)
+			b.sendFaces()
+		}
+		b.step()
+	case *Halo:
+		if err := b.addHalo(m); err != nil {
+			b.fail(err)
+			return
+		}
+		b.step()
+	case *Done:
+		b.rs.doneOne()
+	}
+}
+
+func (b *block) fail(err error) {
+	b.failed = true
+	b.rs.fail(fmt.Errorf("jacobi: block %v: %w", b.el.Index, err))
+}
+
+// addHalo buffers a face by iteration: a neighbour may be one sweep ahead,
+// so faces of iteration sweep+1 can arrive before those of sweep.
+func (b *block) addHalo(m *Halo) error {
+	if m.Dir < 0 || m.Dir >= NumDirs || b.nbr[m.Dir] == nil {
+		return fmt.Errorf("halo for face %d, which has no neighbour", m.Dir)
+	}
+	if m.Iter < b.sweep {
+		return fmt.Errorf("halo of iteration %d for face %d after sweep %d", m.Iter, m.Dir, b.sweep)
+	}
+	if len(m.Face) != b.geo.FaceLen(m.Dir) {
+		return fmt.Errorf("halo for face %d has %d points, want %d", m.Dir, len(m.Face), b.geo.FaceLen(m.Dir))
+	}
+	hs := b.halos[m.Iter]
+	if hs == nil {
+		hs = &haloSet{}
+		b.halos[m.Iter] = hs
+	}
+	if hs.faces[m.Dir] != nil {
+		return fmt.Errorf("two halos of iteration %d for face %d", m.Iter, m.Dir)
+	}
+	hs.faces[m.Dir] = m.Face
+	hs.n++
+	return nil
+}
+
+// step does every sweep the block can do now: allowed by the driver, with
+// all the faces of the current iteration in.
+func (b *block) step() {
+	for !b.failed && !b.done {
+		if b.final > 0 && b.sweep >= b.final {
+			b.finish()
+			return
+		}
+		if b.sweep >= b.granted {
+			return
+		}
+		hs := b.halos[b.sweep]
+		if b.need > 0 && (hs == nil || hs.n < b.need) {
+			return
+		}
+		b.rs.begin()
+		start := time.Now()
+		if hs != nil {
+			for d, f := range hs.faces {
+				if f != nil {
+					// Lengths were checked in addHalo.
+					_ = b.geo.UnpackFace(b.u, d, f)
+				}
+			}
+			delete(b.halos, b.sweep)
+		}
+		r := b.geo.Sweep(b.u, b.v)
+		b.u, b.v = b.v, b.u
+		b.sweep++
+		var faces [NumDirs][]float64
+		last := b.final > 0 && b.sweep == b.final
+		if !last {
+			faces = b.packFaces()
+		}
+		if el := time.Since(start); b.sweep > b.cfg.Warmup {
+			b.kernel += el
+		} else {
+			b.kernelW += el
+		}
+		b.rs.end()
+		if !last {
+			b.send(faces)
+		}
+		if b.sweep%b.cfg.ReduceEvery == 0 || last {
+			b.contribute([]float64{r, float64(b.sweep)}, actor.Max)
+		}
+		b.rs.mark(b.sweep)
+	}
+}
+
+// packFaces copies the planes every neighbour needs out of u.
+func (b *block) packFaces() [NumDirs][]float64 {
+	var faces [NumDirs][]float64
+	for d, p := range b.nbr {
+		if p != nil {
+			faces[d] = b.geo.PackFace(b.u, d)
+		}
+	}
+	return faces
+}
+
+// sendFaces sends the current field's faces (used for sweep 0).
+func (b *block) sendFaces() {
+	b.rs.begin()
+	faces := b.packFaces()
+	b.rs.end()
+	b.send(faces)
+}
+
+// send sends face d to the neighbour on side d, where it fills the
+// opposite face's ghost plane.
+func (b *block) send(faces [NumDirs][]float64) {
+	for d, p := range b.nbr {
+		if p == nil {
+			continue
+		}
+		if err := b.rt.Send(p, &Halo{Iter: b.sweep, Dir: d ^ 1, Face: faces[d]}); err != nil {
+			b.fail(fmt.Errorf("sending halo %d of iteration %d: %w", d, b.sweep, err))
+			return
+		}
+	}
+}
+
+func (b *block) contribute(v any, op string) {
+	if err := b.el.Contribute(v, op, b.driver); err != nil {
+		b.fail(fmt.Errorf("contributing to the reduction after sweep %d: %w", b.sweep, err))
+	}
+}
+
+// finish reports the final field: its hash share, the block's and rank's
+// timings, and (when checking) the interior itself.
+func (b *block) finish() {
+	b.done = true
+	b.contribute(b.geo.HashPartial(b.u, b.cfg.NX, b.cfg.NY), actor.Sum)
+	idle, wall, last := b.rs.finish()
+	stats := []float64{b.kernel.Seconds(), b.kernelW.Seconds(), 0, 0, 0}
+	if last {
+		stats[2], stats[3], stats[4] = idle.Seconds(), wall.Seconds(), 1
+	}
+	b.contribute(stats, actor.Sum)
+	if b.cfg.Check {
+		if err := b.rt.Send(b.driver, &Field{Linear: b.el.Linear, Data: b.geo.Interior(b.u)}); err != nil {
+			b.fail(fmt.Errorf("sending the field: %w", err))
+		}
+	}
+}
+
+// startRun hands the driver the array (a local message, never encoded).
+type startRun struct{ arr *actor.Array }
+
+// driverResult is what the driver hands Run.
+type driverResult struct {
+	res   Result
+	field []float64
+	err   error
+}
+
+// driver runs on rank 0: it lets the blocks go, takes the reductions,
+// decides when to stop (Tol) and gathers the result.
+type driver struct {
+	rt      *actor.Runtime
+	cfg     Config
+	nblocks int
+	arr     *actor.Array
+	out     chan<- driverResult
+	sent    bool
+
+	start    time.Time
+	granted  int
+	final    int
+	times    map[int]time.Time // arrival of each sweep's residual
+	residual float64
+	haveRes  bool
+	hash     uint64
+	haveHash bool
+	stats    []float64
+	field    []float64
+	fields   int
+}
+
+// Receive implements protoactor's Actor.
+func (d *driver) Receive(c pa.Context) {
+	if d.sent {
+		return
+	}
+	var err error
+	switch m := c.Message().(type) {
+	case *startRun:
+		err = d.begin(m.arr)
+	case *actor.Reduced:
+		err = d.reduced(m)
+	case *Field:
+		err = d.addField(m)
+	default:
+		return
+	}
+	if err != nil {
+		d.sent = true
+		d.out <- driverResult{err: err}
+		return
+	}
+	d.maybeDone()
+}
+
+func (d *driver) begin(arr *actor.Array) error {
+	d.arr = arr
+	d.start = time.Now()
+	if d.cfg.Check {
+		d.field = make([]float64, d.cfg.NX*d.cfg.NY*d.cfg.NZ)
+	}
+	s := d.cfg.Sweeps()
+	if d.cfg.Tol == 0 {
+		return d.grant(s, true)
+	}
+	// Blocks may run one reduction interval ahead of the driver's decision.
+	g := min(2*d.cfg.ReduceEvery, s)
+	return d.grant(g, g == s)
+}
+
+func (d *driver) grant(until int, last bool) error {
+	d.granted = until
+	if last {
+		d.final = until
+	}
+	if err := d.arr.Broadcast(&Go{Until: until, Last: last}); err != nil {
+		return fmt.Errorf("jacobi: letting the blocks go to sweep %d: %w", until, err)
+	}
+	return nil
+}
+
+func (d *driver) reduced(m *actor.Reduced) error {
+	v, err := m.Result()
+	if err != nil {
+		return err
+	}
+	switch x := v.(type) {
+	case uint64:
+		d.hash, d.haveHash = x, true
+		return nil
+	case []float64:
+		if m.Op == actor.Sum {
+			d.stats = x
+			return nil
+		}
+		if len(x) != 2 {
+			return fmt.Errorf("jacobi: residual reduction of %d values", len(x))
+		}
+		return d.residualAt(int(x[1]), x[0])
+	}
+	return fmt.Errorf("jacobi: unexpected reduction result %T (round %d)", v, m.Round)
+}
+
+// residualAt takes the residual of sweep s and, with Tol, decides whether
+// to go on.
+func (d *driver) residualAt(s int, r float64) error {
+	d.times[s] = time.Now()
+	if d.final > 0 {
+		if s == d.final {
+			d.residual, d.haveRes = r, true
+		}
+		return nil
+	}
+	if r <= d.cfg.Tol {
+		// The blocks may already be working up to the granted sweep: that
+		// is where they stop.
+		return d.grant(d.granted, true)
+	}
+	g := min(s+2*d.cfg.ReduceEvery, d.cfg.Sweeps())
+	if g <= d.granted {
+		return nil
+	}
+	return d.grant(g, g == d.cfg.Sweeps())
+}
+
+func (d *driver) addField(m *Field) error {
+	if !d.cfg.Check || m.Linear < 0 || m.Linear >= d.nblocks {
+		return fmt.Errorf("jacobi: unexpected field of block %d", m.Linear)
+	}
+	idx := d.arr.IndexOf(m.Linear)
+	box := BlockBox(d.cfg.NX, d.cfg.NY, d.cfg.NZ, d.cfg.Blocks, idx[0], idx[1], idx[2])
+	if len(m.Data) != box.NX*box.NY*box.NZ {
+		return fmt.Errorf("jacobi: field of block %v has %d points, want %d", idx, len(m.Data), box.NX*box.NY*box.NZ)
+	}
+	p := 0
+	for k := 0; k < box.NZ; k++ {
+		for j := 0; j < box.NY; j++ {
+			at := box.X0 + d.cfg.NX*((box.Y0+j)+d.cfg.NY*(box.Z0+k))
+			copy(d.field[at:at+box.NX], m.Data[p:p+box.NX])
+			p += box.NX
+		}
+	}
+	d.fields++
+	return nil
+}
+
+// maybeDone hands Run the result once everything is in.
+func (d *driver) maybeDone() {
+	if !d.haveRes || !d.haveHash || d.stats == nil || (d.cfg.Check && d.fields < d.nblocks) {
+		return
+	}
+	d.sent = true
+	end := d.times[d.final]
+	res := Result{Sweeps: d.final, Residual: d.residual, FieldHash: FieldHash(d.hash), Elapsed: end.Sub(d.start)}
+	// Timed sweeps are those after the warm-up, or all of them when the run
+	// ended within it (then the blocks' warm-up kernel time counts too).
+	w := d.cfg.Warmup
+	kernel := d.stats[0]
+	if w >= d.final {
+		w, kernel = 0, d.stats[0]+d.stats[1]
+	}
+	res.TimedSweeps = d.final - w
+	res.KernelMs = kernel * 1e3 / float64(res.TimedSweeps)
+	// The driver's clock starts at the last reduction within the warm-up
+	// (the start of the run when there is none; the same as the warm-up's
+	// end when ReduceEvery divides it).
+	tw, tws := d.start, 0
+	for s, t := range d.times {
+		if s <= w && s > tws {
+			tw, tws = t, s
+		}
+	}
+	w = tws
+	res.MeanIterMs = ms(end.Sub(tw)) / float64(d.final-w)
+	// Per-sweep times between successive reductions in the timed window.
+	var per []float64
+	prev, tp := w, tw
+	var sweeps []int
+	for s := range d.times {
+		if s > w {
+			sweeps = append(sweeps, s)
+		}
+	}
+	slices.Sort(sweeps)
+	for _, s := range sweeps {
+		per = append(per, ms(d.times[s].Sub(tp))/float64(s-prev))
+		prev, tp = s, d.times[s]
+	}
+	slices.Sort(per)
+	if n := len(per); n > 0 {
+		res.IterMs = per[n/2]
+		if n%2 == 0 {
+			res.IterMs = (per[n/2-1] + per[n/2]) / 2
+		}
+	}
+	idle, wall, ranks := d.stats[2], d.stats[3], d.stats[4]
+	if wall > 0 && ranks > 0 {
+		res.CommShare = idle / wall
+		res.CommMs = idle * 1e3 / ranks / float64(res.TimedSweeps)
+	}
+	d.out <- driverResult{res: res, field: d.field}
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

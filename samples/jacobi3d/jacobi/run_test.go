@@ -1,0 +1,140 @@
+package jacobi
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/troupe-hpc/troupe/actor"
+)
+
+// startLocal starts n ranks in this process (real UCX between their
+// workers).
+func startLocal(t *testing.T, n int) []*actor.Runtime {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	rts, stop, err := actor.StartLocal(ctx, n, actor.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(stop)
+	return rts
+}
+
+// runAll runs cfg on every rank and returns rank 0's result.
+func runAll(t *testing.T, rts []*actor.Runtime, cfg Config) *Result {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	type out struct {
+		rank int
+		res  *Result
+		err  error
+	}
+	outs := make(chan out, len(rts))
+	for _, rt := range rts {
+		go func() {
+			res, err := Run(ctx, rt, cfg)
+			outs <- out{rt.Rank(), res, err}
+		}()
+	}
+	var res *Result
+	for range rts {
+		o := <-outs
+		if o.err != nil {
+			t.Fatalf("%s: rank %d: %v", cfg.Name, o.rank, o.err)
+		}
+		if (o.res != nil) != (o.rank == 0) {
+			t.Fatalf("%s: rank %d returned result %v", cfg.Name, o.rank, o.res)
+		}
+		if o.rank == 0 {
+			res = o.res
+		}
+	}
+	return res
+}
+
+// TestRunMatchesSerial runs the actor-array solver on 2 and 4 in-process
+// ranks, with even and uneven blocks and several reduction intervals, and
+// requires the field bit for bit equal to the serial reference.
+func TestRunMatchesSerial(t *testing.T) {
+	for _, n := range []int{2, 4} {
+		rts := startLocal(t, n)
+		for i, tc := range []struct {
+			grid   [3]int
+			blocks [3]int
+			warmup int
+			iters  int
+			every  int
+		}{
+			{[3]int{24, 24, 24}, [3]int{2, 2, 2}, 10, 20, 1},
+			{[3]int{13, 10, 11}, [3]int{3, 2, 4}, 3, 14, 4},
+			{[3]int{12, 12, 12}, [3]int{4, 1, 1}, 0, 7, 3},
+		} {
+			cfg := Config{Name: fmt.Sprintf("j%d-%d", n, i), NX: tc.grid[0], NY: tc.grid[1], NZ: tc.grid[2],
+				Blocks: tc.blocks, Warmup: tc.warmup, Iters: tc.iters, ReduceEvery: tc.every, Check: true}
+			res := runAll(t, rts, cfg)
+			field, r := Serial(tc.grid[0], tc.grid[1], tc.grid[2], cfg.Sweeps())
+			if !res.Checked || !res.Pass || res.MaxAbsDiff != 0 {
+				t.Fatalf("%s: check %v pass %v max diff %g", cfg.Name, res.Checked, res.Pass, res.MaxAbsDiff)
+			}
+			if res.Sweeps != cfg.Sweeps() || res.Residual != r || res.FieldHash != HashField(field) {
+				t.Fatalf("%s: %d sweeps residual %v hash %d; serial %d sweeps residual %v hash %d", cfg.Name,
+					res.Sweeps, res.Residual, res.FieldHash, cfg.Sweeps(), r, HashField(field))
+			}
+			if res.TimedSweeps != tc.iters && tc.warmup < cfg.Sweeps() || res.IterMs <= 0 || res.CommShare < 0 || res.CommShare > 1 {
+				t.Fatalf("%s: timings %+v", cfg.Name, res)
+			}
+		}
+	}
+}
+
+// TestRunTolerance stops on a tolerance: the run must end one reduction
+// interval after the first residual <= Tol, with the serial field of that
+// sweep.
+func TestRunTolerance(t *testing.T) {
+	const grid, tol, every = 12, 0.01, 2
+	// The first reduced sweep with residual <= tol, serially.
+	first := 0
+	for s := every; ; s += every {
+		if _, r := Serial(grid, grid, grid, s); r <= tol {
+			first = s
+			break
+		}
+	}
+	rts := startLocal(t, 2)
+	cfg := Config{Name: "tol", NX: grid, NY: grid, NZ: grid, Blocks: [3]int{2, 2, 3}, Warmup: 2, Iters: 500,
+		Tol: tol, ReduceEvery: every, Check: true}
+	res := runAll(t, rts, cfg)
+	if res.Sweeps != first+every {
+		t.Fatalf("stopped after %d sweeps, want %d (residual first <= %g at %d)", res.Sweeps, first+every, tol, first)
+	}
+	if !res.Pass || res.Residual > tol {
+		t.Fatalf("residual %v, pass %v, max diff %g", res.Residual, res.Pass, res.MaxAbsDiff)
+	}
+	// A cap below convergence ends the run at the cap.
+	cfg.Name, cfg.Iters = "tol-cap", 3
+	res = runAll(t, rts, cfg)
+	if res.Sweeps != 5 || !res.Pass {
+		t.Fatalf("capped run: %d sweeps, pass %v", res.Sweeps, res.Pass)
+	}
+}
+
+func TestConfigErrors(t *testing.T) {
+	for _, cfg := range []Config{
+		{NX: 0, NY: 4, NZ: 4, Iters: 1},
+		{NX: 4, NY: 4, NZ: 4, Blocks: [3]int{5, 1, 1}, Iters: 1},
+		{NX: 4, NY: 4, NZ: 4, Blocks: [3]int{1, 1, 1}, Iters: 1}, // fewer blocks than ranks
+		{NX: 4, NY: 4, NZ: 4, Iters: 0},
+		{NX: 4, NY: 4, NZ: 4, Iters: 1, Tol: -1},
+	} {
+		if err := cfg.normalize(2); err == nil {
+			t.Errorf("config %+v accepted", cfg)
+		}
+	}
+	if b := DefaultBlocks(4, 96, 96, 96); b != [3]int{4, 4, 4} {
+		t.Errorf("DefaultBlocks(4) = %v", b)
+	}
+}
