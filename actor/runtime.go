@@ -394,7 +394,12 @@ func (rt *Runtime) peerLost(ev transport.PeerEvent) {
 	if ev.Rank < 0 || ev.Rank >= rt.size {
 		return
 	}
-	rt.log.Warn("rank lost", zap.Int("peer", ev.Rank), zap.String("reason", ev.Reason))
+	if rt.closed.Load() {
+		// Ranks leaving the job at shutdown look like lost peers to UCX.
+		rt.log.Debug("rank gone at shutdown", zap.Int("peer", ev.Rank), zap.String("reason", ev.Reason))
+	} else {
+		rt.log.Warn("rank lost", zap.Int("peer", ev.Rank), zap.String("reason", ev.Reason))
+	}
 	rt.out[ev.Rank].close(&transport.PeerLostError{Rank: ev.Rank, Op: "actor-send", Reason: ev.Reason})
 	rt.watchMu.Lock()
 	ws := rt.watches[ev.Rank]
