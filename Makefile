@@ -31,10 +31,17 @@ run: build
 	$(BIN)/troupe run -n 4 --tls shm -- $(BIN)/jacobi3d -grid 48 -blocks 4x4x4 -iters 100
 
 # test: vet, then every package under the race detector (real UCX between real
-# processes for the transport and integration packages).
+# processes for the transport and integration packages), then the actor flood
+# at full size (1,000,000 messages) without the race detector, where it judges
+# the receiving rank's RSS, and a short run of each fuzz target on top of its
+# committed seed corpus (actor/testdata/fuzz).
 test: deps
 	$(GO) vet ./...
 	UCX_LOG_LEVEL=error $(GO) test -race -count=1 -timeout 20m $(RACE_PKGS)
+	UCX_LOG_LEVEL=error $(GO) test -count=1 -run '^TestActorFlood$$' ./integration/
+	$(GO) test -run '^$$' -fuzz '^FuzzDecodeEnvelope$$' -fuzztime 10s ./actor/
+	$(GO) test -run '^$$' -fuzz '^FuzzValidateMsgpack$$' -fuzztime 5s ./actor/
+	$(GO) test -run '^$$' -fuzz '^FuzzDecodeBody$$' -fuzztime 5s ./actor/
 
 bench: build
 	$(BIN)/troupe bench pingpong --compare 5

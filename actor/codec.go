@@ -204,7 +204,10 @@ func decodeBodyDevice(ct *codecType, body []byte, ptr bool, payload []byte, dev 
 	v := reflect.New(ct.typ)
 	dec := decoderPool.Get().(*msgpack.Decoder)
 	dec.Reset(bytes.NewReader(body))
-	err := dec.DecodeValue(v)
+	// Decode into the addressable *v, not v: given the unaddressable
+	// pointer itself, msgpack panics on a body that is just nil (0xc0),
+	// as it tries to set the pointer to nil (found by FuzzDecodeBody).
+	err := dec.DecodeValue(v.Elem())
 	dec.Reset(nil)
 	decoderPool.Put(dec)
 	if err != nil {

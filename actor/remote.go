@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/bits"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -29,7 +30,17 @@ var _ pa.Process = (*remoteProcess)(nil)
 // the reason, and a request's sender gets an *UndeliverableError at once.
 func (p *remoteProcess) SendUserMessage(pid *pa.PID, message any) {
 	_, msg, sender := pa.UnwrapEnvelope(message)
+	// A protoactor future (RootContext or Context.RequestFuture) waiting for
+	// an answer from this rank is tracked like Runtime.RequestFuture's, so
+	// that it fails at once if the rank is lost instead of by its timeout.
+	future := sender != nil && sender.Address == p.rt.addrs[p.rt.rank] && strings.HasPrefix(sender.Id, "future")
+	if future {
+		p.rt.trackRequest(sender.Id, p.rank)
+	}
 	if err := p.rt.send(p.rank, pid, msg, sender, 0); err != nil {
+		if future {
+			p.rt.answered(sender.Id)
+		}
 		p.rt.undeliverable(pid, msg, sender, err.Error())
 	}
 }

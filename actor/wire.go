@@ -126,9 +126,13 @@ func (r *wireReader) arrayLen() int {
 	case c&0xf0 == 0x90:
 		return int(c & 0x0f)
 	case c == 0xdc:
-		return int(r.be(2))
+		n := r.be(2)
+		r.canonical(n >= 16, c)
+		return int(n)
 	case c == 0xdd:
-		return r.length(r.be(4))
+		n := r.be(4)
+		r.canonical(n > math.MaxUint16, c)
+		return r.length(n)
 	}
 	r.fail("want an array, found type byte 0x%02x", c)
 	return 0
@@ -142,16 +146,42 @@ func (r *wireReader) uint() uint64 {
 	case c < 0x80:
 		return uint64(c)
 	case c == 0xcc:
-		return r.be(1)
+		v := r.be(1)
+		r.canonical(v >= 0x80, c)
+		return v
 	case c == 0xcd:
-		return r.be(2)
+		v := r.be(2)
+		r.canonical(v > math.MaxUint8, c)
+		return v
 	case c == 0xce:
-		return r.be(4)
+		v := r.be(4)
+		r.canonical(v > math.MaxUint16, c)
+		return v
 	case c == 0xcf:
-		return r.be(8)
+		v := r.be(8)
+		r.canonical(v > math.MaxUint32, c)
+		return v
 	}
 	r.fail("want an unsigned integer, found type byte 0x%02x", c)
 	return 0
+}
+
+// canonical fails unless a value read after type byte c needed that form.
+// The envelope (and credit) readers accept only the shortest encoding, the
+// one appendEnvelope writes, so that an accepted header has exactly one
+// wire form (FuzzDecodeEnvelope checks that it re-encodes identically).
+// The body validator (skip) is not affected: any msgpack encoder may write
+// bodies.
+func (r *wireReader) canonical(ok bool, c byte) {
+	if !ok {
+		r.fail("type byte 0x%02x for a value with a shorter encoding", c)
+	}
+}
+
+// canonicalLen is canonical for a length that must be at least min.
+func (r *wireReader) canonicalLen(n uint64, min uint64, c byte) uint64 {
+	r.canonical(n >= min, c)
+	return n
 }
 
 // length checks a declared length against the remaining bytes.
@@ -184,11 +214,11 @@ func (r *wireReader) string() string {
 	case c&0xe0 == 0xa0:
 		n = r.length(uint64(c & 0x1f))
 	case c == 0xd9:
-		n = r.length(r.be(1))
+		n = r.length(r.canonicalLen(r.be(1), 32, c))
 	case c == 0xda:
-		n = r.length(r.be(2))
+		n = r.length(r.canonicalLen(r.be(2), math.MaxUint8+1, c))
 	case c == 0xdb:
-		n = r.length(r.be(4))
+		n = r.length(r.canonicalLen(r.be(4), math.MaxUint16+1, c))
 	default:
 		r.fail("want a string, found type byte 0x%02x", c)
 		return ""
@@ -208,9 +238,9 @@ func (r *wireReader) bin() []byte {
 	case c == 0xc4:
 		n = r.length(r.be(1))
 	case c == 0xc5:
-		n = r.length(r.be(2))
+		n = r.length(r.canonicalLen(r.be(2), math.MaxUint8+1, c))
 	case c == 0xc6:
-		n = r.length(r.be(4))
+		n = r.length(r.canonicalLen(r.be(4), math.MaxUint16+1, c))
 	default:
 		r.fail("want binary data, found type byte 0x%02x", c)
 		return nil

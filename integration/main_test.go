@@ -22,8 +22,19 @@ const (
 	progressEnv = "TROUPE_ITEST_PROGRESS"
 )
 
-// rankTimeout bounds a rank's whole life.
+// rankTimeout bounds a rank's whole life; a test may give its ranks longer
+// through rankTimeoutEnv (a time.ParseDuration string).
 const rankTimeout = 40 * time.Second
+
+const rankTimeoutEnv = "TROUPE_ITEST_RANK_TIMEOUT"
+
+// rankLife is this rank's time limit: rankTimeoutEnv, else rankTimeout.
+func rankLife() time.Duration {
+	if d, err := time.ParseDuration(os.Getenv(rankTimeoutEnv)); err == nil && d > 0 {
+		return d
+	}
+	return rankTimeout
+}
 
 func TestMain(m *testing.M) {
 	if role := os.Getenv(roleEnv); role != "" {
@@ -63,7 +74,7 @@ func rankMain(role string) int {
 		fmt.Fprintf(os.Stderr, "integration: unknown role %q\n", role)
 		return 2
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), rankTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), rankLife())
 	defer cancel()
 	b, err := bootstrap.FromEnv(ctx)
 	if err != nil {

@@ -53,18 +53,24 @@ type cfg struct{ tls, progress string }
 // embedded launcher.
 func launch(t *testing.T, role string, n int, c cfg) jobResult {
 	t.Helper()
+	return launchFor(t, role, n, c, rankTimeout)
+}
+
+// launchFor is launch with each rank's life limited to life.
+func launchFor(t *testing.T, role string, n int, c cfg, life time.Duration) jobResult {
+	t.Helper()
 	exe, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), rankTimeout+10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), life+10*time.Second)
 	defer cancel()
 	var stdout, stderr syncBuffer
 	start := time.Now()
 	err = bootstrap.Launch(ctx, bootstrap.LaunchConfig{
 		N:       n,
 		Program: exe,
-		Env:     []string{roleEnv + "=" + role, progressEnv + "=" + c.progress},
+		Env:     []string{roleEnv + "=" + role, progressEnv + "=" + c.progress, rankTimeoutEnv + "=" + life.String()},
 		TLS:     c.tls,
 		Stdout:  &stdout,
 		Stderr:  &stderr,
@@ -93,7 +99,13 @@ func checkTLS(t *testing.T, res jobResult, n int, c cfg) {
 // runJob launches a role and requires every rank to succeed.
 func runJob(t *testing.T, role string, n int, c cfg) jobResult {
 	t.Helper()
-	res := launch(t, role, n, c)
+	return runJobFor(t, role, n, c, rankTimeout)
+}
+
+// runJobFor is runJob with each rank's life limited to life.
+func runJobFor(t *testing.T, role string, n int, c cfg, life time.Duration) jobResult {
+	t.Helper()
+	res := launchFor(t, role, n, c, life)
 	if res.err != nil {
 		t.Fatalf("job failed:\n%s", res.dump())
 	}
