@@ -129,7 +129,7 @@ func (rt *Runtime) send(r int, target *pa.PID, msg any, sender *pa.PID, flags ui
 	out.used.Store(true)
 	req, err := rt.t.SendAM(r, amActor, hdr, data, transport.AMAuto)
 	if err == nil {
-		if done, _, rerr := req.Test(); done && rerr != nil {
+		if done, rerr := req.Finished(); done && rerr != nil {
 			err = rerr
 		}
 	}
@@ -338,15 +338,7 @@ func (rt *Runtime) onMessage(m *transport.AMMessage) {
 		in.mu.Unlock()
 		return
 	}
-	in.mu.Lock()
-	in.q = append(in.q, it)
-	in.mu.Unlock()
-	in.pending.Add(1)
-	go func() {
-		defer in.pending.Done()
-		_, werr := req.Wait(context.Background())
-		in.mu.Lock()
-		defer in.mu.Unlock()
+	landed := func(werr error) {
 		switch {
 		case werr != nil:
 			it.err = "receiving data: " + werr.Error()
@@ -359,6 +351,25 @@ func (rt *Runtime) onMessage(m *transport.AMMessage) {
 			putBuf(dst)
 		}
 		it.ready = true
+	}
+	if done, werr := req.Finished(); done {
+		// Eager data is copied at once: no need to wait on another goroutine.
+		landed(werr)
+		in.mu.Lock()
+		in.push(it)
+		in.mu.Unlock()
+		return
+	}
+	in.mu.Lock()
+	in.q = append(in.q, it)
+	in.mu.Unlock()
+	in.pending.Add(1)
+	go func() {
+		defer in.pending.Done()
+		_, werr := req.Wait(context.Background())
+		in.mu.Lock()
+		defer in.mu.Unlock()
+		landed(werr)
 		in.drain()
 	}()
 }

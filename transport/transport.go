@@ -568,6 +568,15 @@ func (r *Request) Test() (bool, Status, error) {
 	return true, r.status, r.err
 }
 
+// Finished reports whether the request has completed, and its error, without
+// progressing the worker: unlike Test it is safe inside an AMHandler.
+func (r *Request) Finished() (bool, error) {
+	if !r.fin.Load() {
+		return false, nil
+	}
+	return true, r.err
+}
+
 // Done returns a channel closed when the request completes.
 func (r *Request) Done() <-chan struct{} {
 	r.t.mu.Lock()

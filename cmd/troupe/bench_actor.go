@@ -28,6 +28,7 @@ type actorBenchFlags struct {
 	rtts    int
 	scale   float64
 	compare bool
+	inline  bool
 	asRank  bool
 }
 
@@ -47,12 +48,19 @@ type benchMsg struct {
 	Data actor.Payload
 }
 
+// rttMsg is the round-trip message: an 8 B body.
+type rttMsg struct {
+	Seq  int
+	Data []byte
+}
+
 // benchDone asks the sink to answer once it has seen N messages.
 type benchDone struct{ N int }
 
 func init() {
 	actor.MustRegister[benchMsg]()
 	actor.MustRegister[benchDone]()
+	actor.MustRegister[rttMsg]()
 	benchCmd.AddCommand(newActorBenchCmd())
 }
 
@@ -97,6 +105,7 @@ executable or on PATH) and prints both side by side.`,
 	fl.IntVar(&f.rtts, "rtts", 20000, "round trips to time")
 	fl.Float64Var(&f.scale, "scale", 1, "message count multiplier for the throughput tests")
 	fl.BoolVar(&f.compare, "compare", false, "also run protoactor-go's gRPC remote (protobench) and compare")
+	fl.BoolVar(&f.inline, "inline", false, "run the echo actor inline on the progress goroutine (synchronized dispatcher)")
 	fl.BoolVar(&f.asRank, "as-rank", false, "run as one rank of the job (internal)")
 	_ = fl.MarkHidden("as-rank")
 	return cmd
@@ -162,7 +171,7 @@ func runActorBenchJob(ctx context.Context, f actorBenchFlags) ([]actorRow, error
 	err = bootstrap.Launch(ctx, bootstrap.LaunchConfig{
 		N:       2,
 		Program: self,
-		Args: []string{"bench", "actor", "--as-rank", "--rtts", strconv.Itoa(f.rtts),
+		Args: []string{"bench", "actor", "--as-rank", "--inline=" + strconv.FormatBool(f.inline), "--rtts", strconv.Itoa(f.rtts),
 			"--scale", strconv.FormatFloat(f.scale, 'g', -1, 64)},
 		Env:    []string{envBenchOut + "=" + out.Name()},
 		TLS:    f.tls,
@@ -221,11 +230,12 @@ func actorBenchRank(ctx context.Context, f actorBenchFlags) error {
 	defer rt.Shutdown(context.Background())
 	if rt.Rank() == 1 {
 		var opts []pa.PropsOption
-		if os.Getenv("BENCH_INLINE") != "" {
+		if f.inline {
+			// The echo never blocks: run it on the progress goroutine.
 			opts = append(opts, pa.WithDispatcher(pa.NewSynchronizedDispatcher(300)))
 		}
 		if _, err := rt.Root().SpawnNamed(rt.PropsFromFunc(func(c pa.Context) {
-			if m, ok := c.Message().(*benchMsg); ok {
+			if m, ok := c.Message().(*rttMsg); ok {
 				c.Respond(m)
 			}
 		}, opts...), "echo"); err != nil {
@@ -308,7 +318,7 @@ func actorBenchDriver(ctx context.Context, rt *actor.Runtime, f actorBenchFlags)
 	var rows []actorRow
 	echo, sink := rt.PID(1, "echo"), rt.PID(1, "sink")
 	// Request/response round trip, 8 B.
-	msg := &benchMsg{Data: make(actor.Payload, 8)}
+	msg := &rttMsg{Data: make([]byte, 8)}
 	warm := f.rtts / 10
 	lat := make([]float64, 0, f.rtts)
 	for i := 0; i < warm+f.rtts; i++ {
