@@ -94,13 +94,16 @@ type Channel struct {
 	peer  int
 	local *Transport // the peer's transport when it lives in this process
 
-	mu       sync.Mutex
-	sendCtr  uint32
-	recvCtr  uint32
-	closed   bool
-	streams  map[streamKey]*gpu.Stream
-	sendStep sync.Mutex // staged sends of this end, one at a time
-	recvStep sync.Mutex // staged receives of this end, one at a time
+	mu      sync.Mutex
+	sendCtr uint32
+	recvCtr uint32
+	closed  bool
+	streams map[streamKey]*gpu.Stream
+	// lastStaged[send] is closed when the latest staged transfer of that
+	// direction has finished: staged transfers of one direction run one at a
+	// time, in call order (a receive must not wait for a message whose
+	// sender waits for an earlier receive).
+	lastStaged [2]chan struct{}
 }
 
 // streamKey names a channel's copy stream: one per device and direction, so
@@ -159,12 +162,14 @@ func (c *Channel) Close() error {
 	c.closed = true
 	streams := c.streams
 	c.streams = nil
+	last := c.lastStaged
 	c.mu.Unlock()
-	// Staged transfers in flight hold a step lock and use the streams.
-	c.sendStep.Lock()
-	c.recvStep.Lock()
-	defer c.sendStep.Unlock()
-	defer c.recvStep.Unlock()
+	// Staged transfers in flight use the streams.
+	for _, ch := range last {
+		if ch != nil {
+			<-ch
+		}
+	}
 	var errs []error
 	for _, s := range streams {
 		errs = append(errs, s.Destroy())
@@ -282,14 +287,44 @@ func (c *Channel) start(send bool, e endBuf) (*ChannelRequest, error) {
 		}
 	default:
 		cr.path = PathStaged
-		cr.done = make(chan struct{})
-		if send {
-			go c.stagedSend(ctr, e.g, cr)
-		} else {
-			go c.stagedRecv(ctr, e.g, cr)
+		if cr.n <= eagerStageMax {
+			ok, err := c.startEagerStaged(send, ctr, e.g, cr)
+			if err != nil {
+				return nil, err
+			}
+			if ok {
+				break
+			}
 		}
+		cr.done = make(chan struct{})
+		prev, mine := c.stagedTurn(send)
+		go func() {
+			defer close(mine)
+			if prev != nil {
+				<-prev
+			}
+			if send {
+				cr.finish(c.runStagedSend(ctr, e.g, cr.n))
+			} else {
+				cr.finish(c.runStagedRecv(ctr, e.g, cr))
+			}
+		}()
 	}
 	return cr, nil
+}
+
+// stagedTurn returns the channel closed when the previous staged transfer of
+// the direction has finished, and the one this transfer closes.
+func (c *Channel) stagedTurn(send bool) (prev, mine chan struct{}) {
+	i := 0
+	if send {
+		i = 1
+	}
+	mine = make(chan struct{})
+	c.mu.Lock()
+	prev, c.lastStaged[i] = c.lastStaged[i], mine
+	c.mu.Unlock()
+	return prev, mine
 }
 
 // chunkCount and chunkLen give the framing of an n-byte message
@@ -323,8 +358,11 @@ type ChannelRequest struct {
 
 	done chan struct{} // local and staged paths: closed when err is final
 
+	post func(error) error // direct path: runs once when the chunks are done
+
 	resOnce sync.Once
 	res     chan struct{} // direct path: closed when err is final (Done)
+	finOnce sync.Once
 	err     error
 }
 
@@ -335,7 +373,9 @@ func (r *ChannelRequest) Path() TransferPath { return r.path }
 func (r *ChannelRequest) Size() int { return r.n }
 
 // Wait blocks until the transfer completes or ctx ends, and returns its
-// outcome. Channel transfers cannot be recalled: when ctx ends first, Wait
+// outcome. Every request must be completed through Wait, Test or Done: a
+// small staged receive copies its data to the device, and returns its pinned
+// buffer, there. Channel transfers cannot be recalled: when ctx ends first, Wait
 // returns ctx's error and the transfer goes on (its buffer stays in use until
 // Done is closed).
 func (r *ChannelRequest) Wait(ctx context.Context) error {
@@ -408,14 +448,20 @@ func (r *ChannelRequest) Done() <-chan struct{} {
 // finalize computes the direct path's outcome from its completed chunk
 // requests.
 func (r *ChannelRequest) finalize() error {
-	var first error
-	for i, q := range r.reqs {
-		err := r.chunkErr(i, q)
-		if err != nil && first == nil {
-			first = err
+	r.finOnce.Do(func() {
+		var first error
+		for i, q := range r.reqs {
+			err := r.chunkErr(i, q)
+			if err != nil && first == nil {
+				first = err
+			}
 		}
-	}
-	return first
+		if r.post != nil {
+			first = r.post(first)
+		}
+		r.err = first
+	})
+	return r.err
 }
 
 func (r *ChannelRequest) chunkErr(i int, q *Request) error {

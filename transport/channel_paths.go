@@ -426,15 +426,69 @@ func (st *stage) release() {
 	}
 }
 
-// stagedSend: chunked asynchronous device-to-host copies into pinned
-// buffers, each chunk sent as soon as its copy has landed while the copies of
-// the next chunks run.
-func (c *Channel) stagedSend(ctr uint32, buf gpu.Buffer, cr *ChannelRequest) {
-	c.sendStep.Lock()
-	defer c.sendStep.Unlock()
-	cr.finish(c.runStagedSend(ctr, buf, cr.n))
+// eagerStageMax is the largest staged message handled in the caller's
+// goroutine: a synchronous copy into one pinned buffer and one UCX
+// operation, with no pipeline goroutine (small messages are latency bound).
+const eagerStageMax = ChannelChunkSize - 1
+
+// startEagerStaged stages a small message without a goroutine: a send copies
+// the data to a pinned buffer now and sends it; a receive lands in a pinned
+// buffer and is copied to the device when the request is completed (Wait,
+// Test, Done). It reports false when no pinned buffer is free, for the
+// pipelined path to wait for one.
+func (c *Channel) startEagerStaged(send bool, ctr uint32, buf gpu.Buffer, cr *ChannelRequest) (bool, error) {
+	tag, err := MakeChannelTag(c.id, ctr)
+	if err != nil {
+		return false, err
+	}
+	pool, err := stagingPool(buf.System())
+	if err != nil {
+		return false, fmt.Errorf("transport: channel %d %s: %w", c.id, cr.op, err)
+	}
+	whole, err := pool.Get(ChannelChunkSize)
+	if errors.Is(err, gpu.ErrPoolExhausted) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("transport: channel %d %s: %w", c.id, cr.op, err)
+	}
+	slot, _ := whole.Slice(0, cr.n)
+	bs, err := whole.Bytes()
+	if err == nil && send {
+		err = gpu.Copy(slot, buf)
+	}
+	if err != nil {
+		_ = pool.Put(whole)
+		return false, fmt.Errorf("transport: channel %d %s: staging: %w", c.id, cr.op, err)
+	}
+	p := unsafe.Pointer(unsafe.SliceData(bs))
+	if cr.n == 0 {
+		p = nil
+	}
+	if send {
+		cr.reqs = []*Request{c.t.rawSend(c.peer, c.id, tag, p, cr.n)}
+		cr.post = func(err error) error {
+			_ = pool.Put(whole)
+			return err
+		}
+		return true, nil
+	}
+	cr.reqs = []*Request{c.t.rawRecv(c.peer, c.id, tag, p, cr.n)}
+	cr.post = func(err error) error {
+		if err == nil && cr.n > 0 {
+			if err = gpu.Copy(buf, slot); err != nil {
+				err = fmt.Errorf("transport: channel %d recv: unstaging: %w", c.id, err)
+			}
+		}
+		_ = pool.Put(whole)
+		return err
+	}
+	return true, nil
 }
 
+// runStagedSend: chunked asynchronous device-to-host copies into pinned
+// buffers, each chunk sent as soon as its copy has landed while the copies of
+// the next chunks run.
 func (c *Channel) runStagedSend(ctr uint32, buf gpu.Buffer, n int) error {
 	tag, err := MakeChannelTag(c.id, ctr)
 	if err != nil {
@@ -525,14 +579,8 @@ func (c *Channel) runStagedSend(ctr uint32, buf gpu.Buffer, n int) error {
 	return nil
 }
 
-// stagedRecv: chunks arrive in pinned buffers and are copied host to device
-// while the next chunks arrive.
-func (c *Channel) stagedRecv(ctr uint32, buf gpu.Buffer, cr *ChannelRequest) {
-	c.recvStep.Lock()
-	defer c.recvStep.Unlock()
-	cr.finish(c.runStagedRecv(ctr, buf, cr))
-}
-
+// runStagedRecv: chunks arrive in pinned buffers and are copied host to
+// device while the next chunks arrive.
 func (c *Channel) runStagedRecv(ctr uint32, buf gpu.Buffer, cr *ChannelRequest) error {
 	n := cr.n
 	tag, err := MakeChannelTag(c.id, ctr)

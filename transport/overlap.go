@@ -98,6 +98,7 @@ type ovState struct {
 	// goroutine outside the lock to copy the slot into their buffer.
 	copies []*Request
 	errs   uint64
+	dirty  bool // UCX may hold unexpected messages not taken yet
 }
 
 // ovRecv is the overlap state of a receive (or of an internal prefetch).
@@ -165,16 +166,24 @@ func (t *Transport) receiverIn() bool {
 	return t.spinners.Load() > 0 || t.parked.Load() > 0
 }
 
-// ovPoll runs after each progress pass with the worker lock held: it takes
-// newly arrived tagged messages off UCX's unexpected queue when the pass did
-// something, reports the waiting receiver's activity, and starts onloaded
-// transfers when the receiver is in the transport.
+// ovPoll runs after each progress pass with the worker lock held. A pass
+// that did something may have queued messages in UCX's unexpected queue;
+// they are taken (ovProbe) by the next pass of a goroutine that is not
+// spinning in Wait, or at once when engine receives wait for headers, so
+// that a waiter spinning for small messages pays no probe. It also reports
+// the waiting receiver's activity and starts onloaded transfers when the
+// receiver is in the transport.
 func (t *Transport) ovPoll(active bool) {
+	ov := t.ov
 	if active {
+		ov.dirty = true
+	}
+	spinning := t.spinners.Load() > 0
+	if ov.dirty && (!spinning || len(ov.posted) > 0) {
 		t.ovProbe()
 	}
 	if t.receiverIn() {
-		if t.spinners.Load() > 0 {
+		if spinning && active {
 			t.step(overlap.Event{Kind: overlap.Progress})
 		}
 		t.ovStartHeld()
@@ -195,6 +204,7 @@ func (t *Transport) ovEnter() {
 // messages in any order keeps MPI ordering. The lock is held.
 func (t *Transport) ovProbe() {
 	const kindMask = uint64(0xf) << kindShift
+	t.ov.dirty = false
 	for {
 		msg, info, ok := t.w.TagProbe(uint64(KindUser)<<kindShift, kindMask, true)
 		if !ok {
@@ -315,7 +325,11 @@ func (t *Transport) ovStartHeld() {
 func (t *Transport) ovRecv(r *Request) bool {
 	ov := t.ov
 	wire := MakeUserTag(uint32(r.peer), uint16(r.tag), r.seq)
-	t.ovProbe()
+	if r.bufLen >= ov.thresh && ov.dirty {
+		t.ovProbe()
+	}
+	// A small receive whose message is still in UCX's queue is matched by
+	// UCX itself when it is posted there.
 	if m := ov.unexp[wire]; m != nil && m.r == nil {
 		r.ov = &ovRecv{id: m.id, wire: wire, m: m}
 		if m.tracked {

@@ -1,0 +1,479 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/troupe-hpc/troupe/gpu"
+	"github.com/troupe-hpc/troupe/transport"
+	"github.com/troupe-hpc/troupe/transport/bootstrap"
+	"github.com/troupe-hpc/troupe/transport/perf"
+)
+
+// gpuPoint is one measurement of troupe bench gpu.
+type gpuPoint struct {
+	API     string  `json:"api"`     // messaging, channel or staged
+	Backend string  `json:"backend"` // host or cuda
+	Size    int     `json:"size"`
+	LatUs   float64 `json:"lat_us"`
+	BwMBps  float64 `json:"bw_MBps"`
+}
+
+type gpuBenchFlags struct {
+	tls     string
+	backend string
+	json    bool
+	minSize int
+	maxSize int
+	scale   float64
+	window  int
+	asRank  bool
+}
+
+func newGPUBenchCmd() *cobra.Command {
+	var f gpuBenchFlags
+	cmd := &cobra.Command{
+		Use:   "gpu",
+		Short: "Device-buffer latency and bandwidth: channels vs hand-written host staging, OSU style",
+		Long: `gpu starts a two-rank job and measures, for device buffers on the selected
+gpu backend, one-way latency (half a ping-pong) and bandwidth (a window of
+messages, then a 1-byte acknowledgement) through the Channel API and through
+explicit host staging written by hand (stream copy into pinned memory,
+synchronize, tagged send; receive into pinned memory, copy to the device,
+synchronize). The GPU Messaging API column belongs to the actor runtime and
+is reported as n/a until it exists.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			if f.asRank {
+				return gpuBenchRank(ctx, f)
+			}
+			pts, err := runGPUBenchJob(ctx, f)
+			if err != nil {
+				return err
+			}
+			return printGPUPoints(cmd.OutOrStdout(), f, pts)
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&f.tls, "tls", "shm", "UCX transports: shm, tcp, or a UCX_TLS value")
+	fl.StringVar(&f.backend, "backend", "auto", "gpu backend of the ranks: auto, host or cuda (TROUPE_GPU)")
+	fl.BoolVar(&f.json, "json", false, `print one JSON object per point: {"api":"channel|staged","backend":"host|cuda","size":...,"lat_us":...,"bw_MBps":...}`)
+	fl.IntVar(&f.minSize, "min", 8, "smallest message size in bytes")
+	fl.IntVar(&f.maxSize, "max", 4<<20, "largest message size in bytes")
+	fl.Float64Var(&f.scale, "scale", 1, "iteration count multiplier")
+	fl.IntVar(&f.window, "window", 16, "messages in flight for bandwidth")
+	fl.BoolVar(&f.asRank, "as-rank", false, "run as one rank of the job (internal)")
+	_ = fl.MarkHidden("as-rank")
+	return cmd
+}
+
+func init() { benchCmd.AddCommand(newGPUBenchCmd()) }
+
+func printGPUPoints(out io.Writer, f gpuBenchFlags, pts []gpuPoint) error {
+	if f.json {
+		enc := json.NewEncoder(out)
+		for _, p := range pts {
+			if err := enc.Encode(p); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	backend := "?"
+	if len(pts) > 0 {
+		backend = pts[0].Backend
+	}
+	type row struct{ ch, st *gpuPoint }
+	rows := map[int]*row{}
+	var sizes []int
+	for i := range pts {
+		p := &pts[i]
+		r := rows[p.Size]
+		if r == nil {
+			r = &row{}
+			rows[p.Size] = r
+			sizes = append(sizes, p.Size)
+		}
+		if p.API == "channel" {
+			r.ch = p
+		} else {
+			r.st = p
+		}
+	}
+	fmt.Fprintf(out, "# troupe bench gpu: device buffers, 2 ranks, gpu backend %s, UCX_TLS=%s, window %d\n", backend, bootstrap.UCXTLS(f.tls), f.window)
+	fmt.Fprintf(out, "%-8s %12s %12s %12s %14s %14s %14s\n", "# size", "msg lat(us)", "chan lat(us)", "stag lat(us)", "msg bw(MB/s)", "chan bw(MB/s)", "stag bw(MB/s)")
+	for _, s := range sizes {
+		r := rows[s]
+		val := func(p *gpuPoint, lat bool) string {
+			if p == nil {
+				return "-"
+			}
+			if lat {
+				return strconv.FormatFloat(p.LatUs, 'f', 2, 64)
+			}
+			return strconv.FormatFloat(p.BwMBps, 'f', 1, 64)
+		}
+		fmt.Fprintf(out, "%-8s %12s %12s %12s %14s %14s %14s\n", perf.FormatSize(s), "n/a", val(r.ch, true), val(r.st, true), "n/a", val(r.ch, false), val(r.st, false))
+	}
+	fmt.Fprintln(out, "# msg = GPU Messaging API (actor runtime, not built yet: n/a)")
+	return nil
+}
+
+func runGPUBenchJob(ctx context.Context, f gpuBenchFlags) ([]gpuPoint, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	out, err := os.CreateTemp("", "troupe-bench-gpu-*.jsonl")
+	if err != nil {
+		return nil, err
+	}
+	out.Close()
+	defer os.Remove(out.Name())
+	err = bootstrap.Launch(ctx, bootstrap.LaunchConfig{
+		N:       2,
+		Program: self,
+		Args: []string{"bench", "gpu", "--as-rank", "--min", strconv.Itoa(f.minSize), "--max", strconv.Itoa(f.maxSize),
+			"--scale", strconv.FormatFloat(f.scale, 'g', -1, 64), "--window", strconv.Itoa(f.window)},
+		Env:    []string{envBenchOut + "=" + out.Name(), gpu.EnvBackend + "=" + f.backend},
+		TLS:    f.tls,
+		Stdout: os.Stderr,
+		Stderr: os.Stderr,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return readJSONLines[gpuPoint](out.Name())
+}
+
+// gpuBenchRank is one rank of the benchmark job.
+func gpuBenchRank(ctx context.Context, f gpuBenchFlags) error {
+	boot, err := bootstrap.FromEnv(ctx)
+	if err != nil {
+		return err
+	}
+	defer boot.Close()
+	t, err := transport.New(ctx, transport.Options{Bootstrap: boot})
+	if err != nil {
+		return err
+	}
+	defer t.Close()
+	sys, err := gpu.Open()
+	if err != nil {
+		return err
+	}
+	defer sys.Close()
+	var enc *json.Encoder
+	if t.Rank() == 0 {
+		fh, err := os.OpenFile(os.Getenv(envBenchOut), os.O_WRONLY|os.O_TRUNC, 0)
+		if err != nil {
+			return fmt.Errorf("opening %s: %w", envBenchOut, err)
+		}
+		defer fh.Close()
+		enc = json.NewEncoder(fh)
+	}
+	b, err := newGPUBench(t, sys, f)
+	if err != nil {
+		return err
+	}
+	defer b.close()
+	for size := f.minSize; size <= f.maxSize; size *= 4 {
+		for _, api := range []string{"channel", "staged"} {
+			if err := boot.Barrier(ctx, fmt.Sprintf("bench.gpu.%s.%d", api, size)); err != nil {
+				return err
+			}
+			lat, bw, err := b.measure(ctx, api, size)
+			if err != nil {
+				return fmt.Errorf("%s %d B: %w", api, size, err)
+			}
+			if enc != nil {
+				if err := enc.Encode(gpuPoint{API: api, Backend: sys.Backend(), Size: size, LatUs: lat, BwMBps: bw}); err != nil {
+					return err
+				}
+			}
+		}
+		if size == 0 {
+			break
+		}
+	}
+	return boot.Barrier(ctx, "bench.gpu.done")
+}
+
+// gpuBench holds the buffers of one rank: a window of device buffers and, for
+// hand staging, as many pinned buffers.
+type gpuBench struct {
+	t      *transport.Transport
+	sys    *gpu.System
+	f      gpuBenchFlags
+	peer   int
+	ch     *transport.Channel
+	stream *gpu.Stream
+	dev    []gpu.Buffer
+	pin    []gpu.Buffer
+	ack    []byte
+}
+
+func newGPUBench(t *transport.Transport, sys *gpu.System, f gpuBenchFlags) (*gpuBench, error) {
+	b := &gpuBench{t: t, sys: sys, f: f, peer: 1 - t.Rank(), ack: make([]byte, 1)}
+	var err error
+	if b.ch, err = t.Channel(1, b.peer); err != nil {
+		return nil, err
+	}
+	if b.stream, err = sys.Devices()[0].NewStream(); err != nil {
+		return nil, err
+	}
+	for i := 0; i < max(f.window, 1); i++ {
+		d, err := sys.Devices()[0].Alloc(max(f.maxSize, 1))
+		if err != nil {
+			return nil, err
+		}
+		if err := gpu.Memset(d, byte(i)); err != nil {
+			return nil, err
+		}
+		p, err := sys.AllocHost(max(f.maxSize, 1))
+		if err != nil {
+			return nil, err
+		}
+		b.dev, b.pin = append(b.dev, d), append(b.pin, p)
+	}
+	return b, nil
+}
+
+func (b *gpuBench) close() {
+	_ = b.ch.Close()
+	_ = b.stream.Destroy()
+	for i := range b.dev {
+		_ = gpu.Free(b.dev[i])
+		_ = gpu.Free(b.pin[i])
+	}
+}
+
+// iterations scales the repetitions with the size: about 32 MiB per latency
+// point (10..2000 round trips) and 64 MiB per bandwidth point.
+func (b *gpuBench) iterations(size int) (lat, bw int) {
+	lat = int(b.f.scale * float64(min(2000, max(10, (32<<20)/max(size, 1)))))
+	bw = int(b.f.scale * float64(min(200, max(4, (64<<20)/(max(size, 1)*b.f.window)))))
+	return max(lat, 2), max(bw, 2)
+}
+
+func (b *gpuBench) measure(ctx context.Context, api string, size int) (latUs, bwMBps float64, err error) {
+	lat, bw := b.iterations(size)
+	warm := max(lat/10, 2)
+	if _, err := b.pingpong(ctx, api, size, warm); err != nil {
+		return 0, 0, err
+	}
+	d, err := b.pingpong(ctx, api, size, lat)
+	if err != nil {
+		return 0, 0, err
+	}
+	latUs = float64(d.Nanoseconds()) / 1e3 / float64(2*lat)
+	if _, err := b.stream1(ctx, api, size, 1); err != nil {
+		return 0, 0, err
+	}
+	d, err = b.stream1(ctx, api, size, bw)
+	if err != nil {
+		return 0, 0, err
+	}
+	bwMBps = float64(size) * float64(bw*b.f.window) / d.Seconds() / 1e6
+	return latUs, bwMBps, nil
+}
+
+// send and recv move one message of size bytes from/into window slot i.
+func (b *gpuBench) send(ctx context.Context, api string, i, size int) error {
+	src, err := b.dev[i].Slice(0, size)
+	if err != nil {
+		return err
+	}
+	if api == "channel" {
+		r, err := b.ch.Send(src)
+		if err != nil {
+			return err
+		}
+		return r.Wait(ctx)
+	}
+	r, err := b.isendStaged(i, src)
+	if err != nil {
+		return err
+	}
+	_, err = r.Wait(ctx)
+	return err
+}
+
+// isendStaged is hand-written staging: device -> pinned on the stream,
+// synchronize, then a tagged send of the pinned bytes.
+func (b *gpuBench) isendStaged(i int, src gpu.Buffer) (*transport.Request, error) {
+	p, err := b.pin[i].Slice(0, src.Len())
+	if err != nil {
+		return nil, err
+	}
+	if err := gpu.CopyAsync(b.stream, p, src); err != nil {
+		return nil, err
+	}
+	if err := b.stream.Synchronize(); err != nil {
+		return nil, err
+	}
+	pb, err := p.Bytes()
+	if err != nil {
+		return nil, err
+	}
+	return b.t.Isend(b.peer, 1, pb)
+}
+
+func (b *gpuBench) recv(ctx context.Context, api string, i, size int) error {
+	dst, err := b.dev[i].Slice(0, size)
+	if err != nil {
+		return err
+	}
+	if api == "channel" {
+		r, err := b.ch.Recv(dst)
+		if err != nil {
+			return err
+		}
+		return r.Wait(ctx)
+	}
+	r, err := b.irecvStaged(i, size)
+	if err != nil {
+		return err
+	}
+	if _, err := r.Wait(ctx); err != nil {
+		return err
+	}
+	return b.unstage(i, dst)
+}
+
+func (b *gpuBench) irecvStaged(i, size int) (*transport.Request, error) {
+	pb, err := b.pin[i].Bytes()
+	if err != nil {
+		return nil, err
+	}
+	return b.t.Irecv(b.peer, 1, pb[:size])
+}
+
+// unstage copies a received pinned buffer to the device and synchronizes.
+func (b *gpuBench) unstage(i int, dst gpu.Buffer) error {
+	p, err := b.pin[i].Slice(0, dst.Len())
+	if err != nil {
+		return err
+	}
+	if err := gpu.CopyAsync(b.stream, dst, p); err != nil {
+		return err
+	}
+	return b.stream.Synchronize()
+}
+
+func (b *gpuBench) pingpong(ctx context.Context, api string, size, iters int) (time.Duration, error) {
+	start := time.Now()
+	for i := 0; i < iters; i++ {
+		if b.t.Rank() == 0 {
+			if err := b.send(ctx, api, 0, size); err != nil {
+				return 0, err
+			}
+			if err := b.recv(ctx, api, 0, size); err != nil {
+				return 0, err
+			}
+		} else {
+			if err := b.recv(ctx, api, 0, size); err != nil {
+				return 0, err
+			}
+			if err := b.send(ctx, api, 0, size); err != nil {
+				return 0, err
+			}
+		}
+	}
+	return time.Since(start), nil
+}
+
+// stream1 runs iters windows: rank 0 sends a window of messages, rank 1
+// receives them and acknowledges with one byte.
+func (b *gpuBench) stream1(ctx context.Context, api string, size, iters int) (time.Duration, error) {
+	w := b.f.window
+	start := time.Now()
+	for it := 0; it < iters; it++ {
+		if b.t.Rank() == 0 {
+			if api == "channel" {
+				reqs := make([]*transport.ChannelRequest, w)
+				for i := 0; i < w; i++ {
+					src, _ := b.dev[i].Slice(0, size)
+					r, err := b.ch.Send(src)
+					if err != nil {
+						return 0, err
+					}
+					reqs[i] = r
+				}
+				for _, r := range reqs {
+					if err := r.Wait(ctx); err != nil {
+						return 0, err
+					}
+				}
+			} else {
+				reqs := make([]*transport.Request, w)
+				for i := 0; i < w; i++ {
+					src, _ := b.dev[i].Slice(0, size)
+					r, err := b.isendStaged(i, src)
+					if err != nil {
+						return 0, err
+					}
+					reqs[i] = r
+				}
+				for _, r := range reqs {
+					if _, err := r.Wait(ctx); err != nil {
+						return 0, err
+					}
+				}
+			}
+			if _, err := b.t.Recv(ctx, 1, 2, b.ack); err != nil {
+				return 0, err
+			}
+			continue
+		}
+		if api == "channel" {
+			reqs := make([]*transport.ChannelRequest, w)
+			for i := 0; i < w; i++ {
+				dst, _ := b.dev[i].Slice(0, size)
+				r, err := b.ch.Recv(dst)
+				if err != nil {
+					return 0, err
+				}
+				reqs[i] = r
+			}
+			for _, r := range reqs {
+				if err := r.Wait(ctx); err != nil {
+					return 0, err
+				}
+			}
+		} else {
+			reqs := make([]*transport.Request, w)
+			for i := 0; i < w; i++ {
+				r, err := b.irecvStaged(i, size)
+				if err != nil {
+					return 0, err
+				}
+				reqs[i] = r
+			}
+			for i, r := range reqs {
+				if _, err := r.Wait(ctx); err != nil {
+					return 0, err
+				}
+				dst, _ := b.dev[i].Slice(0, size)
+				if err := b.unstage(i, dst); err != nil {
+					return 0, err
+				}
+			}
+		}
+		if err := b.t.Send(ctx, 0, 2, b.ack); err != nil {
+			return 0, err
+		}
+	}
+	return time.Since(start), nil
+}

@@ -1,0 +1,322 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/troupe-hpc/troupe/datatype"
+	"github.com/troupe-hpc/troupe/datatype/layouts"
+	"github.com/troupe-hpc/troupe/transport"
+	"github.com/troupe-hpc/troupe/transport/bootstrap"
+)
+
+// ncPoint is one measurement of `troupe bench noncontig --json`.
+type ncPoint struct {
+	Layout string  `json:"layout"`
+	Scheme string  `json:"scheme"`
+	LatUs  float64 `json:"lat_us"`
+	Bytes  int64   `json:"bytes"`
+	Blocks int64   `json:"blocks"`
+}
+
+type noncontigFlags struct {
+	tls     string
+	json    bool
+	scale   float64
+	rounds  int
+	layouts []string
+	noVec   bool
+	noApp   bool
+	asRank  bool
+}
+
+// ncSchemeOrder is the column order of the table.
+var ncSchemeOrder = []datatype.Scheme{datatype.SchemePack, datatype.SchemeSGL, datatype.SchemeZCopy, datatype.SchemeAuto}
+
+// Vector sweep: blocks of 64 B .. 16 KiB, 16 .. 1024 of them, stride twice
+// the block.
+var (
+	ncVecBlocks = []int64{64, 256, 1024, 4096, 16384}
+	ncVecCounts = []int64{16, 64, 256, 1024}
+)
+
+func newNoncontigCmd() *cobra.Command {
+	var f noncontigFlags
+	cmd := &cobra.Command{
+		Use:   "noncontig",
+		Short: "Typed-transfer ping-pong latency per scheme (pack, sgl, zcopy, adaptive) on vectors and DDTBench layouts",
+		Long: `noncontig starts a two-rank job through the embedded launcher and measures
+OSU-style ping-pong latency (half the round trip) of typed transfers, the same
+layout on both sides, for each fixed scheme and for the adaptive default
+(after warm-up, so its layouts are cached and registered): a vector sweep
+(blocks of 64 B to 16 KiB, 16 to 1024 blocks, stride twice the block; named
+vec_<block>x<count>) and the 13 DDTBench layouts. Each scheme is measured in
+--rounds interleaved rounds and the best round is reported.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			if f.asRank {
+				return noncontigRank(ctx, f)
+			}
+			pts, err := runNoncontigJob(ctx, f)
+			if err != nil {
+				return err
+			}
+			return printNoncontig(cmd.OutOrStdout(), f, pts)
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&f.tls, "tls", "shm", "UCX transports: shm, tcp, or a UCX_TLS value")
+	fl.BoolVar(&f.json, "json", false, `print one JSON object per point: {"layout":"vec_4096x64","scheme":"pack|sgl|zcopy|adaptive","lat_us":...}`)
+	fl.Float64Var(&f.scale, "scale", 1, "iteration count multiplier")
+	fl.IntVar(&f.rounds, "rounds", 3, "interleaved rounds per point (best is reported)")
+	fl.StringSliceVar(&f.layouts, "layout", nil, "only these layouts (vec_<block>x<count> or DDTBench names)")
+	fl.BoolVar(&f.noVec, "no-vectors", false, "skip the vector sweep")
+	fl.BoolVar(&f.noApp, "no-apps", false, "skip the DDTBench layouts")
+	fl.BoolVar(&f.asRank, "as-rank", false, "run as one rank of the job (internal)")
+	_ = fl.MarkHidden("as-rank")
+	return cmd
+}
+
+func init() { benchCmd.AddCommand(newNoncontigCmd()) }
+
+// ncCase is one layout of the benchmark.
+type ncCase struct {
+	name  string
+	dt    *datatype.Type
+	alloc int64
+	base  int64
+}
+
+func noncontigCases(f noncontigFlags) ([]ncCase, error) {
+	want := map[string]bool{}
+	for _, n := range f.layouts {
+		want[n] = true
+	}
+	keep := func(n string) bool { return len(want) == 0 || want[n] }
+	var cs []ncCase
+	if !f.noVec {
+		for _, b := range ncVecBlocks {
+			for _, n := range ncVecCounts {
+				name := fmt.Sprintf("vec_%dx%d", b, n)
+				if !keep(name) {
+					continue
+				}
+				v, err := datatype.Vector(n, b/8, 2*b/8, datatype.Float64)
+				if err != nil {
+					return nil, err
+				}
+				cs = append(cs, ncCase{name, v, v.Extent(), 0})
+			}
+		}
+	}
+	if !f.noApp {
+		for _, name := range layouts.Names {
+			if !keep(name) {
+				continue
+			}
+			l, err := layouts.Build(name)
+			if err != nil {
+				return nil, err
+			}
+			cs = append(cs, ncCase{name, l.Type, l.Alloc, l.Base})
+		}
+	}
+	if len(cs) == 0 {
+		return nil, fmt.Errorf("no layout selected")
+	}
+	return cs, nil
+}
+
+func runNoncontigJob(ctx context.Context, f noncontigFlags) ([]ncPoint, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	out, err := os.CreateTemp("", "troupe-bench-nc-*.jsonl")
+	if err != nil {
+		return nil, err
+	}
+	out.Close()
+	defer os.Remove(out.Name())
+	args := []string{"bench", "noncontig", "--as-rank", "--scale", strconv.FormatFloat(f.scale, 'g', -1, 64),
+		"--rounds", strconv.Itoa(f.rounds)}
+	if len(f.layouts) > 0 {
+		args = append(args, "--layout", strings.Join(f.layouts, ","))
+	}
+	if f.noVec {
+		args = append(args, "--no-vectors")
+	}
+	if f.noApp {
+		args = append(args, "--no-apps")
+	}
+	err = bootstrap.Launch(ctx, bootstrap.LaunchConfig{
+		N: 2, Program: self, Args: args,
+		Env:    []string{envBenchOut + "=" + out.Name()},
+		TLS:    f.tls,
+		Stdout: os.Stderr,
+		Stderr: os.Stderr,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return readJSONLines[ncPoint](out.Name())
+}
+
+// ncIters picks the iteration count of one measurement from its size.
+func ncIters(bytes int64, scale float64) (iters, warmup int) {
+	iters = int(float64(min(max(64<<20/max(bytes, 1), 10), 500)) * scale)
+	return max(iters, 3), 5
+}
+
+func noncontigRank(ctx context.Context, f noncontigFlags) error {
+	boot, err := bootstrap.FromEnv(ctx)
+	if err != nil {
+		return err
+	}
+	defer boot.Close()
+	t, err := transport.New(ctx, transport.Options{Bootstrap: boot})
+	if err != nil {
+		return err
+	}
+	defer t.Close()
+	cases, err := noncontigCases(f)
+	if err != nil {
+		return err
+	}
+	var enc *json.Encoder
+	if t.Rank() == 0 {
+		fh, err := os.OpenFile(os.Getenv(envBenchOut), os.O_WRONLY|os.O_TRUNC, 0)
+		if err != nil {
+			return fmt.Errorf("opening %s: %w", envBenchOut, err)
+		}
+		defer fh.Close()
+		enc = json.NewEncoder(fh)
+	}
+	peer := 1 - t.Rank()
+	for ci, c := range cases {
+		buf := make([]byte, c.alloc)
+		layouts.Fill(buf, c.base)
+		bytes, err := c.dt.PackedSize(1)
+		if err != nil {
+			return err
+		}
+		lay, err := datatype.Flatten(c.dt, 0, 1)
+		if err != nil {
+			return err
+		}
+		iters, warmup := ncIters(bytes, f.scale)
+		best := map[datatype.Scheme]float64{}
+		for round := 0; round < f.rounds; round++ {
+			for _, s := range ncSchemeOrder {
+				o := transport.TypedOptions{Scheme: s, Base: int(c.base)}
+				tag := ci % (transport.MaxUserTag + 1)
+				one := func() error {
+					if t.Rank() == 0 {
+						if err := t.SendTypedWith(ctx, peer, tag, buf, c.dt, 1, o); err != nil {
+							return err
+						}
+						_, err := t.RecvTypedWith(ctx, peer, tag, buf, c.dt, 1, o)
+						return err
+					}
+					if _, err := t.RecvTypedWith(ctx, peer, tag, buf, c.dt, 1, o); err != nil {
+						return err
+					}
+					return t.SendTypedWith(ctx, peer, tag, buf, c.dt, 1, o)
+				}
+				for i := 0; i < warmup; i++ {
+					if err := one(); err != nil {
+						return fmt.Errorf("%s %v warm-up: %w", c.name, s, err)
+					}
+				}
+				start := time.Now()
+				for i := 0; i < iters; i++ {
+					if err := one(); err != nil {
+						return fmt.Errorf("%s %v: %w", c.name, s, err)
+					}
+				}
+				lat := float64(time.Since(start).Microseconds()) / float64(2*iters)
+				if b, ok := best[s]; !ok || lat < b {
+					best[s] = lat
+				}
+			}
+		}
+		if enc != nil {
+			for _, s := range ncSchemeOrder {
+				p := ncPoint{Layout: c.name, Scheme: s.String(), LatUs: best[s], Bytes: bytes, Blocks: lay.Stats.Segments}
+				if err := enc.Encode(p); err != nil {
+					return err
+				}
+			}
+		}
+		fmt.Fprintf(os.Stderr, "rank %d: %s done\n", t.Rank(), c.name)
+	}
+	if t.Rank() == 0 {
+		st := t.NoncontigStats()
+		fmt.Fprintf(os.Stderr, "rank 0 counters: %+v\n", st)
+	}
+	return boot.Barrier(ctx, "bench.noncontig.done")
+}
+
+func printNoncontig(out io.Writer, f noncontigFlags, pts []ncPoint) error {
+	if f.json {
+		enc := json.NewEncoder(out)
+		for _, p := range pts {
+			if err := enc.Encode(p); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	type row struct {
+		layout        string
+		bytes, blocks int64
+		lat           map[string]float64
+	}
+	var rows []*row
+	idx := map[string]*row{}
+	for _, p := range pts {
+		r := idx[p.Layout]
+		if r == nil {
+			r = &row{layout: p.Layout, bytes: p.Bytes, blocks: p.Blocks, lat: map[string]float64{}}
+			idx[p.Layout] = r
+			rows = append(rows, r)
+		}
+		r.lat[p.Scheme] = p.LatUs
+	}
+	fmt.Fprintf(out, "# typed ping-pong latency (us, one way), 2 ranks, UCX_TLS=%s, best of %d rounds\n", bootstrap.UCXTLS(f.tls), f.rounds)
+	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "layout\tbytes\tblocks\tpack\tsgl\tzcopy\tadaptive\tbest fixed\tadaptive/best\t")
+	within := 0
+	for _, r := range rows {
+		bestName, bestLat := "", 0.0
+		for _, s := range []string{"pack", "sgl", "zcopy"} {
+			if l, ok := r.lat[s]; ok && (bestName == "" || l < bestLat) {
+				bestName, bestLat = s, l
+			}
+		}
+		ratio := r.lat["adaptive"] / bestLat
+		if ratio <= 1.05 {
+			within++
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%.1f\t%.1f\t%.1f\t%.1f\t%s\t%.2f\t\n", r.layout, r.bytes, r.blocks,
+			r.lat["pack"], r.lat["sgl"], r.lat["zcopy"], r.lat["adaptive"], bestName, ratio)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "# adaptive within 5%% of the best fixed scheme at %d of %d points\n", within, len(rows))
+	return nil
+}
