@@ -37,11 +37,11 @@ run: build
 # committed seed corpus (actor/testdata/fuzz).
 test: deps
 	$(GO) vet ./...
-	UCX_LOG_LEVEL=error $(GO) test -race -count=1 -timeout 20m $(RACE_PKGS)
-	UCX_LOG_LEVEL=error $(GO) test -count=1 -run '^TestActorFlood$$' ./integration/
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeEnvelope$$' -fuzztime 10s ./actor/
 	$(GO) test -run '^$$' -fuzz '^FuzzValidateMsgpack$$' -fuzztime 5s ./actor/
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeBody$$' -fuzztime 5s ./actor/
+	UCX_LOG_LEVEL=error $(GO) test -count=1 -run '^TestActorFlood$$' ./integration/
+	UCX_LOG_LEVEL=error $(GO) test -race -count=1 -timeout 20m $(RACE_PKGS)
 
 bench: build
 	$(BIN)/troupe bench pingpong --compare 5
