@@ -23,6 +23,8 @@ build: deps
 	$(GO) build -o $(BIN)/troupe ./cmd/troupe
 	$(GO) build -o $(BIN)/pingpong ./samples/pingpong
 	$(GO) build -o $(BIN)/jacobi3d ./samples/jacobi3d
+	$(GO) build -o $(BIN)/faces ./samples/faces
+	$(GO) build -o $(BIN)/protobench ./samples/protobench
 
 # run: the main job, Jacobi3D on four ranks through the embedded launcher: a
 # 48^3 grid in 4x4x4 blocks (an actor array, 16 blocks per rank), 10 warm-up +
