@@ -122,7 +122,7 @@ func (rt *Runtime) send(r int, target *pa.PID, msg any, sender *pa.PID, flags ui
 	out := rt.out[r]
 	cost := rt.cost(len(body) + len(payload))
 	if e.Flags&flagNoCredit == 0 {
-		if err := out.acquire(cost, &rt.stats); err != nil {
+		if err := out.acquire(rt.t, cost, &rt.stats); err != nil {
 			return err
 		}
 	}
@@ -151,44 +151,55 @@ func (rt *Runtime) cost(n int) int {
 
 // outPeer holds the eager credits for sending to one rank.
 type outPeer struct {
-	mu    sync.Mutex
-	cond  *sync.Cond
-	avail int
-	err   error // set when sends to the rank can no longer succeed
-	used  atomic.Bool
+	mu      sync.Mutex
+	avail   int
+	err     error         // set when sends to the rank can no longer succeed
+	changed chan struct{} // closed (and replaced) whenever credits come back
+	used    atomic.Bool
 }
 
 func newOutPeer(credits int) *outPeer {
-	o := &outPeer{avail: credits}
-	o.cond = sync.NewCond(&o.mu)
-	return o
+	return &outPeer{avail: credits, changed: make(chan struct{})}
 }
 
 // acquire takes n credits, blocking while the peer has not processed
-// enough of what it was sent.
-func (o *outPeer) acquire(n int, st *Stats) error {
-	o.mu.Lock()
-	defer o.mu.Unlock()
+// enough of what it was sent. The credits come back in an active message,
+// so a blocked sender progresses the transport itself while it waits (as a
+// blocking Recv does) instead of waiting for the progress goroutine to wake.
+func (o *outPeer) acquire(t *transport.Transport, n int, st *Stats) error {
 	waited := false
-	for o.avail < n && o.err == nil {
+	for {
+		o.mu.Lock()
+		if o.err != nil {
+			o.mu.Unlock()
+			return o.err
+		}
+		if o.avail >= n {
+			o.avail -= n
+			o.mu.Unlock()
+			return nil
+		}
+		ch := o.changed
+		o.mu.Unlock()
 		if !waited {
 			st.CreditWaits.Add(1)
 			waited = true
 		}
-		o.cond.Wait()
+		_ = t.Await(context.Background(), ch)
 	}
-	if o.err != nil {
-		return o.err
-	}
-	o.avail -= n
-	return nil
+}
+
+// signal wakes blocked senders; o.mu is held.
+func (o *outPeer) signal() {
+	close(o.changed)
+	o.changed = make(chan struct{})
 }
 
 func (o *outPeer) release(n int) {
 	o.mu.Lock()
 	o.avail += n
+	o.signal()
 	o.mu.Unlock()
-	o.cond.Broadcast()
 }
 
 func (o *outPeer) close(err error) {
@@ -196,8 +207,8 @@ func (o *outPeer) close(err error) {
 	if o.err == nil {
 		o.err = err
 	}
+	o.signal()
 	o.mu.Unlock()
-	o.cond.Broadcast()
 }
 
 func (o *outPeer) lostErr() error {
