@@ -421,6 +421,13 @@ func (t *Transport) loop() {
 		}
 		if t.progressOnce() {
 			idle, polls = time.Time{}, 0
+			// Handlers may have made goroutines runnable (an actor's
+			// mailbox, a waiter's channel): they were queued on this
+			// goroutine's P, which a spinning locked thread would keep to
+			// itself until another P steals them. Yielding hands them over
+			// at once: actor round trips drop from ~80 us to ~15 us on a
+			// quiet 2-core machine (docs/actor.md).
+			runtime.Gosched()
 			continue
 		}
 		if polls++; polls&31 != 0 {
