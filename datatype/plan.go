@@ -87,12 +87,15 @@ type Thresholds struct {
 }
 
 // DefaultThresholds returns the defaults measured on troupe's reference
-// machine (docs/noncontig.md).
+// machine (docs/noncontig.md): T = 8 KiB; windows up to 128 segments (the
+// UMR paper's bound) but only for blocks of 32 KiB and more, because without
+// UMR a window write costs a put per block (the UMR paper's 512 B assumes
+// one hardware operation per window).
 func DefaultThresholds() Thresholds {
 	return Thresholds{
 		ZCopyAvgBlock:     8 << 10,
 		WindowMaxSegments: 128,
-		WindowMinBlock:    512,
+		WindowMinBlock:    32 << 10,
 		SGLMaxSegments:    1 << 16,
 		MaxIOVsPerOp:      16,
 	}

@@ -22,6 +22,7 @@ func TestSchemeNames(t *testing.T) {
 func TestSelectLocal(t *testing.T) {
 	th := DefaultThresholds()
 	th.ZCopyAvgBlock = 2048
+	th.WindowMinBlock = 512
 	big := Stats{Segments: 64, Bytes: 64 * 4096, MinBlock: 4096, MaxBlock: 4096, AvgBlock: 4096}
 	many := Stats{Segments: 1024, Bytes: 1024 * 4096, MinBlock: 4096, MaxBlock: 4096, AvgBlock: 4096}
 	tooMany := Stats{Segments: th.SGLMaxSegments + 1, Bytes: (th.SGLMaxSegments + 1) * 4096, MinBlock: 4096, MaxBlock: 4096, AvgBlock: 4096}

@@ -147,6 +147,13 @@ func ncMatrix(name, variant string) scenario {
 // layout is registered in the background; the key pool is refilled.
 func ncCache(ctx context.Context, r *rank) error {
 	t := r.t
+	// The UMR paper's window bound (blocks >= 512 B) instead of this
+	// machine's default, so that the adaptive default reaches the windows.
+	o := transport.DefaultNoncontigOptions()
+	o.Thresholds.WindowMinBlock = 512
+	if err := t.SetNoncontigOptions(o); err != nil {
+		return err
+	}
 	vec, err := dt.Vector(64, 2048, 4096, dt.Float64) // 64 blocks of 16 KiB
 	if err != nil {
 		return err

@@ -175,10 +175,12 @@ func runNoncontigJob(ctx context.Context, f noncontigFlags) ([]ncPoint, error) {
 	return readJSONLines[ncPoint](out.Name())
 }
 
-// ncIters picks the iteration count of one measurement from its size.
-func ncIters(bytes int64, scale float64) (iters, warmup int) {
-	iters = int(float64(min(max(64<<20/max(bytes, 1), 10), 500)) * scale)
-	return max(iters, 3), 5
+// ncIters picks the iteration count of one measurement from its size and
+// block count (a zero-copy or SGL transfer of 65536 tiny blocks takes
+// hundreds of milliseconds).
+func ncIters(bytes, blocks int64, scale float64) (iters, warmup int) {
+	n := min(max(64<<20/max(bytes, 1), 10), 500, max(200000/max(blocks, 1), 3))
+	return max(int(float64(n)*scale), 3), 5
 }
 
 func noncontigRank(ctx context.Context, f noncontigFlags) error {
@@ -217,7 +219,7 @@ func noncontigRank(ctx context.Context, f noncontigFlags) error {
 		if err != nil {
 			return err
 		}
-		iters, warmup := ncIters(bytes, f.scale)
+		iters, warmup := ncIters(bytes, lay.Stats.Segments, f.scale)
 		best := map[datatype.Scheme]float64{}
 		for round := 0; round < f.rounds; round++ {
 			for _, s := range ncSchemeOrder {
