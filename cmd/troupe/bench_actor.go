@@ -158,30 +158,9 @@ func printActorRows(out io.Writer, rows []actorRow, f actorBenchFlags) error {
 }
 
 func runActorBenchJob(ctx context.Context, f actorBenchFlags) ([]actorRow, error) {
-	self, err := os.Executable()
-	if err != nil {
-		return nil, err
-	}
-	out, err := os.CreateTemp("", "troupe-bench-actor-*.jsonl")
-	if err != nil {
-		return nil, err
-	}
-	out.Close()
-	defer os.Remove(out.Name())
-	err = bootstrap.Launch(ctx, bootstrap.LaunchConfig{
-		N:       2,
-		Program: self,
-		Args: []string{"bench", "actor", "--as-rank", "--inline=" + strconv.FormatBool(f.inline), "--rtts", strconv.Itoa(f.rtts),
-			"--scale", strconv.FormatFloat(f.scale, 'g', -1, 64)},
-		Env:    []string{envBenchOut + "=" + out.Name()},
-		TLS:    f.tls,
-		Stdout: os.Stderr,
-		Stderr: os.Stderr,
-	})
-	if err != nil {
-		return nil, err
-	}
-	return readJSONLines[actorRow](out.Name())
+	return runBenchJob[actorRow](ctx, 2, f.tls, []string{"bench", "actor", "--as-rank",
+		"--inline=" + strconv.FormatBool(f.inline), "--rtts", strconv.Itoa(f.rtts),
+		"--scale", strconv.FormatFloat(f.scale, 'g', -1, 64)}, nil)
 }
 
 // runProtobench runs protoactor-go's gRPC remote benchmark program.

@@ -131,30 +131,10 @@ func printGPUPoints(out io.Writer, f gpuBenchFlags, pts []gpuPoint) error {
 }
 
 func runGPUBenchJob(ctx context.Context, f gpuBenchFlags) ([]gpuPoint, error) {
-	self, err := os.Executable()
-	if err != nil {
-		return nil, err
-	}
-	out, err := os.CreateTemp("", "troupe-bench-gpu-*.jsonl")
-	if err != nil {
-		return nil, err
-	}
-	out.Close()
-	defer os.Remove(out.Name())
-	err = bootstrap.Launch(ctx, bootstrap.LaunchConfig{
-		N:       2,
-		Program: self,
-		Args: []string{"bench", "gpu", "--as-rank", "--min", strconv.Itoa(f.minSize), "--max", strconv.Itoa(f.maxSize),
-			"--scale", strconv.FormatFloat(f.scale, 'g', -1, 64), "--window", strconv.Itoa(f.window)},
-		Env:    []string{envBenchOut + "=" + out.Name(), gpu.EnvBackend + "=" + f.backend},
-		TLS:    f.tls,
-		Stdout: os.Stderr,
-		Stderr: os.Stderr,
-	})
-	if err != nil {
-		return nil, err
-	}
-	return readJSONLines[gpuPoint](out.Name())
+	return runBenchJob[gpuPoint](ctx, 2, f.tls, []string{"bench", "gpu", "--as-rank",
+		"--min", strconv.Itoa(f.minSize), "--max", strconv.Itoa(f.maxSize),
+		"--scale", strconv.FormatFloat(f.scale, 'g', -1, 64), "--window", strconv.Itoa(f.window)},
+		[]string{gpu.EnvBackend + "=" + f.backend})
 }
 
 // gpuBenchRank is one rank of the benchmark job.

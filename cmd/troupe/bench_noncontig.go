@@ -141,16 +141,6 @@ func noncontigCases(f noncontigFlags) ([]ncCase, error) {
 }
 
 func runNoncontigJob(ctx context.Context, f noncontigFlags) ([]ncPoint, error) {
-	self, err := os.Executable()
-	if err != nil {
-		return nil, err
-	}
-	out, err := os.CreateTemp("", "troupe-bench-nc-*.jsonl")
-	if err != nil {
-		return nil, err
-	}
-	out.Close()
-	defer os.Remove(out.Name())
 	args := []string{"bench", "noncontig", "--as-rank", "--scale", strconv.FormatFloat(f.scale, 'g', -1, 64),
 		"--rounds", strconv.Itoa(f.rounds)}
 	if len(f.layouts) > 0 {
@@ -162,17 +152,7 @@ func runNoncontigJob(ctx context.Context, f noncontigFlags) ([]ncPoint, error) {
 	if f.noApp {
 		args = append(args, "--no-apps")
 	}
-	err = bootstrap.Launch(ctx, bootstrap.LaunchConfig{
-		N: 2, Program: self, Args: args,
-		Env:    []string{envBenchOut + "=" + out.Name()},
-		TLS:    f.tls,
-		Stdout: os.Stderr,
-		Stderr: os.Stderr,
-	})
-	if err != nil {
-		return nil, err
-	}
-	return readJSONLines[ncPoint](out.Name())
+	return runBenchJob[ncPoint](ctx, 2, f.tls, args, nil)
 }
 
 // ncIters picks the iteration count of one measurement from its size and

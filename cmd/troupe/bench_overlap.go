@@ -125,34 +125,16 @@ func init() { benchCmd.AddCommand(newOverlapCmd()) }
 // overlapJob launches n ranks of this executable in one role and returns
 // rank 0's lines.
 func overlapJob(ctx context.Context, f overlapFlags, n int, engine, role string) ([]overlapLine, error) {
-	self, err := os.Executable()
-	if err != nil {
-		return nil, err
-	}
-	out, err := os.CreateTemp("", "troupe-overlap-*.jsonl")
-	if err != nil {
-		return nil, err
-	}
-	out.Close()
-	defer os.Remove(out.Name())
-	err = bootstrap.Launch(ctx, bootstrap.LaunchConfig{
-		N:       n,
-		Program: self,
-		Args: []string{"bench", "overlap", "--as-rank", "--engine", engine,
-			"--min", strconv.Itoa(f.minSize), "--max", strconv.Itoa(f.maxSize),
-			"--scale", strconv.FormatFloat(f.scale, 'g', -1, 64),
-			"--calibrate=" + strconv.FormatBool(f.calibrate),
-			"--gather-size", strconv.Itoa(f.gatherSize), "--gather-delay", f.gatherDelay.String(),
-			"--gather-ranks", role},
-		Env:    []string{envBenchOut + "=" + out.Name()},
-		TLS:    f.tls,
-		Stdout: os.Stderr,
-		Stderr: os.Stderr,
-	})
+	rows, err := runBenchJob[overlapLine](ctx, n, f.tls, []string{"bench", "overlap", "--as-rank", "--engine", engine,
+		"--min", strconv.Itoa(f.minSize), "--max", strconv.Itoa(f.maxSize),
+		"--scale", strconv.FormatFloat(f.scale, 'g', -1, 64),
+		"--calibrate=" + strconv.FormatBool(f.calibrate),
+		"--gather-size", strconv.Itoa(f.gatherSize), "--gather-delay", f.gatherDelay.String(),
+		"--gather-ranks", role}, nil)
 	if err != nil {
 		return nil, fmt.Errorf("overlap job (engine %s): %w", engine, err)
 	}
-	return readJSONLines[overlapLine](out.Name())
+	return rows, nil
 }
 
 // overlapRun runs the rounds and prints the medians.

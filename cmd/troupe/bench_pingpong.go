@@ -102,30 +102,9 @@ func init() { benchCmd.AddCommand(newPingpongCmd()) }
 
 // runPingpongJob launches two ranks of this executable and returns rank 0's results.
 func runPingpongJob(ctx context.Context, f pingpongFlags, minSize, maxSize int) ([]perf.Point, error) {
-	self, err := os.Executable()
-	if err != nil {
-		return nil, err
-	}
-	out, err := os.CreateTemp("", "troupe-bench-*.jsonl")
-	if err != nil {
-		return nil, err
-	}
-	out.Close()
-	defer os.Remove(out.Name())
-	err = bootstrap.Launch(ctx, bootstrap.LaunchConfig{
-		N:       2,
-		Program: self,
-		Args: []string{"bench", "pingpong", "--as-rank", "--min", strconv.Itoa(minSize), "--max", strconv.Itoa(maxSize),
-			"--scale", strconv.FormatFloat(f.scale, 'g', -1, 64), "--progress", f.progress},
-		Env:    []string{envBenchOut + "=" + out.Name()},
-		TLS:    f.tls,
-		Stdout: os.Stderr,
-		Stderr: os.Stderr,
-	})
-	if err != nil {
-		return nil, err
-	}
-	return readJSONLines[perf.Point](out.Name())
+	return runBenchJob[perf.Point](ctx, 2, f.tls, []string{"bench", "pingpong", "--as-rank",
+		"--min", strconv.Itoa(minSize), "--max", strconv.Itoa(maxSize),
+		"--scale", strconv.FormatFloat(f.scale, 'g', -1, 64), "--progress", f.progress}, nil)
 }
 
 func readJSONLines[T any](path string) ([]T, error) {
