@@ -4,9 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime"
 	"sync"
-	"time"
 	"unsafe"
 
 	"github.com/troupe-hpc/troupe/gpu"
@@ -174,20 +172,7 @@ func waitRequest(ctx context.Context, r *Request) (Status, error) {
 		return r.status, r.err
 	}
 	t := r.t
-	deadline := time.Now().Add(t.opts.WaitSpin)
-	t.spinners.Add(1)
-	for i := 0; !r.fin.Load(); i++ {
-		if t.opts.Progress == ProgressDirect {
-			t.progressOnce()
-		} else if i&63 == 63 {
-			runtime.Gosched()
-		}
-		if i&15 == 15 && time.Now().After(deadline) {
-			break
-		}
-	}
-	t.spinners.Add(-1)
-	if r.fin.Load() {
+	if t.spinWait(r.fin.Load) {
 		return r.status, r.err
 	}
 	done := r.Done()

@@ -597,6 +597,26 @@ func (r *Request) Done() <-chan struct{} {
 	return r.done
 }
 
+// spinWait progresses the worker (direct mode) or yields (queue mode) until
+// done reports true or WaitSpin has passed, and reports done. While it
+// spins the progress goroutine stands aside.
+func (t *Transport) spinWait(done func() bool) bool {
+	deadline := time.Now().Add(t.opts.WaitSpin)
+	t.spinners.Add(1)
+	defer t.spinners.Add(-1)
+	for i := 0; !done(); i++ {
+		if t.opts.Progress == ProgressDirect {
+			t.progressOnce()
+		} else if i&63 == 63 {
+			runtime.Gosched()
+		}
+		if i&15 == 15 && time.Now().After(deadline) {
+			return done()
+		}
+	}
+	return true
+}
+
 // Await blocks until done is closed or ctx ends. In direct mode the caller
 // progresses the worker itself for up to WaitSpin first, exactly as Wait
 // does, so that a reply produced by another rank is picked up without
@@ -604,22 +624,16 @@ func (r *Request) Done() <-chan struct{} {
 // transport (actor requests) use it to wait for results that a message
 // handler delivers.
 func (t *Transport) Await(ctx context.Context, done <-chan struct{}) error {
-	if t.opts.Progress == ProgressDirect {
-		deadline := time.Now().Add(t.opts.WaitSpin)
-		t.spinners.Add(1)
-		for i := 0; ; i++ {
-			select {
-			case <-done:
-				t.spinners.Add(-1)
-				return nil
-			default:
-			}
-			t.progressOnce()
-			if i&15 == 15 && time.Now().After(deadline) {
-				break
-			}
+	closed := func() bool {
+		select {
+		case <-done:
+			return true
+		default:
+			return false
 		}
-		t.spinners.Add(-1)
+	}
+	if t.spinWait(closed) {
+		return nil
 	}
 	t.parked.Add(1)
 	defer t.parked.Add(-1)
@@ -641,20 +655,7 @@ func (r *Request) Wait(ctx context.Context) (Status, error) {
 		return r.status, r.err
 	}
 	t := r.t
-	deadline := time.Now().Add(t.opts.WaitSpin)
-	t.spinners.Add(1)
-	for i := 0; !r.fin.Load(); i++ {
-		if t.opts.Progress == ProgressDirect {
-			t.progressOnce()
-		} else if i&63 == 63 {
-			runtime.Gosched()
-		}
-		if i&15 == 15 && time.Now().After(deadline) {
-			break
-		}
-	}
-	t.spinners.Add(-1)
-	if r.fin.Load() {
+	if t.spinWait(r.fin.Load) {
 		return r.status, r.err
 	}
 	done := r.Done()
