@@ -126,7 +126,7 @@ func printGPUPoints(out io.Writer, f gpuBenchFlags, pts []gpuPoint) error {
 		}
 		fmt.Fprintf(out, "%-8s %12s %12s %12s %14s %14s %14s\n", perf.FormatSize(s), "n/a", val(r.ch, true), val(r.st, true), "n/a", val(r.ch, false), val(r.st, false))
 	}
-	fmt.Fprintln(out, "# msg = GPU Messaging API (actor runtime, not built yet: n/a)")
+	fmt.Fprintln(out, "# msg = GPU Messaging API (actor.Runtime with gpu.Buffer fields): not measured by this benchmark yet")
 	return nil
 }
 
@@ -380,80 +380,84 @@ func (b *gpuBench) stream1(ctx context.Context, api string, size, iters int) (ti
 	w := b.f.window
 	start := time.Now()
 	for it := 0; it < iters; it++ {
-		if b.t.Rank() == 0 {
-			if api == "channel" {
-				reqs := make([]*transport.ChannelRequest, w)
-				for i := 0; i < w; i++ {
-					src, _ := b.dev[i].Slice(0, size)
-					r, err := b.ch.Send(src)
-					if err != nil {
-						return 0, err
-					}
-					reqs[i] = r
-				}
-				for _, r := range reqs {
-					if err := r.Wait(ctx); err != nil {
-						return 0, err
-					}
-				}
-			} else {
-				reqs := make([]*transport.Request, w)
-				for i := 0; i < w; i++ {
-					src, _ := b.dev[i].Slice(0, size)
-					r, err := b.isendStaged(i, src)
-					if err != nil {
-						return 0, err
-					}
-					reqs[i] = r
-				}
-				for _, r := range reqs {
-					if _, err := r.Wait(ctx); err != nil {
-						return 0, err
-					}
-				}
-			}
-			if _, err := b.t.Recv(ctx, 1, 2, b.ack); err != nil {
-				return 0, err
-			}
-			continue
-		}
-		if api == "channel" {
-			reqs := make([]*transport.ChannelRequest, w)
-			for i := 0; i < w; i++ {
+		var err error
+		switch {
+		case b.t.Rank() == 0 && api == "channel":
+			err = window(ctx, w, func(i int) (waiter, error) {
+				src, _ := b.dev[i].Slice(0, size)
+				r, err := b.ch.Send(src)
+				return chanWaiter(r), err
+			})
+		case b.t.Rank() == 0:
+			err = window(ctx, w, func(i int) (waiter, error) {
+				src, _ := b.dev[i].Slice(0, size)
+				r, err := b.isendStaged(i, src)
+				return reqWaiter(r, nil), err
+			})
+		case api == "channel":
+			err = window(ctx, w, func(i int) (waiter, error) {
 				dst, _ := b.dev[i].Slice(0, size)
 				r, err := b.ch.Recv(dst)
-				if err != nil {
-					return 0, err
-				}
-				reqs[i] = r
-			}
-			for _, r := range reqs {
-				if err := r.Wait(ctx); err != nil {
-					return 0, err
-				}
-			}
-		} else {
-			reqs := make([]*transport.Request, w)
-			for i := 0; i < w; i++ {
+				return chanWaiter(r), err
+			})
+		default:
+			err = window(ctx, w, func(i int) (waiter, error) {
 				r, err := b.irecvStaged(i, size)
-				if err != nil {
-					return 0, err
-				}
-				reqs[i] = r
-			}
-			for i, r := range reqs {
-				if _, err := r.Wait(ctx); err != nil {
-					return 0, err
-				}
-				dst, _ := b.dev[i].Slice(0, size)
-				if err := b.unstage(i, dst); err != nil {
-					return 0, err
-				}
-			}
+				return reqWaiter(r, func() error {
+					dst, _ := b.dev[i].Slice(0, size)
+					return b.unstage(i, dst)
+				}), err
+			})
 		}
-		if err := b.t.Send(ctx, 0, 2, b.ack); err != nil {
+		if err != nil {
+			return 0, err
+		}
+		// The receiver acknowledges each window.
+		if b.t.Rank() == 0 {
+			_, err = b.t.Recv(ctx, 1, 2, b.ack)
+		} else {
+			err = b.t.Send(ctx, 0, 2, b.ack)
+		}
+		if err != nil {
 			return 0, err
 		}
 	}
 	return time.Since(start), nil
+}
+
+// waiter waits for one operation of a window.
+type waiter func(ctx context.Context) error
+
+func chanWaiter(r *transport.ChannelRequest) waiter {
+	return func(ctx context.Context) error { return r.Wait(ctx) }
+}
+
+// reqWaiter waits for r, then runs after (if any).
+func reqWaiter(r *transport.Request, after func() error) waiter {
+	return func(ctx context.Context) error {
+		if _, err := r.Wait(ctx); err != nil {
+			return err
+		}
+		if after != nil {
+			return after()
+		}
+		return nil
+	}
+}
+
+// window starts w operations, then waits for them in order.
+func window(ctx context.Context, w int, start func(i int) (waiter, error)) error {
+	ws := make([]waiter, w)
+	for i := range ws {
+		var err error
+		if ws[i], err = start(i); err != nil {
+			return err
+		}
+	}
+	for _, wt := range ws {
+		if err := wt(ctx); err != nil {
+			return err
+		}
+	}
+	return nil
 }
