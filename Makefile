@@ -5,7 +5,7 @@ GO      ?= go
 BIN     := bin
 RACE_PKGS := ./...
 
-.PHONY: deps build run test bench clean
+.PHONY: deps build run test bench bench-mpi clean
 
 # deps installs UCX (headers, library, ucx_perftest), pkg-config and, if no Go
 # toolchain is on PATH, Debian's Go (which fetches the go.mod toolchain).
@@ -48,6 +48,18 @@ test: deps
 bench: build
 	$(BIN)/troupe bench pingpong --compare 5
 	$(BIN)/troupe bench ddt
+
+# bench-mpi: troupe's pack/unpack against Open MPI's and MPICH's MPI_Pack and
+# MPI_Unpack on the same layouts, machine and moment (installs both MPIs).
+MPIREF := datatype/layouts/mpiref/mpi_pack.c
+bench-mpi: build
+	@if ! command -v mpicc.openmpi >/dev/null 2>&1 || ! command -v mpicc.mpich >/dev/null 2>&1; then \
+		echo "installing libopenmpi-dev libmpich-dev"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libopenmpi-dev libmpich-dev >/dev/null; \
+	fi
+	mpicc.openmpi -O2 -o $(BIN)/mpi_pack-openmpi $(MPIREF)
+	mpicc.mpich -O2 -o $(BIN)/mpi_pack-mpich $(MPIREF)
+	$(BIN)/troupe bench ddt --repeat 3 --mpi $(BIN)/mpi_pack-openmpi,$(BIN)/mpi_pack-mpich
 
 clean:
 	rm -rf $(BIN)

@@ -61,6 +61,10 @@ func (e *engine) copyRun(at, n int64) {
 		e.pos += n
 		return
 	}
+	if hasBlockKernel && n <= blockKernelMax {
+		e.blocks(at, 1, 0, n)
+		return
+	}
 	u := unsafe.Slice((*byte)(unsafe.Add(e.user, at)), n)
 	p := unsafe.Slice((*byte)(unsafe.Add(e.packed, e.pos)), n)
 	if e.unpack {
@@ -104,9 +108,7 @@ func (e *engine) strided(at, n, stride, l int64) {
 		case 64:
 			scatter[w64](e, at, n, stride)
 		default:
-			for i := int64(0); i < n; i++ {
-				e.copyRun(at+i*stride, l)
-			}
+			e.stridedLarge(at, n, stride, l)
 			return
 		}
 	} else {
@@ -136,11 +138,37 @@ func (e *engine) strided(at, n, stride, l int64) {
 		case 64:
 			gather[w64](e, at, n, stride)
 		default:
-			for i := int64(0); i < n; i++ {
-				e.copyRun(at+i*stride, l)
-			}
+			e.stridedLarge(at, n, stride, l)
 			return
 		}
+	}
+	e.pos += n * l
+}
+
+// blockKernelMax is the largest block blocks64 moves; longer runs go to
+// memmove, whose large-copy paths (rep movs, non-temporal stores) win there.
+const blockKernelMax = 16 << 10
+
+// stridedLarge moves n blocks of l bytes for the sizes gather has no
+// instance for: the assembly kernel above 64 bytes, copyRun otherwise.
+func (e *engine) stridedLarge(at, n, stride, l int64) {
+	if hasBlockKernel && l > 64 && l <= blockKernelMax {
+		e.blocks(at, n, stride, l)
+		return
+	}
+	for i := int64(0); i < n; i++ {
+		e.copyRun(at+i*stride, l)
+	}
+}
+
+// blocks moves n blocks of 64 < l <= blockKernelMax bytes with the assembly
+// kernel, the i-th at user offset at + i*stride, and advances pos.
+func (e *engine) blocks(at, n, stride, l int64) {
+	u, p := unsafe.Add(e.user, at), unsafe.Add(e.packed, e.pos)
+	if e.unpack {
+		blocks64(u, p, n, l, stride, l)
+	} else {
+		blocks64(p, u, n, l, l, stride)
 	}
 	e.pos += n * l
 }

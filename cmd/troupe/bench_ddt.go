@@ -1,8 +1,14 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
+	"hash/fnv"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
 	"text/tabwriter"
 	"time"
 
@@ -16,8 +22,15 @@ import (
 var ddtCmd = &cobra.Command{
 	Use:   "ddt",
 	Short: "derived datatype pack/unpack bandwidth vs copy on the 13 DDTBench layouts",
-	Args:  cobra.NoArgs,
-	RunE:  runDDT,
+	Long: `ddt packs and unpacks one element of each DDTBench-style layout and
+measures copy of the same number of bytes in the same run.
+
+With --mpi it also runs the given MPI reference programs (built from
+datatype/layouts/mpiref/mpi_pack.c by 'make bench-mpi') on each layout right
+after troupe's own measurement, checks that they pack the same bytes, and
+prints troupe's pack and unpack bandwidth as a ratio to the best of them.`,
+	Args: cobra.NoArgs,
+	RunE: runDDT,
 }
 
 func init() {
@@ -25,7 +38,22 @@ func init() {
 	ddtCmd.Flags().Duration("round", 60*time.Millisecond, "duration of one measurement round")
 	ddtCmd.Flags().Int("rounds", 3, "rounds per measurement (best is reported)")
 	ddtCmd.Flags().StringSlice("layout", nil, "layouts to run (default: all)")
+	ddtCmd.Flags().Int("repeat", 1, "with --mpi: measure troupe and each MPI program this many times, alternating, and keep the best of each")
+	ddtCmd.Flags().StringSlice("mpi", nil, "MPI reference programs to compare with (bin/mpi_pack-openmpi,bin/mpi_pack-mpich)")
 	benchCmd.AddCommand(ddtCmd)
+}
+
+// mpiResult is one MPI reference program's measurement of one layout.
+type mpiResult struct {
+	layouts.Result
+	Impl      string `json:"impl"`
+	PackedFNV string `json:"packed_fnv"`
+}
+
+// ddtRow is one layout's line of --json output.
+type ddtRow struct {
+	layouts.Result
+	MPI []mpiResult `json:"mpi,omitempty"`
 }
 
 func runDDT(cmd *cobra.Command, _ []string) error {
@@ -33,6 +61,11 @@ func runDDT(cmd *cobra.Command, _ []string) error {
 	round, _ := cmd.Flags().GetDuration("round")
 	rounds, _ := cmd.Flags().GetInt("rounds")
 	names, _ := cmd.Flags().GetStringSlice("layout")
+	mpiProgs, _ := cmd.Flags().GetStringSlice("mpi")
+	repeat, _ := cmd.Flags().GetInt("repeat")
+	if len(mpiProgs) == 0 || repeat < 1 {
+		repeat = 1
+	}
 	if len(names) == 0 {
 		names = layouts.Names
 	}
@@ -40,7 +73,14 @@ func runDDT(cmd *cobra.Command, _ []string) error {
 	var tw *tabwriter.Writer
 	if !asJSON {
 		tw = tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
-		fmt.Fprintln(tw, "layout\tbytes\tpack GB/s\tunpack GB/s\tcopy GB/s\tpack/copy\tunpack/copy\t")
+		fmt.Fprint(tw, "layout\tbytes\tpack GB/s\tunpack GB/s\tcopy GB/s\tpack/copy\tunpack/copy\t")
+		for _, p := range mpiProgs {
+			fmt.Fprintf(tw, "%s pack\t%s unpack\t", mpiLabel(p), mpiLabel(p))
+		}
+		if len(mpiProgs) > 0 {
+			fmt.Fprint(tw, "pack/bestMPI\tunpack/bestMPI\t")
+		}
+		fmt.Fprintln(tw)
 	}
 	enc := json.NewEncoder(out)
 	for _, name := range names {
@@ -48,21 +88,120 @@ func runDDT(cmd *cobra.Command, _ []string) error {
 		if err != nil {
 			return err
 		}
-		r, err := layouts.Measure(l, round, rounds)
+		row, err := measureDDT(l, mpiProgs, round, rounds, repeat)
 		if err != nil {
 			return err
 		}
+		r := row.Result
 		if asJSON {
-			if err := enc.Encode(r); err != nil {
+			if err := enc.Encode(row); err != nil {
 				return err
 			}
 			continue
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%.1f\t%.1f\t%.1f\t%.2f\t%.2f\t\n", r.Layout, r.Bytes,
+		fmt.Fprintf(tw, "%s\t%d\t%.1f\t%.1f\t%.1f\t%.2f\t%.2f\t", r.Layout, r.Bytes,
 			r.PackGBps, r.UnpackGBps, r.CopyGBps, r.PackGBps/r.CopyGBps, r.UnpackGBps/r.CopyGBps)
+		var bestPack, bestUnpack float64
+		for _, m := range row.MPI {
+			fmt.Fprintf(tw, "%.1f\t%.1f\t", m.PackGBps, m.UnpackGBps)
+			bestPack, bestUnpack = max(bestPack, m.PackGBps), max(bestUnpack, m.UnpackGBps)
+		}
+		if len(row.MPI) > 0 {
+			fmt.Fprintf(tw, "%.2f\t%.2f\t", r.PackGBps/bestPack, r.UnpackGBps/bestUnpack)
+		}
+		fmt.Fprintln(tw)
 	}
 	if tw != nil {
 		return tw.Flush()
 	}
 	return nil
+}
+
+// measureDDT measures l with troupe and with each MPI reference program,
+// repeat times in turn (so that a slow moment of the shared machine hits
+// every implementation alike), keeping each one's best figures.
+func measureDDT(l layouts.Layout, mpiProgs []string, round time.Duration, rounds, repeat int) (ddtRow, error) {
+	var row ddtRow
+	want := ""
+	if len(mpiProgs) > 0 {
+		var err error
+		if want, err = packedFNV(l); err != nil {
+			return row, err
+		}
+		row.MPI = make([]mpiResult, len(mpiProgs))
+	}
+	for range repeat {
+		r, err := layouts.Measure(l, round, rounds)
+		if err != nil {
+			return row, err
+		}
+		row.Result = bestOf(row.Result, r)
+		for i, p := range mpiProgs {
+			m, err := runMPIPack(p, l.Name, round, rounds)
+			if err != nil {
+				return row, err
+			}
+			if m.PackedFNV != want {
+				return row, fmt.Errorf("bench ddt: %s: %s packs different bytes than troupe (fnv %s, troupe %s)", l.Name, p, m.PackedFNV, want)
+			}
+			m.Result = bestOf(row.MPI[i].Result, m.Result)
+			row.MPI[i] = m
+		}
+	}
+	return row, nil
+}
+
+// bestOf keeps the larger of each bandwidth of a and b, and b's names.
+func bestOf(a, b layouts.Result) layouts.Result {
+	b.PackGBps = max(a.PackGBps, b.PackGBps)
+	b.UnpackGBps = max(a.UnpackGBps, b.UnpackGBps)
+	b.CopyGBps = max(a.CopyGBps, b.CopyGBps)
+	return b
+}
+
+// mpiLabel names an MPI reference program in the table header:
+// bin/mpi_pack-openmpi -> openmpi.
+func mpiLabel(prog string) string {
+	base := filepath.Base(prog)
+	if i := bytes.LastIndexByte([]byte(base), '-'); i >= 0 {
+		return base[i+1:]
+	}
+	return base
+}
+
+// packedFNV packs one element of l with troupe and returns the FNV-1a 64
+// hash of the packed bytes, in the form mpi_pack prints.
+func packedFNV(l layouts.Layout) (string, error) {
+	src, packed := l.Buffers()
+	if _, err := l.Type.Pack(packed, src, l.Base, 1); err != nil {
+		return "", fmt.Errorf("bench ddt: %s: %w", l.Name, err)
+	}
+	h := fnv.New64a()
+	h.Write(packed)
+	return fmt.Sprintf("%016x", h.Sum64()), nil
+}
+
+// runMPIPack runs one MPI reference program on one layout as an MPI
+// singleton and decodes its JSON line.
+func runMPIPack(prog, layout string, round time.Duration, rounds int) (mpiResult, error) {
+	c := exec.Command(prog, layout, strconv.FormatFloat(round.Seconds(), 'f', -1, 64), strconv.Itoa(rounds))
+	// Open MPI refuses to start as root unless told; CI and the device
+	// machines run as root.
+	c.Env = append(os.Environ(), "OMPI_ALLOW_RUN_AS_ROOT=1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1")
+	var stderr bytes.Buffer
+	c.Stderr = &stderr
+	outb, err := c.Output()
+	if err != nil {
+		return mpiResult{}, fmt.Errorf("bench ddt: %s %s: %w: %s", prog, layout, err, bytes.TrimSpace(stderr.Bytes()))
+	}
+	var m mpiResult
+	// The JSON object is the last line; MPI libraries may print notices first.
+	lines := bytes.Split(bytes.TrimSpace(outb), []byte("\n"))
+	if err := json.Unmarshal(lines[len(lines)-1], &m); err != nil {
+		return mpiResult{}, fmt.Errorf("bench ddt: %s %s: bad output %q: %w", prog, layout, outb, err)
+	}
+	if m.Layout != layout {
+		return mpiResult{}, fmt.Errorf("bench ddt: %s measured %q, asked for %q", prog, m.Layout, layout)
+	}
+	return m, nil
 }

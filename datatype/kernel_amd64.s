@@ -1,0 +1,77 @@
+//go:build amd64 && !purego
+
+#include "textflag.h"
+
+// func blocks64(dst, src unsafe.Pointer, n, l, dstStride, srcStride int64)
+//
+// Copies n blocks of l > 64 bytes. Blocks of at least 128 bytes move in
+// 128-byte chunks of four YMM registers, and the last chunk is the 128 bytes
+// ending at the block's end (it may overlap the previous one). Blocks of
+// 65..127 bytes move as the first 64 and the last 64 bytes. No load or store
+// reaches outside [0, l) of a block.
+TEXT ·blocks64(SB), NOSPLIT, $0-48
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ n+16(FP), CX
+	MOVQ l+24(FP), DX
+	MOVQ dstStride+32(FP), R8
+	MOVQ srcStride+40(FP), R9
+	TESTQ CX, CX
+	JLE done
+	CMPQ DX, $128
+	JLT short
+	LEAQ -128(DX), BX
+
+block:
+	XORQ AX, AX
+
+chunk:
+	CMPQ AX, BX
+	JGE tail
+	VMOVDQU 0(SI)(AX*1), Y0
+	VMOVDQU 32(SI)(AX*1), Y1
+	VMOVDQU 64(SI)(AX*1), Y2
+	VMOVDQU 96(SI)(AX*1), Y3
+	VMOVDQU Y0, 0(DI)(AX*1)
+	VMOVDQU Y1, 32(DI)(AX*1)
+	VMOVDQU Y2, 64(DI)(AX*1)
+	VMOVDQU Y3, 96(DI)(AX*1)
+	ADDQ $128, AX
+	JMP chunk
+
+tail:
+	VMOVDQU 0(SI)(BX*1), Y0
+	VMOVDQU 32(SI)(BX*1), Y1
+	VMOVDQU 64(SI)(BX*1), Y2
+	VMOVDQU 96(SI)(BX*1), Y3
+	VMOVDQU Y0, 0(DI)(BX*1)
+	VMOVDQU Y1, 32(DI)(BX*1)
+	VMOVDQU Y2, 64(DI)(BX*1)
+	VMOVDQU Y3, 96(DI)(BX*1)
+	ADDQ R8, DI
+	ADDQ R9, SI
+	DECQ CX
+	JNZ block
+	VZEROUPPER
+	RET
+
+short:
+	LEAQ -64(DX), BX
+
+shortloop:
+	VMOVDQU 0(SI), Y0
+	VMOVDQU 32(SI), Y1
+	VMOVDQU 0(SI)(BX*1), Y2
+	VMOVDQU 32(SI)(BX*1), Y3
+	VMOVDQU Y0, 0(DI)
+	VMOVDQU Y1, 32(DI)
+	VMOVDQU Y2, 0(DI)(BX*1)
+	VMOVDQU Y3, 32(DI)(BX*1)
+	ADDQ R8, DI
+	ADDQ R9, SI
+	DECQ CX
+	JNZ shortloop
+	VZEROUPPER
+
+done:
+	RET

@@ -1,0 +1,16 @@
+//go:build !amd64 || purego
+
+package datatype
+
+import "unsafe"
+
+// hasBlockKernel is false: only amd64 has an assembly block kernel.
+const hasBlockKernel = false
+
+// blocks64 is never called where hasBlockKernel is false.
+func blocks64(dst, src unsafe.Pointer, n, l, dstStride, srcStride int64) {
+	for i := int64(0); i < n; i++ {
+		copy(unsafe.Slice((*byte)(unsafe.Add(dst, i*dstStride)), l),
+			unsafe.Slice((*byte)(unsafe.Add(src, i*srcStride)), l))
+	}
+}
