@@ -346,12 +346,20 @@ func (t *Transport) wake() {
 // progressOnce progresses the worker once and handles what it produced.
 // It reports whether anything happened.
 func (t *Transport) progressOnce() bool {
+	active, _ := t.progressHandled()
+	return active
+}
+
+// progressHandled is progressOnce that also reports whether it handed
+// anything to other goroutines: completed requests, arrived active messages,
+// finished overlap copies. A rendezvous moving its fragments is active but
+// hands nothing over.
+func (t *Transport) progressHandled() (active, handed bool) {
 	t.mu.Lock()
 	if t.w == nil {
 		t.mu.Unlock()
-		return false
+		return false, false
 	}
-	active := false
 	if len(t.submit) > 0 {
 		calls := t.submit
 		t.submit = nil
@@ -362,7 +370,7 @@ func (t *Transport) progressOnce() bool {
 	}
 	evs, progressed := t.w.Progress()
 	for len(evs) > 0 {
-		active = true
+		active, handed = true, true
 		t.handle(evs)
 		evs = t.w.Drain()
 	}
@@ -382,12 +390,13 @@ func (t *Transport) progressOnce() bool {
 	t.mu.Unlock()
 	if copies != nil {
 		t.ovRunCopies(copies)
-		active = true
+		active, handed = true, true
 	}
 	if am {
 		t.deliverAM()
+		handed = true
 	}
-	return active
+	return active, handed
 }
 
 // loop is the progress goroutine.
@@ -419,15 +428,20 @@ func (t *Transport) loop() {
 			runtime.Gosched()
 			continue
 		}
-		if t.progressOnce() {
+		if active, handed := t.progressHandled(); active {
 			idle, polls = time.Time{}, 0
-			// Handlers may have made goroutines runnable (an actor's
-			// mailbox, a waiter's channel): they were queued on this
-			// goroutine's P, which a spinning locked thread would keep to
-			// itself until another P steals them. Yielding hands them over
-			// at once: actor round trips drop from ~80 us to ~15 us on a
-			// quiet 2-core machine (docs/actor.md).
-			runtime.Gosched()
+			if handed {
+				// Handlers may have made goroutines runnable (an actor's
+				// mailbox, a waiter's channel): they were queued on this
+				// goroutine's P, which a spinning locked thread would keep
+				// to itself until another P steals them. Yielding hands
+				// them over at once: actor round trips drop from ~80 us to
+				// ~15 us on a quiet 2-core machine (docs/actor.md). Only
+				// then: a yield from a locked thread costs two thread
+				// switches, and a rendezvous that yields after each of its
+				// fragments crawls (1 MiB bandwidth fell to 1.6 GB/s).
+				runtime.Gosched()
+			}
 			continue
 		}
 		if polls++; polls&31 != 0 {

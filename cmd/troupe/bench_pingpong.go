@@ -198,6 +198,9 @@ func perftest(ctx context.Context, tls, test string, size, iters int) (lat, bw f
 
 // parsePerftest reads the "Final:" line: iterations, latency 50%ile, average,
 // overall, bandwidth average, overall, message rate average, overall.
+// ucx_perftest's "MB/s" are MiB/s (its bandwidth column equals the message
+// rate for 1 MiB messages); the result is converted to troupe's unit, 10^6
+// bytes per second.
 func parsePerftest(out string) (lat, bw float64, err error) {
 	for _, line := range strings.Split(out, "\n") {
 		fs := strings.Fields(line)
@@ -207,7 +210,7 @@ func parsePerftest(out string) (lat, bw float64, err error) {
 			if err := errors.Join(err1, err2); err != nil {
 				return 0, 0, fmt.Errorf("parsing ucx_perftest output %q: %w", line, err)
 			}
-			return lat, bw, nil
+			return lat, bw * (1 << 20) / 1e6, nil
 		}
 	}
 	return 0, 0, fmt.Errorf("no Final: line in ucx_perftest output:\n%s", out)
