@@ -17,6 +17,8 @@ var (
 	ErrOutOfBounds = errors.New("transport: access out of bounds")
 	// ErrInvalid: an argument is out of range.
 	ErrInvalid = errors.New("transport: invalid argument")
+	// ErrProtocol: a peer sent something troupe's protocol does not allow.
+	ErrProtocol = errors.New("transport: protocol error")
 )
 
 // TruncatedError reports a receive buffer smaller than the message.

@@ -39,8 +39,17 @@ func (t *Transport) Isend(dst, tag int, buf []byte) (*Request, error) {
 	}
 	r := t.newRequest("send", dst, tag, len(buf))
 	r.b = ucx.Buffer{Ptr: bytesPtr(buf), Len: len(buf)}
-	t.execReq(r, startSend)
+	t.execReq(r, t.sendStart(dst, len(buf)))
 	return r, nil
+}
+
+// sendStart picks how a contiguous tagged send of n bytes to dst starts:
+// by CMA to a rank on the same host (cma.go), else through UCX.
+func (t *Transport) sendStart(dst, n int) func(*Transport, *Request) {
+	if t.useCMA(dst, n) {
+		return startCMASend
+	}
+	return startSend
 }
 
 // IsendIOV starts sending the concatenation of bufs as one message.
@@ -83,7 +92,7 @@ func (t *Transport) Send(ctx context.Context, dst, tag int, buf []byte) error {
 	}
 	r := t.pooledRequest("send", dst, tag, len(buf))
 	r.b = ucx.Buffer{Ptr: bytesPtr(buf), Len: len(buf)}
-	t.execReq(r, startSend)
+	t.execReq(r, t.sendStart(dst, len(buf)))
 	_, err := r.Wait(ctx)
 	r.recycle()
 	return err
@@ -121,7 +130,7 @@ func (t *Transport) IrecvIOV(src, tag int, bufs [][]byte) (*Request, error) {
 	v, pins, total := iovOf(bufs)
 	r := t.newRequest("recv", src, tag, total)
 	r.recv = true
-	r.b, r.pins, r.iov = ucx.Buffer{IOV: v, Len: total}, pins, v
+	r.b, r.pins, r.iov, r.bufs = ucx.Buffer{IOV: v, Len: total}, pins, v, bufs
 	t.execReq(r, startRecv)
 	return r, nil
 }
@@ -147,7 +156,8 @@ func startRecv(t *Transport, r *Request) {
 		}
 		wire := MakeUserTag(uint32(r.peer), uint16(r.tag), c.peek())
 		_, taken := t.ovHas(wire)
-		if _, _, ok := t.w.TagProbe(wire, FullMask, false); !ok && !taken {
+		_, held := t.cma.held[wire]
+		if _, _, ok := t.w.TagProbe(wire, t.userMask(), false); !ok && !taken && !held {
 			t.fail(r, err)
 			return
 		}
@@ -156,7 +166,17 @@ func startRecv(t *Transport, r *Request) {
 	if t.ov != nil && t.ovRecv(r) {
 		return
 	}
-	ureq, err := t.w.TagRecv(r.b, MakeUserTag(uint32(r.peer), uint16(r.tag), r.seq), FullMask)
+	wire := MakeUserTag(uint32(r.peer), uint16(r.tag), r.seq)
+	if t.cma.on && t.cmaTakeHeld(r, wire) {
+		return
+	}
+	var ureq ucx.Request
+	var err error
+	if t.cma.on {
+		ureq, err = t.w.TagRecvPeek(t.cmaRecvBuffer(r), wire, userRecvMask, cmaBit)
+	} else {
+		ureq, err = t.w.TagRecv(r.b, wire, FullMask)
+	}
 	switch {
 	case err != nil:
 		t.freeSeq(r)
@@ -164,6 +184,8 @@ func startRecv(t *Transport, r *Request) {
 	case !ureq.Pending():
 		t.freeSeq(r)
 		t.fail(r, fmt.Errorf("transport: recv from rank %d tag %d: UCX completed a receive without reporting it", r.peer, r.tag))
+	case r.scratch != nil:
+		t.track(r, ureq, unsafe.Pointer(&r.scratch[0]))
 	default:
 		t.track(r, ureq)
 	}
@@ -226,17 +248,26 @@ func (t *Transport) Iprobe(src, tag int) (Status, bool, error) {
 		return Status{}, false, ErrClosed
 	}
 	seq := t.recvCounter(seqKey{src, tag}).peek()
-	if m, ok := t.ovHas(MakeUserTag(uint32(src), uint16(tag), seq)); ok {
+	wire := MakeUserTag(uint32(src), uint16(tag), seq)
+	if m, ok := t.ovHas(wire); ok {
 		return Status{Source: src, Tag: tag, Size: m.size}, true, nil
 	}
-	_, info, ok := t.w.TagProbe(MakeUserTag(uint32(src), uint16(tag), seq), FullMask, false)
+	var size int
+	var ok bool
+	if t.cma.on {
+		size, ok = t.cmaProbe(wire)
+	} else {
+		var info ucx.RecvInfo
+		_, info, ok = t.w.TagProbe(wire, FullMask, false)
+		size = info.Length
+	}
 	if !ok {
 		if p := t.peers[src]; p != nil && p.lost != nil {
 			return Status{}, false, &PeerLostError{Rank: src, Op: "probe", Reason: p.lost.Reason}
 		}
 		return Status{}, false, nil
 	}
-	return Status{Source: src, Tag: tag, Size: info.Length}, true, nil
+	return Status{Source: src, Tag: tag, Size: size}, true, nil
 }
 
 // Probe waits until the next message from src with tag has arrived and

@@ -67,6 +67,11 @@ type Options struct {
 	// consulted for large tagged receives and unexpected messages
 	// (docs/overlap.md). nil keeps the engine off: today's behaviour.
 	Overlap RendezvousPolicy
+	// CMAThreshold is the smallest tagged message sent to a rank on the
+	// same host by cross-memory attach (transport/cma.go; default
+	// DefaultCMAThreshold; TROUPE_CMA_THRESHOLD in the environment wins,
+	// TROUPE_CMA=off turns the path off).
+	CMAThreshold int
 	// Log receives transport logs (every entry carries a "rank" field); nil
 	// means LoggerFromEnv: standard error, warn level unless TROUPE_LOG says
 	// otherwise.
@@ -134,6 +139,7 @@ type Transport struct {
 	lostSubs []chan PeerEvent
 	closed   bool
 	ov       *ovState // the overlap engine's state; nil when off
+	cma      cmaState // same-host zero copy (cma.go)
 
 	amMu sync.Mutex // orders active-message delivery
 
@@ -257,12 +263,23 @@ func New(ctx context.Context, opts Options) (*Transport, error) {
 	if len(t.addrs) != t.size {
 		return fail(fmt.Errorf("address exchange returned %d addresses for %d ranks", len(t.addrs), t.size))
 	}
+	if err := t.cmaSetup(func(b []byte) ([][]byte, error) {
+		return opts.Bootstrap.AllGather(ctx, "troupe.transport.cma", b)
+	}); err != nil {
+		return fail(err)
+	}
 	t.peers = make([]*peer, t.size)
 	if opts.Overlap != nil {
 		t.ov = newOvState(opts.Overlap)
 	}
 	t.reg = newRegCache(defaultRegCacheUnused, t.mapMemory, t.unmapMemory)
 	go t.loop()
+	if t.cma.on {
+		if err := t.SetAMHandler(amCMAAck, t.onCMAAck); err != nil {
+			t.Close()
+			return nil, fmt.Errorf("transport: rank %d: %w", t.rank, err)
+		}
+	}
 	t.log.Debug("transport up", zap.Int("size", t.size), zap.String("ucx", ucx.Version()), zap.Stringer("progress", opts.Progress))
 	return t, nil
 }
@@ -387,7 +404,13 @@ func (t *Transport) progressHandled() (active, handed bool) {
 		copies = t.ovTakeCopies()
 	}
 	am := len(t.amq) > 0
+	jobs := t.cma.jobs
+	t.cma.jobs = nil
 	t.mu.Unlock()
+	if jobs != nil {
+		t.runCMAJobs(jobs)
+		active, handed = true, true
+	}
 	if copies != nil {
 		t.ovRunCopies(copies)
 		active, handed = true, true
@@ -501,7 +524,13 @@ func (t *Transport) handle(evs []ucx.Event) {
 			req := e.Request()
 			r := t.ops[req]
 			delete(t.ops, req)
-			if r != nil {
+			switch {
+			case r == nil:
+			case r.probe != nil:
+				r.probe(e.Status(), e.Length())
+				t.complete(r)
+			case r.userRecv && t.cmaRecvFinished(r, e):
+			default:
 				t.finish(r, e.Status(), e.Length())
 			}
 		case ucx.EventEPError:
@@ -539,6 +568,12 @@ type Request struct {
 	pinned bool
 	iov    *ucx.IOV
 	ov     *ovRecv // overlap engine state (Options.Overlap)
+
+	cma      *cmaSend              // a CMA send's state (cma.go)
+	userRecv bool                  // a USER receive that may get a CMA descriptor
+	scratch  []byte                // where a receive too small for a descriptor lands
+	bufs     [][]byte              // an IOV receive's buffers
+	probe    func(ucx.Status, int) // an internal probe's completion
 
 	fin     atomic.Bool
 	done    chan struct{}
@@ -704,6 +739,9 @@ func (t *Transport) finish(r *Request, st ucx.Status, length int) {
 	if r.ov != nil && t.ov != nil && t.ovFinish(r, st) {
 		return
 	}
+	if r.cma != nil && t.cmaSendFinished(r, st) {
+		return
+	}
 	switch {
 	case st == ucx.StatusOK:
 		if r.recv {
@@ -842,6 +880,7 @@ func (t *Transport) peerFailed(rank int, reason string) {
 			t.w.Cancel(r.ureq)
 		}
 	}
+	t.cmaPeerLost(rank, &PeerLostError{Rank: rank, Op: "send", Reason: reason})
 	for _, k := range p.rkeys {
 		k.Destroy()
 	}
@@ -892,6 +931,7 @@ func (t *Transport) Close() error {
 	if t.ov != nil {
 		t.ovClose()
 	}
+	t.cmaClose()
 	for _, r := range t.ops {
 		if r != nil && r.recv && r.ureq.Pending() {
 			r.failErr = fmt.Errorf("transport: %s rank %d: %w", r.op, r.peer, ErrClosed)

@@ -7,8 +7,13 @@ troupe_queue_t *troupe_queue_new(void) {
     return calloc(1, sizeof(troupe_queue_t));
 }
 
+/* peek_arg_t is defined with troupe_tag_recv_peek below; its first field
+ * links recycled arguments. */
+static void peek_free_all(troupe_queue_t *q);
+
 void troupe_queue_free(troupe_queue_t *q) {
     if (q == NULL) return;
+    peek_free_all(q);
     free(q->ev);
     free(q);
 }
@@ -187,6 +192,94 @@ ucs_status_ptr_t troupe_tag_recv(ucp_worker_h w, void *buf, size_t len, int iov,
     ucp_request_param_t p;
     recv_param(&p, q, iov);
     return ucp_tag_recv_nbx(w, buf, len, tag, mask, &p);
+}
+
+typedef struct peek_arg {
+    struct peek_arg *next; /* on q->peek_free while unused */
+    troupe_queue_t *q;
+    void *buf;       /* contiguous buffer, or ucp_dt_iov_t array */
+    size_t len;      /* bytes, or iov entries */
+    int iov;
+    uint64_t bits;
+} peek_arg_t;
+
+/* Arguments are recycled through the queue (every call on a worker is
+ * serialised), so a receive costs no malloc. */
+static peek_arg_t *peek_get(troupe_queue_t *q) {
+    peek_arg_t *a = q->peek_free;
+    if (a != NULL) {
+        q->peek_free = a->next;
+        return a;
+    }
+    return malloc(sizeof(*a));
+}
+
+static void peek_put(peek_arg_t *a) {
+    a->next = a->q->peek_free;
+    a->q->peek_free = a;
+}
+
+static void peek_free_all(troupe_queue_t *q) {
+    for (peek_arg_t *a = q->peek_free; a != NULL;) {
+        peek_arg_t *n = a->next;
+        free(a);
+        a = n;
+    }
+    q->peek_free = NULL;
+}
+
+static void peek_copy(uint8_t *dst, const peek_arg_t *a, size_t n) {
+    if (!a->iov) {
+        memcpy(dst, a->buf, n);
+        return;
+    }
+    const ucp_dt_iov_t *v = a->buf;
+    for (size_t i = 0; i < a->len && n > 0; i++) {
+        size_t k = v[i].length < n ? v[i].length : n;
+        memcpy(dst, v[i].buffer, k);
+        dst += k;
+        n -= k;
+    }
+}
+
+static void recv_peek_cb(void *req, ucs_status_t status, const ucp_tag_recv_info_t *info,
+                         void *user) {
+    peek_arg_t *a = user;
+    troupe_ev_t *e = push(a->q);
+    if (e != NULL) {
+        e->kind = TROUPE_EV_RECV;
+        e->status = status;
+        e->req = req;
+        if (info != NULL) {
+            e->tag = info->sender_tag;
+            e->length = info->length;
+            if (status == UCS_OK && (info->sender_tag & a->bits) &&
+                info->length <= sizeof(e->peek)) {
+                peek_copy(e->peek, a, info->length);
+                e->peek_len = (uint32_t)info->length;
+            }
+        }
+    }
+    peek_put(a);
+}
+
+ucs_status_ptr_t troupe_tag_recv_peek(ucp_worker_h w, void *buf, size_t len, int iov,
+                                      uint64_t tag, uint64_t mask, uint64_t peek_bits,
+                                      troupe_queue_t *q) {
+    peek_arg_t *a = peek_get(q);
+    if (a == NULL) return UCS_STATUS_PTR(UCS_ERR_NO_MEMORY);
+    a->q = q;
+    a->buf = buf;
+    a->len = len;
+    a->iov = iov;
+    a->bits = peek_bits;
+    ucp_request_param_t p;
+    recv_param(&p, q, iov);
+    p.cb.recv = recv_peek_cb;
+    p.user_data = a;
+    ucs_status_ptr_t r = ucp_tag_recv_nbx(w, buf, len, tag, mask, &p);
+    if (UCS_PTR_IS_ERR(r)) peek_put(a);
+    return r;
 }
 
 ucs_status_ptr_t troupe_tag_msg_recv(ucp_worker_h w, void *buf, size_t len, int iov,

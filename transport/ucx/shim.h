@@ -32,6 +32,9 @@ typedef struct {
     uint64_t header_len;
     void    *data;        /* eager data (held) or rendezvous descriptor */
     uintptr_t reply_ep;
+    /* RECV by troupe_tag_recv_peek only */
+    uint32_t peek_len;
+    uint8_t  peek[32];    /* the message's bytes, copied as it completed */
 } troupe_ev_t;
 
 typedef struct {
@@ -39,6 +42,7 @@ typedef struct {
     size_t n, cap;
     int oom;             /* set if an event could not be queued */
     unsigned progressed; /* last ucp_worker_progress result */
+    void *peek_free;     /* recycled troupe_tag_recv_peek arguments */
 } troupe_queue_t;
 
 troupe_queue_t *troupe_queue_new(void);
@@ -60,6 +64,13 @@ ucs_status_ptr_t troupe_tag_send(ucp_ep_h ep, const void *buf, size_t len, int i
                                  uint64_t tag, troupe_queue_t *q);
 ucs_status_ptr_t troupe_tag_recv(ucp_worker_h w, void *buf, size_t len, int iov,
                                  uint64_t tag, uint64_t mask, troupe_queue_t *q);
+/* Like troupe_tag_recv, but a message whose sender tag has a bit of
+ * peek_bits set and which is at most 32 bytes long is also copied into its
+ * event as the receive completes, before a later receive into the same
+ * memory can overwrite it. */
+ucs_status_ptr_t troupe_tag_recv_peek(ucp_worker_h w, void *buf, size_t len, int iov,
+                                      uint64_t tag, uint64_t mask, uint64_t peek_bits,
+                                      troupe_queue_t *q);
 ucs_status_ptr_t troupe_tag_msg_recv(ucp_worker_h w, void *buf, size_t len, int iov,
                                      ucp_tag_message_h msg, troupe_queue_t *q);
 ucs_status_ptr_t troupe_am_send(ucp_ep_h ep, uint16_t id, const void *hdr, size_t hdr_len,

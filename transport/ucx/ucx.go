@@ -276,6 +276,14 @@ func (e *Event) Endpoint() uintptr { return uintptr(e.req) }
 // SenderTag is the tag of a received message (EventRecv).
 func (e *Event) SenderTag() uint64 { return uint64(e.tag) }
 
+// Peek returns the bytes TagRecvPeek copied, or nil.
+func (e *Event) Peek() []byte {
+	if e.peek_len == 0 {
+		return nil
+	}
+	return C.GoBytes(unsafe.Pointer(&e.peek[0]), C.int(e.peek_len))
+}
+
 // Length is the received length (EventRecv, EventAMData) or the AM data length (EventAM).
 func (e *Event) Length() int { return int(e.length) }
 
@@ -499,6 +507,14 @@ func (w *Worker) TagRecv(b Buffer, tag, mask uint64) (Request, error) {
 
 // Message is a probed message removed from UCX's unexpected queue.
 type Message struct{ p unsafe.Pointer }
+
+// TagRecvPeek is TagRecv that also copies a message of at most 32 bytes
+// whose sender tag has a bit of peekBits set into its event (Event.Peek),
+// as the receive completes.
+func (w *Worker) TagRecvPeek(b Buffer, tag, mask, peekBits uint64) (Request, error) {
+	p, n, iov := b.args()
+	return result("ucp_tag_recv_nbx", C.troupe_tag_recv_peek(w.h, p, n, iov, C.uint64_t(tag), C.uint64_t(mask), C.uint64_t(peekBits), w.q))
+}
 
 // TagProbe looks for a message matching tag under mask (ucp_tag_probe_nb).
 // With remove the message is taken from the queue and must be received with

@@ -1,0 +1,114 @@
+package transport
+
+import (
+	"bytes"
+	"context"
+	"sync"
+	"testing"
+)
+
+// cmaJob2 is a local two-rank job whose ranks use CMA for messages of at
+// least 1 KiB (ranks of one process share the host, so they take part).
+func cmaJob2(t *testing.T, mode ProgressMode) []*Transport {
+	t.Helper()
+	t.Setenv("TROUPE_CMA_THRESHOLD", "1024")
+	ts := localJob(t, 2, mode)
+	if !ts[0].CMAStats().Enabled || !ts[1].CMAStats().Enabled {
+		t.Skip("CMA is not available on this machine (process_vm_readv refused)")
+	}
+	return ts
+}
+
+// Ping-pong of CMA messages in both directions, many times: every message
+// arrives whole and every send completes (the acknowledgement path).
+func TestCMAPingPong(t *testing.T) {
+	forModes(t, func(t *testing.T, mode ProgressMode) {
+		ts := cmaJob2(t, mode)
+		ctx := testCtx(t)
+		const n, rounds = 256 << 10, 300
+		var wg sync.WaitGroup
+		errs := make([]error, 2)
+		for me := 0; me < 2; me++ {
+			wg.Add(1)
+			go func(me int) {
+				defer wg.Done()
+				buf := make([]byte, n)
+				for i := 0; i < rounds; i++ {
+					want := pattern(n, i)
+					if (i%2 == 0) == (me == 0) {
+						if err := ts[me].Send(ctx, 1-me, 3, want); err != nil {
+							errs[me] = err
+							return
+						}
+						continue
+					}
+					st, err := ts[me].Recv(ctx, 1-me, 3, buf)
+					if err != nil {
+						errs[me] = err
+						return
+					}
+					if st.Size != n || !bytes.Equal(buf, want) {
+						errs[me] = context.Canceled
+						t.Errorf("rank %d round %d: status %+v, data equal %v", me, i, st, bytes.Equal(buf, want))
+						return
+					}
+				}
+			}(me)
+		}
+		wg.Wait()
+		for me, err := range errs {
+			if err != nil {
+				t.Fatalf("rank %d: %v", me, err)
+			}
+		}
+		s0, s1 := ts[0].CMAStats(), ts[1].CMAStats()
+		if s0.Sent != rounds/2 || s1.Received != rounds/2 || s1.Sent != rounds/2 || s0.Received != rounds/2 {
+			t.Fatalf("CMA counts: rank 0 %+v, rank 1 %+v; want %d each way", s0, s1, rounds/2)
+		}
+	})
+}
+
+// A window of receives into one shared buffer (as bandwidth benchmarks
+// do): every descriptor must be read from its own completion, not from the
+// buffer a later descriptor has already overwritten, so every send is
+// acknowledged exactly once.
+func TestCMASharedReceiveBuffer(t *testing.T) {
+	forModes(t, func(t *testing.T, mode ProgressMode) {
+		ts := cmaJob2(t, mode)
+		ctx := testCtx(t)
+		const n, window = 64 << 10, 32
+		want := pattern(n, 5)
+		shared := make([]byte, n)
+		var recvs, sends []*Request
+		for i := 0; i < window; i++ {
+			r, err := ts[1].Irecv(0, 4, shared)
+			if err != nil {
+				t.Fatal(err)
+			}
+			recvs = append(recvs, r)
+		}
+		for i := 0; i < window; i++ {
+			s, err := ts[0].Isend(1, 4, want)
+			if err != nil {
+				t.Fatal(err)
+			}
+			sends = append(sends, s)
+		}
+		for i, r := range recvs {
+			if st, err := r.Wait(ctx); err != nil || st.Size != n {
+				t.Fatalf("receive %d: %+v %v", i, st, err)
+			}
+		}
+		for i, s := range sends {
+			if _, err := s.Wait(ctx); err != nil {
+				t.Fatalf("send %d: %v", i, err)
+			}
+		}
+		if !bytes.Equal(shared, want) {
+			t.Fatal("shared buffer does not hold the message")
+		}
+		if s := ts[0].CMAStats(); s.Sent != window {
+			t.Fatalf("rank 0 sent %d messages by CMA, want %d", s.Sent, window)
+		}
+	})
+}
