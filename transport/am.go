@@ -3,6 +3,8 @@ package transport
 import (
 	"fmt"
 
+	"go.uber.org/zap"
+
 	"github.com/troupe-hpc/troupe/transport/ucx"
 )
 
@@ -24,10 +26,17 @@ type AMMessage struct {
 	Size int
 	// Rendezvous reports that the data has not moved yet: fetch it with RecvData.
 	Rendezvous bool
+
+	cma *cmaAM // the data stays in the sender's memory (cma.go)
 }
 
 // Data returns eager data (nil for rendezvous messages).
-func (m *AMMessage) Data() []byte { return m.ev.AMData() }
+func (m *AMMessage) Data() []byte {
+	if m.cma != nil {
+		return nil
+	}
+	return m.ev.AMData()
+}
 
 // Keep keeps the message (header and data) valid after the handler returns;
 // the caller must then call RecvData or Release exactly once.
@@ -47,6 +56,10 @@ func (m *AMMessage) RecvData(dst []byte) (*Request, error) {
 	m.consumed = true
 	t := m.t
 	r := t.newRequest("am-recv", -1, 0, len(dst))
+	if m.cma != nil {
+		t.cmaRecvAM(m, r, dst)
+		return r, nil
+	}
 	if !m.Rendezvous {
 		copy(dst, m.ev.AMData())
 		t.mu.Lock()
@@ -82,8 +95,11 @@ func (m *AMMessage) Release() {
 	t := m.t
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	if m.cma != nil && !t.closed {
+		t.cmaAck(m.cma.from, m.cma.d.id, 0) // dropped: the sender may go on
+	}
 	if t.w != nil {
-		if m.Rendezvous {
+		if m.Rendezvous && m.cma == nil {
 			t.w.AMDataRelease(m.ev.AMDescriptor())
 		} else {
 			m.ev.ReleaseData(t.w)
@@ -123,6 +139,11 @@ func (t *Transport) SendAM(dst int, id uint16, header, data []byte, mode uint32)
 		return nil, err
 	}
 	r := t.newRequest("am-send", dst, int(id), len(data))
+	if mode != AMEager && t.useCMA(dst, len(data)) {
+		r.b = ucx.Buffer{Ptr: bytesPtr(data), Len: len(data)}
+		t.exec(func() { t.startCMAAM(r, id, header) })
+		return r, nil
+	}
 	t.exec(func() {
 		p, err := t.peerLocked(dst, "am-send")
 		if err != nil {
@@ -155,8 +176,20 @@ func (t *Transport) deliverAM() {
 
 func (t *Transport) deliverOne(ev ucx.Event) {
 	m := &AMMessage{t: t, ev: ev, Header: ev.AMHeader(), Size: ev.Length(), Rendezvous: ev.AMRendezvous()}
+	id := ev.AMID()
+	if id == amCMAData {
+		c, err := t.decodeCMAAM(ev.AMData())
+		if err != nil {
+			t.log.Warn("malformed CMA active message dropped", zap.Error(err))
+			t.mu.Lock()
+			ev.Discard(t.w)
+			t.mu.Unlock()
+			return
+		}
+		m.cma, m.Size, m.Rendezvous, id = c, int(c.d.n), true, c.amID
+	}
 	t.mu.Lock()
-	h := t.amh[ev.AMID()]
+	h := t.amh[id]
 	t.mu.Unlock()
 	if h != nil {
 		h(m)

@@ -52,6 +52,11 @@ const (
 
 	// amCMAAck is the active-message id of acknowledgements.
 	amCMAAck uint16 = 0x30
+	// amCMAData carries an active message whose data stays in the
+	// sender's memory: the user's header, and as data a descriptor naming
+	// the user's id.
+	amCMAData uint16 = 0x31
+	cmaAMSize        = cmaDescSize + 16
 
 	// DefaultCMAThreshold is the smallest tagged message sent by CMA.
 	DefaultCMAThreshold = 64 << 10
@@ -487,8 +492,8 @@ func (t *Transport) runCMAJobs(jobs []cmaJob) {
 	errs := make([]error, len(jobs))
 	for i, j := range jobs {
 		pid := 0
-		if p := t.cma.peers[j.r.peer]; p != nil {
-			pid = p.pid
+		if t.cma.peers != nil && t.cma.peers[j.r.peer] != nil {
+			pid = t.cma.peers[j.r.peer].pid
 		}
 		if pid == 0 {
 			errs[i] = unix.ESRCH
@@ -500,13 +505,7 @@ func (t *Transport) runCMAJobs(jobs []cmaJob) {
 	defer t.mu.Unlock()
 	for i, j := range jobs {
 		r, err := j.r, errs[i]
-		code := uint64(0)
-		var errno unix.Errno
-		if errors.As(err, &errno) {
-			code = uint64(errno)
-		} else if err != nil {
-			code = uint64(unix.EIO)
-		}
+		code := errCode(err)
 		if !t.closed {
 			t.cmaAck(r.peer, j.d.id, code)
 		}
@@ -520,6 +519,19 @@ func (t *Transport) runCMAJobs(jobs []cmaJob) {
 		default:
 			t.fail(r, fmt.Errorf("transport: recv from rank %d tag %d: reading %d bytes from the sender's memory: %w", r.peer, r.tag, j.d.n, err))
 		}
+	}
+}
+
+// errCode is the acknowledgement code of a read's outcome: 0, or an errno.
+func errCode(err error) uint64 {
+	var errno unix.Errno
+	switch {
+	case err == nil:
+		return 0
+	case errors.As(err, &errno):
+		return uint64(errno)
+	default:
+		return uint64(unix.EIO)
 	}
 }
 
@@ -539,9 +551,9 @@ func limit(bufs [][]byte, n int) [][]byte {
 
 // cmaAck acknowledges descriptor id to rank peer; the worker lock is held.
 func (t *Transport) cmaAck(peer int, id, code uint64) {
-	p := t.peers[peer]
-	if p == nil || p.ep == nil || p.lost != nil {
-		return
+	p, err := t.peerLocked(peer, "cma-ack") // an AM's receiver may not be connected yet
+	if err != nil {
+		return // lost or closed: nobody waits for this acknowledgement
 	}
 	hdr := make([]byte, cmaAckSize)
 	binary.LittleEndian.PutUint64(hdr[0:], id)
@@ -645,6 +657,91 @@ func (t *Transport) cmaClose() {
 		t.fail(j.r, fmt.Errorf("transport: %s rank %d: %w", j.r.op, j.r.peer, ErrClosed))
 	}
 	t.cma.jobs = nil
+}
+
+// cmaAM is the receiver's view of an active message sent by CMA.
+type cmaAM struct {
+	d    cmaDesc
+	from int
+	amID uint16
+}
+
+// startCMAAM sends active message id with header, its data (r.b) staying
+// in this process for the receiver to read; the worker lock is held.
+func (t *Transport) startCMAAM(r *Request, id uint16, header []byte) {
+	p, err := t.peerLocked(r.peer, "am-send")
+	if err != nil {
+		t.fail(r, err)
+		return
+	}
+	c := &cmaSend{id: t.cma.next}
+	t.cma.next++
+	d := make([]byte, cmaAMSize)
+	binary.LittleEndian.PutUint64(d[0:], cmaMagic)
+	binary.LittleEndian.PutUint64(d[8:], uint64(uintptr(r.b.Ptr)))
+	binary.LittleEndian.PutUint64(d[16:], uint64(r.b.Len))
+	binary.LittleEndian.PutUint64(d[24:], c.id)
+	binary.LittleEndian.PutUint64(d[32:], uint64(t.rank))
+	binary.LittleEndian.PutUint64(d[40:], uint64(id))
+	r.cma = c
+	ureq, err := t.w.AMSend(p.ep, amCMAData, header, ucx.Buffer{Ptr: unsafe.Pointer(&d[0]), Len: len(d)}, AMEager)
+	if err != nil {
+		t.fail(r, fmt.Errorf("transport: am-send rank %d: %w", r.peer, err))
+		return
+	}
+	t.cma.sends[c.id] = r
+	t.cma.sent.Add(1)
+	p.pending[r] = struct{}{}
+	if ureq.Pending() {
+		t.track(r, ureq, bytesPtr(header), unsafe.Pointer(&d[0]))
+	}
+}
+
+// decodeCMAAM decodes the data of an amCMAData message.
+func (t *Transport) decodeCMAAM(b []byte) (*cmaAM, error) {
+	if len(b) != cmaAMSize {
+		return nil, fmt.Errorf("%w: CMA active message with %d bytes of descriptor", ErrProtocol, len(b))
+	}
+	from := binary.LittleEndian.Uint64(b[32:])
+	amID := binary.LittleEndian.Uint64(b[40:])
+	if from >= uint64(t.size) || amID > 0xffff {
+		return nil, fmt.Errorf("%w: CMA active message from rank %d for id %d", ErrProtocol, from, amID)
+	}
+	d, err := decodeDesc(b[:cmaDescSize], int(from), int(amID))
+	if err != nil {
+		return nil, err
+	}
+	return &cmaAM{d: d, from: int(from), amID: uint16(amID)}, nil
+}
+
+// cmaRecvAM reads m's data into dst in the calling goroutine, then
+// acknowledges and completes r.
+func (t *Transport) cmaRecvAM(m *AMMessage, r *Request, dst []byte) {
+	c := m.cma
+	err := error(unix.ESRCH)
+	if t.cma.peers != nil && t.cma.peers[c.from] != nil {
+		err = cmaRead(t.cma.peers[c.from].pid, c.d.addr, [][]byte{dst})
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	code := errCode(err)
+	if !t.closed {
+		t.cmaAck(c.from, c.d.id, code)
+	}
+	if t.w != nil {
+		m.ev.ReleaseData(t.w)
+	}
+	m.ev.FreeHeader()
+	r.status.Size = len(dst)
+	switch {
+	case err == nil:
+		t.cma.recvd.Add(1)
+		t.complete(r)
+	case errors.Is(err, unix.ESRCH):
+		t.fail(r, &PeerLostError{Rank: c.from, Op: "am-recv", Reason: "its process is gone (process_vm_readv: no such process)"})
+	default:
+		t.fail(r, fmt.Errorf("transport: am-recv from rank %d: reading %d bytes from the sender's memory: %w", c.from, len(dst), err))
+	}
 }
 
 // CMAStats reports same-host zero-copy use.

@@ -3,6 +3,7 @@ package transport
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"sync"
 	"testing"
 )
@@ -109,6 +110,70 @@ func TestCMASharedReceiveBuffer(t *testing.T) {
 		}
 		if s := ts[0].CMAStats(); s.Sent != window {
 			t.Fatalf("rank 0 sent %d messages by CMA, want %d", s.Sent, window)
+		}
+	})
+}
+
+// Large active messages go by CMA too: RecvData reads the sender's memory
+// (and completes at once), a message its handler drops is acknowledged all
+// the same, and both senders complete.
+func TestCMAActiveMessages(t *testing.T) {
+	forModes(t, func(t *testing.T, mode ProgressMode) {
+		ts := cmaJob2(t, mode)
+		ctx := testCtx(t)
+		const n = 200 << 10
+		got := make(chan []byte, 2)
+		errc := make(chan error, 2)
+		if err := ts[1].SetAMHandler(9, func(m *AMMessage) {
+			if string(m.Header) == "drop" {
+				got <- nil
+				return // not kept: released, which acknowledges
+			}
+			dst := make([]byte, m.Size)
+			r, err := m.RecvData(dst)
+			if err != nil {
+				errc <- err
+				return
+			}
+			if done, err := r.Finished(); !done || err != nil {
+				errc <- fmt.Errorf("RecvData of a CMA message: finished %v, %v", done, err)
+				return
+			}
+			got <- dst
+		}); err != nil {
+			t.Fatal(err)
+		}
+		want := pattern(n, 9)
+		s1, err := ts[0].SendAM(1, 9, []byte("keep"), want, AMAuto)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s2, err := ts[0].SendAM(1, 9, []byte("drop"), want, AMAuto)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, s := range []*Request{s1, s2} {
+			if _, err := s.Wait(ctx); err != nil {
+				t.Fatalf("send %d: %v", i, err)
+			}
+		}
+		for i := 0; i < 2; i++ {
+			select {
+			case b := <-got:
+				if b != nil && !bytes.Equal(b, want) {
+					t.Fatal("active message data differs")
+				}
+			case err := <-errc:
+				t.Fatal(err)
+			case <-ctx.Done():
+				t.Fatal(ctx.Err())
+			}
+		}
+		if s := ts[0].CMAStats(); s.Sent != 2 {
+			t.Fatalf("rank 0 sent %d active messages by CMA, want 2", s.Sent)
+		}
+		if s := ts[1].CMAStats(); s.Received != 1 {
+			t.Fatalf("rank 1 read %d active messages by CMA, want 1", s.Received)
 		}
 	})
 }

@@ -275,7 +275,13 @@ func New(ctx context.Context, opts Options) (*Transport, error) {
 	t.reg = newRegCache(defaultRegCacheUnused, t.mapMemory, t.unmapMemory)
 	go t.loop()
 	if t.cma.on {
-		if err := t.SetAMHandler(amCMAAck, t.onCMAAck); err != nil {
+		err := t.SetAMHandler(amCMAAck, t.onCMAAck)
+		if err == nil {
+			// Never called: deliverOne hands these messages to the
+			// handler of the id their descriptor names.
+			err = t.SetAMHandler(amCMAData, func(*AMMessage) {})
+		}
+		if err != nil {
 			t.Close()
 			return nil, fmt.Errorf("transport: rank %d: %w", t.rank, err)
 		}
