@@ -421,6 +421,9 @@ func (t *Transport) cmaRecvFinished(r *Request, e *ucx.Event) bool {
 	st, n := e.Status(), e.Length()
 	// The descriptor was copied into e as the receive completed.
 	if e.SenderTag()&cmaBit != 0 && st == ucx.StatusOK {
+		// The UCX request is gone (freed with its event): nothing is left
+		// to cancel, and the read below completes r.
+		r.ureq = ucx.Request{}
 		d, err := decodeDesc(e.Peek(), r.peer, r.tag)
 		if err != nil {
 			t.fail(r, err)

@@ -3,6 +3,7 @@ package transport
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -176,4 +177,46 @@ func TestCMAActiveMessages(t *testing.T) {
 			t.Fatalf("rank 1 read %d active messages by CMA, want 1", s.Received)
 		}
 	})
+}
+
+// A receive whose descriptor has arrived can no longer be cancelled: a
+// context that ends then does not touch the freed UCX request, and the
+// receive still completes with the data.
+func TestCMAReceiveOutlivesItsContext(t *testing.T) {
+	ts := cmaJob2(t, ProgressDirect)
+	ctx := testCtx(t)
+	const n = 512 << 10
+	want := pattern(n, 11)
+	got := make([]byte, n)
+	for i := 0; i < 50; i++ {
+		r, err := ts[1].Irecv(0, 6, got)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := ts[0].Isend(1, 6, want)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// An already ended context: Wait cancels the receive if it can.
+		dead, cancel := context.WithCancel(ctx)
+		cancel()
+		st, err := r.Wait(dead)
+		switch {
+		case err == nil:
+			if st.Size != n || !bytes.Equal(got, want) {
+				t.Fatalf("round %d: status %+v, data equal %v", i, st, bytes.Equal(got, want))
+			}
+		case errors.Is(err, context.Canceled):
+			// Cancelled before the descriptor arrived: the message is
+			// still there for the next receive.
+			if _, err := ts[1].Recv(ctx, 0, 6, got); err != nil {
+				t.Fatalf("round %d: receive after a cancel: %v", i, err)
+			}
+		default:
+			t.Fatalf("round %d: %v", i, err)
+		}
+		if _, err := s.Wait(ctx); err != nil {
+			t.Fatalf("round %d: send: %v", i, err)
+		}
+	}
 }
