@@ -73,9 +73,10 @@ func init() {
 
 // CMAStats counts same-host zero-copy transfers.
 type CMAStats struct {
-	Enabled  bool  // this rank takes part
-	Sent     int64 // messages this rank sent by CMA
-	Received int64 // messages this rank received by CMA
+	Enabled  bool   // this rank takes part
+	Sent     int64  // messages this rank sent by CMA
+	Received int64  // messages this rank received by CMA
+	Off      string // why this rank does not take part ("" when it does)
 }
 
 // cmaPeer is what a peer published, and whether it can be read.
@@ -96,6 +97,7 @@ const (
 // where noted.
 type cmaState struct {
 	on     bool       // this rank takes part (read-only after New)
+	off    string     // why not (read-only after New)
 	thresh int        // read-only after New
 	peers  []*cmaPeer // by rank; nil entries do not take part (read-only after New)
 	next   uint64
@@ -216,7 +218,7 @@ func (t *Transport) cmaSetup(exchange func([]byte) ([][]byte, error)) error {
 	if len(all) != t.size {
 		return fmt.Errorf("CMA exchange returned %d entries for %d ranks", len(all), t.size)
 	}
-	t.cma = cmaState{on: on, thresh: thresh, sends: map[uint64]*Request{}, held: map[uint64]cmaDesc{}}
+	t.cma = cmaState{on: on, off: why, thresh: thresh, sends: map[uint64]*Request{}, held: map[uint64]cmaDesc{}}
 	if !on {
 		t.log.Debug("same-host zero copy (CMA) off", zap.String("why", why))
 		return nil
@@ -314,14 +316,10 @@ func cmaRead(pid int, addr uint64, dst [][]byte) error {
 // startCMASend sends r's descriptor; the worker lock is held. r completes
 // when the receiver acknowledges.
 func startCMASend(t *Transport, r *Request) {
-	p, err := t.peerLocked(r.peer, "send")
-	if err != nil {
-		t.fail(r, err)
+	p, wire, ok := t.sendTo(r)
+	if !ok {
 		return
 	}
-	key := seqKey{r.peer, r.tag}
-	seq := t.sendSeq[key]
-	t.sendSeq[key] = (seq + 1) & userSeqMask
 	c := &cmaSend{id: t.cma.next}
 	t.cma.next++
 	binary.LittleEndian.PutUint64(c.desc[0:], cmaMagic)
@@ -329,8 +327,7 @@ func startCMASend(t *Transport, r *Request) {
 	binary.LittleEndian.PutUint64(c.desc[16:], uint64(r.b.Len))
 	binary.LittleEndian.PutUint64(c.desc[24:], c.id)
 	r.cma = c
-	wire := MakeUserTag(uint32(t.rank), uint16(r.tag), seq) | cmaBit
-	ureq, err := t.w.TagSend(p.ep, ucx.Buffer{Ptr: unsafe.Pointer(&c.desc[0]), Len: cmaDescSize}, wire)
+	ureq, err := t.w.TagSend(p.ep, ucx.Buffer{Ptr: unsafe.Pointer(&c.desc[0]), Len: cmaDescSize}, wire|cmaBit)
 	if err != nil {
 		t.fail(r, fmt.Errorf("transport: send to rank %d tag %d: %w", r.peer, r.tag, err))
 		return
@@ -749,5 +746,5 @@ func (t *Transport) cmaRecvAM(m *AMMessage, r *Request, dst []byte) {
 
 // CMAStats reports same-host zero-copy use.
 func (t *Transport) CMAStats() CMAStats {
-	return CMAStats{Enabled: t.cma.on, Sent: t.cma.sent.Load(), Received: t.cma.recvd.Load()}
+	return CMAStats{Enabled: t.cma.on, Sent: t.cma.sent.Load(), Received: t.cma.recvd.Load(), Off: t.cma.off}
 }

@@ -73,16 +73,27 @@ func (t *Transport) checkSend(dst, tag int) error {
 
 // startSend posts r's tagged send; the worker lock is held.
 func startSend(t *Transport, r *Request) {
+	p, wire, ok := t.sendTo(r)
+	if !ok {
+		return
+	}
+	ureq, err := t.w.TagSend(p.ep, r.b, wire)
+	t.settle(r, ureq, err)
+}
+
+// sendTo connects to r's peer and takes the next sequence number for r's
+// tag, returning the peer and the USER wire tag; on failure r has failed.
+// The worker lock is held.
+func (t *Transport) sendTo(r *Request) (*peer, uint64, bool) {
 	p, err := t.peerLocked(r.peer, "send")
 	if err != nil {
 		t.fail(r, err)
-		return
+		return nil, 0, false
 	}
 	key := seqKey{r.peer, r.tag}
 	seq := t.sendSeq[key]
 	t.sendSeq[key] = (seq + 1) & userSeqMask
-	ureq, err := t.w.TagSend(p.ep, r.b, MakeUserTag(uint32(t.rank), uint16(r.tag), seq))
-	t.settle(r, ureq, err)
+	return p, MakeUserTag(uint32(t.rank), uint16(r.tag), seq), true
 }
 
 // Send sends buf to rank dst with a user tag and waits until buf may be reused.

@@ -62,10 +62,11 @@ static void send_cb(void *req, ucs_status_t status, void *user) {
     e->req = req;
 }
 
-static void recv_cb(void *req, ucs_status_t status, const ucp_tag_recv_info_t *info,
-                    void *user) {
-    troupe_ev_t *e = push((troupe_queue_t *)user);
-    if (e == NULL) return;
+/* push_recv queues a receive completion; NULL if it could not. */
+static troupe_ev_t *push_recv(troupe_queue_t *q, void *req, ucs_status_t status,
+                              const ucp_tag_recv_info_t *info) {
+    troupe_ev_t *e = push(q);
+    if (e == NULL) return NULL;
     e->kind = TROUPE_EV_RECV;
     e->status = status;
     e->req = req;
@@ -73,6 +74,12 @@ static void recv_cb(void *req, ucs_status_t status, const ucp_tag_recv_info_t *i
         e->tag = info->sender_tag;
         e->length = info->length;
     }
+    return e;
+}
+
+static void recv_cb(void *req, ucs_status_t status, const ucp_tag_recv_info_t *info,
+                    void *user) {
+    push_recv((troupe_queue_t *)user, req, status, info);
 }
 
 static void am_data_cb(void *req, ucs_status_t status, size_t length, void *user) {
@@ -245,20 +252,11 @@ static void peek_copy(uint8_t *dst, const peek_arg_t *a, size_t n) {
 static void recv_peek_cb(void *req, ucs_status_t status, const ucp_tag_recv_info_t *info,
                          void *user) {
     peek_arg_t *a = user;
-    troupe_ev_t *e = push(a->q);
-    if (e != NULL) {
-        e->kind = TROUPE_EV_RECV;
-        e->status = status;
-        e->req = req;
-        if (info != NULL) {
-            e->tag = info->sender_tag;
-            e->length = info->length;
-            if (status == UCS_OK && (info->sender_tag & a->bits) &&
-                info->length <= sizeof(e->peek)) {
-                peek_copy(e->peek, a, info->length);
-                e->peek_len = (uint32_t)info->length;
-            }
-        }
+    troupe_ev_t *e = push_recv(a->q, req, status, info);
+    if (e != NULL && info != NULL && status == UCS_OK && (info->sender_tag & a->bits) &&
+        info->length <= sizeof(e->peek)) {
+        peek_copy(e->peek, a, info->length);
+        e->peek_len = (uint32_t)info->length;
     }
     peek_put(a);
 }
