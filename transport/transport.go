@@ -67,6 +67,10 @@ type Options struct {
 	// consulted for large tagged receives and unexpected messages
 	// (docs/overlap.md). nil keeps the engine off: today's behaviour.
 	Overlap RendezvousPolicy
+	// LockThread locks the progress goroutine to an OS thread (also
+	// TROUPE_PROGRESS_LOCK=1). Off by default: it costs two thread
+	// switches every time the goroutine hands work to another goroutine.
+	LockThread bool
 	// CMAThreshold is the smallest tagged message sent to a rank on the
 	// same host by cross-memory attach (transport/cma.go; default
 	// DefaultCMAThreshold; TROUPE_CMA_THRESHOLD in the environment wins,
@@ -93,6 +97,9 @@ func (o *Options) defaults() {
 			// that spins too just competes with it for a core.
 			o.WaitSpin = time.Nanosecond
 		}
+	}
+	if v, ok := syscallGetenv("TROUPE_PROGRESS_LOCK"); ok && (v == "1" || v == "y" || v == "on") {
+		o.LockThread = true
 	}
 	if o.KeepAlive == 0 {
 		o.KeepAlive = 200 * time.Millisecond
@@ -428,10 +435,15 @@ func (t *Transport) progressHandled() (active, handed bool) {
 	return active, handed
 }
 
-// loop is the progress goroutine.
+// loop is the progress goroutine. It is locked to its OS thread only with
+// Options.LockThread: a locked goroutine cannot hand its processor to the
+// goroutines its handlers wake without two thread switches, which made an
+// actor round trip 26-28 us instead of 8 us (docs/transport.md).
 func (t *Transport) loop() {
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
+	if t.opts.LockThread {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+	}
 	defer close(t.loopDone)
 	fds := []unix.PollFd{{Fd: int32(t.efd), Events: unix.POLLIN}}
 	timer := time.NewTimer(time.Hour)
@@ -462,13 +474,12 @@ func (t *Transport) loop() {
 			if handed {
 				// Handlers may have made goroutines runnable (an actor's
 				// mailbox, a waiter's channel): they were queued on this
-				// goroutine's P, which a spinning locked thread would keep
-				// to itself until another P steals them. Yielding hands
-				// them over at once: actor round trips drop from ~80 us to
-				// ~15 us on a quiet 2-core machine (docs/actor.md). Only
-				// then: a yield from a locked thread costs two thread
-				// switches, and a rendezvous that yields after each of its
-				// fragments crawls (1 MiB bandwidth fell to 1.6 GB/s).
+				// goroutine's P, which a spinning goroutine would keep to
+				// itself until another P steals them. Yielding hands them
+				// over at once (docs/actor.md). Only then: with LockThread
+				// a yield costs two thread switches, and a rendezvous that
+				// yielded after each of its fragments crawled (1 MiB
+				// bandwidth fell to 1.6 GB/s).
 				runtime.Gosched()
 			}
 			continue
