@@ -56,6 +56,17 @@ size_t troupe_progress_drain(ucp_worker_h w, troupe_queue_t *q, troupe_ev_t *out
                              size_t max);
 size_t troupe_drain(troupe_queue_t *q, troupe_ev_t *out, size_t max);
 
+/* The same two calls with their pointers passed as integers: they are C
+ * memory, and cgo would otherwise check every argument of the hottest
+ * call in troupe (each progress poll) for Go pointers. */
+static inline size_t troupe_progress_drain_u(uintptr_t w, uintptr_t q, uintptr_t out,
+                                             size_t max) {
+    return troupe_progress_drain((ucp_worker_h)w, (troupe_queue_t *)q, (troupe_ev_t *)out, max);
+}
+static inline size_t troupe_drain_u(uintptr_t q, uintptr_t out, size_t max) {
+    return troupe_drain((troupe_queue_t *)q, (troupe_ev_t *)out, max);
+}
+
 ucs_status_t troupe_ep_create(ucp_worker_h w, const void *addr, troupe_queue_t *q,
                               int err_mode_peer, ucp_ep_h *ep);
 ucs_status_t troupe_set_am_handler(ucp_worker_h w, uint16_t id, troupe_queue_t *q);

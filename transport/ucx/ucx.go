@@ -223,14 +223,14 @@ func (w *Worker) Signal() error { return check("ucp_worker_signal", C.ucp_worker
 // events, and whether UCX reported progress. The events live in the worker's
 // C memory: they are valid until the next Progress or Drain call.
 func (w *Worker) Progress() ([]Event, bool) {
-	n := C.troupe_progress_drain(w.h, w.q, w.ev, C.size_t(w.nev))
+	n := C.troupe_progress_drain_u(C.uintptr_t(uintptr(unsafe.Pointer(w.h))), C.uintptr_t(uintptr(unsafe.Pointer(w.q))), C.uintptr_t(uintptr(unsafe.Pointer(w.ev))), C.size_t(w.nev))
 	return w.events(int(n)), w.q.progressed != 0
 }
 
 // Drain returns up to eventBatch queued events without progressing, valid
 // until the next Progress or Drain call.
 func (w *Worker) Drain() []Event {
-	return w.events(int(C.troupe_drain(w.q, w.ev, C.size_t(w.nev))))
+	return w.events(int(C.troupe_drain_u(C.uintptr_t(uintptr(unsafe.Pointer(w.q))), C.uintptr_t(uintptr(unsafe.Pointer(w.ev))), C.size_t(w.nev))))
 }
 
 func (w *Worker) events(n int) []Event {
