@@ -36,6 +36,7 @@ type codecType struct {
 	typ     reflect.Type // the value type (never a pointer)
 	payload int          // index of the Payload field, or -1
 	device  int          // index of the gpu.Buffer field, or -1
+	typed   int          // index of the Typed field, or -1
 }
 
 var registry = struct {
@@ -83,21 +84,24 @@ func registerType(t reflect.Type) error {
 	if t.Kind() == reflect.Interface || t.Kind() == reflect.Func || t.Kind() == reflect.Chan {
 		return fmt.Errorf("actor: cannot register %s: a %s cannot cross ranks", t, t.Kind())
 	}
-	ct := &codecType{name: typeName(t), typ: t, payload: -1, device: -1}
+	ct := &codecType{name: typeName(t), typ: t, payload: -1, device: -1, typed: -1}
 	ct.id = TypeID(ct.name)
 	if t.Kind() == reflect.Struct {
 		for i := 0; i < t.NumField(); i++ {
 			ft := t.Field(i).Type
-			if ft != payloadType && ft != deviceType {
+			if ft != payloadType && ft != deviceType && ft != typedType {
 				continue
 			}
-			if ct.payload >= 0 || ct.device >= 0 {
-				return fmt.Errorf("actor: cannot register %s: more than one Payload or gpu.Buffer field", ct.name)
+			if ct.payload >= 0 || ct.device >= 0 || ct.typed >= 0 {
+				return fmt.Errorf("actor: cannot register %s: more than one Payload, gpu.Buffer or Typed field", ct.name)
 			}
-			if ft == payloadType {
+			switch ft {
+			case payloadType:
 				ct.payload = i
-			} else {
+			case deviceType:
 				ct.device = i
+			default:
+				ct.typed = i
 			}
 		}
 	}
@@ -177,6 +181,15 @@ func encodeBody(ct *codecType, msg any) (body []byte, payload []byte, err error)
 		c := reflect.New(ct.typ).Elem()
 		c.Set(v)
 		c.Field(ct.device).Set(reflect.Zero(deviceType))
+		v = c
+	}
+	if ct.typed >= 0 {
+		if payload, err = packTyped(v.Field(ct.typed)); err != nil {
+			return nil, nil, fmt.Errorf("actor: %s: %w", ct.name, err)
+		}
+		c := reflect.New(ct.typ).Elem()
+		c.Set(v)
+		c.Field(ct.typed).Set(reflect.Zero(typedType))
 		v = c
 	}
 	pe := encoderPool.Get().(*pooledEncoder)

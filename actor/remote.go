@@ -355,6 +355,8 @@ func (rt *Runtime) onMessage(m *transport.AMMessage) {
 			it.err = "receiving data: " + werr.Error()
 		case it.e.Flags&flagBodyHdr != 0 && ct != nil && ct.device >= 0:
 			rt.decodeDevice(it, ct, dst)
+		case it.e.Flags&flagBodyHdr != 0 && ct != nil && ct.typed >= 0:
+			rt.decodeTyped(it, ct, dst)
 		case it.e.Flags&flagBodyHdr != 0:
 			rt.decode(it, ct, it.e.Body, dst)
 		default:
@@ -388,7 +390,7 @@ func (rt *Runtime) onMessage(m *transport.AMMessage) {
 // landing picks the memory a message's data lands in: the target actor's
 // PostReceive hook for a payload, else pooled memory.
 func (rt *Runtime) landing(it *inItem, ct *codecType, size int) []byte {
-	if it.e.Flags&flagBodyHdr == 0 || ct == nil || it.err != "" || ct.device >= 0 {
+	if it.e.Flags&flagBodyHdr == 0 || ct == nil || it.err != "" || ct.device >= 0 || ct.typed >= 0 {
 		return getBuf(size)
 	}
 	if la, ok := rt.local.Load(it.e.Target); ok && la.(*localActor).hook != nil {

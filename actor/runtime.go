@@ -111,6 +111,7 @@ type Stats struct {
 	Rendezvous    atomic.Uint64 // received messages whose data came by rendezvous
 	HookLanded    atomic.Uint64 // payloads landed in hook-provided memory
 	DeviceLanded  atomic.Uint64 // gpu.Buffer fields landed in device memory
+	TypedUnpacked atomic.Uint64 // Typed fields unpacked into PostReceiveTyped buffers
 	DeadLetters   atomic.Uint64 // undeliverable received messages
 	CreditWaits   atomic.Uint64 // sends that waited for credits
 	CreditsBack   atomic.Uint64 // credit messages sent back to senders
