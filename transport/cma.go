@@ -103,9 +103,12 @@ type cmaState struct {
 	next   uint64
 	sends  map[uint64]*Request // sends waiting for their acknowledgement
 	held   map[uint64]cmaDesc  // descriptors taken out of UCX by Iprobe, by wire tag
-	jobs   []cmaJob            // reads to run outside the lock
-	sent   atomic.Int64
-	recvd  atomic.Int64
+	// probing: descriptors Iprobe took out of UCX that are still being
+	// received, by wire tag, with the receive posted meanwhile (if any).
+	probing map[uint64]*Request
+	jobs    []cmaJob // reads to run outside the lock
+	sent    atomic.Int64
+	recvd   atomic.Int64
 }
 
 // cmaSend is the sender's state of one CMA message.
@@ -218,7 +221,7 @@ func (t *Transport) cmaSetup(exchange func([]byte) ([][]byte, error)) error {
 	if len(all) != t.size {
 		return fmt.Errorf("CMA exchange returned %d entries for %d ranks", len(all), t.size)
 	}
-	t.cma = cmaState{on: on, off: why, thresh: thresh, sends: map[uint64]*Request{}, held: map[uint64]cmaDesc{}}
+	t.cma = cmaState{on: on, off: why, thresh: thresh, sends: map[uint64]*Request{}, held: map[uint64]cmaDesc{}, probing: map[uint64]*Request{}}
 	if !on {
 		t.log.Debug("same-host zero copy (CMA) off", zap.String("why", why))
 		return nil
@@ -590,15 +593,25 @@ func (t *Transport) cmaProbe(wire uint64) (int, bool) {
 	}
 	buf := make([]byte, cmaDescSize)
 	h := t.newRequest("cma-probe", -1, 0, cmaDescSize)
+	t.cma.probing[wire] = nil
 	h.probe = func(st ucx.Status, n int) {
+		r := t.cma.probing[wire] // a receive posted while this was in flight
+		delete(t.cma.probing, wire)
 		src, tag, _ := SplitUserTag(wire)
-		if st != ucx.StatusOK {
-			t.log.Warn("receiving a probed CMA descriptor failed", zap.Stringer("status", st))
-			return
+		var d cmaDesc
+		err := fmt.Errorf("transport: recv from rank %d tag %d: receiving its probed CMA descriptor: %w", src, tag, &ucx.Error{Op: "ucp_tag_msg_recv_nbx", Status: st})
+		if st == ucx.StatusOK {
+			d, err = decodeDesc(buf[:n], int(src), int(tag))
 		}
-		d, err := decodeDesc(buf[:n], int(src), int(tag))
-		if err != nil {
-			t.log.Warn("probed CMA descriptor dropped", zap.Error(err))
+		switch {
+		case err != nil && r != nil:
+			t.fail(r, err)
+			return
+		case err != nil:
+			t.log.Warn("probed CMA descriptor lost", zap.Error(err))
+			return
+		case r != nil:
+			t.cmaArrived(r, d)
 			return
 		}
 		t.cma.held[wire] = d
@@ -623,8 +636,14 @@ func (t *Transport) cmaProbe(wire uint64) (int, bool) {
 }
 
 // cmaTakeHeld serves receive r from a held descriptor, if there is one for
-// wire; the worker lock is held.
+// wire, or hands it to the probe still receiving that descriptor; the
+// worker lock is held.
 func (t *Transport) cmaTakeHeld(r *Request, wire uint64) bool {
+	if q, ok := t.cma.probing[wire]; ok && q == nil {
+		r.userRecv = true
+		t.cma.probing[wire] = r
+		return true
+	}
 	d, ok := t.cma.held[wire]
 	if !ok {
 		return false
@@ -657,6 +676,12 @@ func (t *Transport) cmaClose() {
 		t.fail(j.r, fmt.Errorf("transport: %s rank %d: %w", j.r.op, j.r.peer, ErrClosed))
 	}
 	t.cma.jobs = nil
+	for wire, r := range t.cma.probing {
+		delete(t.cma.probing, wire)
+		if r != nil {
+			t.fail(r, fmt.Errorf("transport: %s rank %d: %w", r.op, r.peer, ErrClosed))
+		}
+	}
 }
 
 // cmaAM is the receiver's view of an active message sent by CMA.

@@ -220,3 +220,46 @@ func TestCMAReceiveOutlivesItsContext(t *testing.T) {
 		}
 	}
 }
+
+// A receive posted while Iprobe is still receiving the descriptor it took
+// out of UCX is served by that probe (the message is no longer in UCX's
+// queue for the receive to match).
+func TestCMAReceiveDuringProbe(t *testing.T) {
+	ts := cmaJob2(t, ProgressDirect)
+	ctx := testCtx(t)
+	const n = 128 << 10
+	want := pattern(n, 3)
+	attached := 0
+	for i := 0; i < 100; i++ {
+		s, err := ts[0].Isend(1, 8, want)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := make([]byte, n)
+		var r *Request
+		for r == nil {
+			_, ok, err := ts[1].Iprobe(0, 8)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ts[1].mu.Lock()
+			inFlight := len(ts[1].cma.probing) > 0
+			ts[1].mu.Unlock()
+			if ok || inFlight {
+				if inFlight {
+					attached++
+				}
+				if r, err = ts[1].Irecv(0, 8, got); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		if st, err := r.Wait(ctx); err != nil || st.Size != n || !bytes.Equal(got, want) {
+			t.Fatalf("round %d: %+v %v, data equal %v", i, st, err, bytes.Equal(got, want))
+		}
+		if _, err := s.Wait(ctx); err != nil {
+			t.Fatalf("round %d: send: %v", i, err)
+		}
+	}
+	t.Logf("%d of 100 receives were posted while the probe was receiving the descriptor", attached)
+}

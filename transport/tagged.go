@@ -168,7 +168,8 @@ func startRecv(t *Transport, r *Request) {
 		wire := MakeUserTag(uint32(r.peer), uint16(r.tag), c.peek())
 		_, taken := t.ovHas(wire)
 		_, held := t.cma.held[wire]
-		if _, _, ok := t.w.TagProbe(wire, t.userMask(), false); !ok && !taken && !held {
+		_, probing := t.cma.probing[wire]
+		if _, _, ok := t.w.TagProbe(wire, t.userMask(), false); !ok && !taken && !held && !probing {
 			t.fail(r, err)
 			return
 		}
@@ -299,6 +300,11 @@ func (t *Transport) Probe(ctx context.Context, src, tag int) (Status, error) {
 		}
 		ch := t.arrival
 		t.mu.Unlock()
+		// Look once more now that ch is in place: whatever arrived between
+		// the last look and now closed no channel, and nothing else might.
+		if st, ok, err := t.Iprobe(src, tag); err != nil || ok {
+			return st, err
+		}
 		t.wake()
 		select {
 		case <-ch:
