@@ -202,7 +202,11 @@ func noncontigRank(ctx context.Context, f noncontigFlags) error {
 		iters, warmup := ncIters(bytes, lay.Stats.Segments, f.scale)
 		best := map[datatype.Scheme]float64{}
 		for round := 0; round < f.rounds; round++ {
-			for _, s := range ncSchemeOrder {
+			// Rotate the order each round: a scheme that leaves work behind
+			// (zero-copy's background key-pool refills, SGL's registrations)
+			// must not always slow the same next scheme down.
+			for k := range ncSchemeOrder {
+				s := ncSchemeOrder[(k+round)%len(ncSchemeOrder)]
 				o := transport.TypedOptions{Scheme: s, Base: int(c.base)}
 				tag := ci % (transport.MaxUserTag + 1)
 				one := func() error {
