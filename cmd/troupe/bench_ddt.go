@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -163,7 +164,7 @@ func bestOf(a, b layouts.Result) layouts.Result {
 // bin/mpi_pack-openmpi -> openmpi.
 func mpiLabel(prog string) string {
 	base := filepath.Base(prog)
-	if i := bytes.LastIndexByte([]byte(base), '-'); i >= 0 {
+	if i := strings.LastIndexByte(base, '-'); i >= 0 {
 		return base[i+1:]
 	}
 	return base
