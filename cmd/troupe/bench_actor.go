@@ -237,18 +237,8 @@ func actorBenchRank(ctx context.Context, f actorBenchFlags) error {
 	if err != nil {
 		return err
 	}
-	if rt.Rank() == 0 {
-		fh, err := os.OpenFile(os.Getenv(envBenchOut), os.O_WRONLY|os.O_TRUNC, 0)
-		if err != nil {
-			return fmt.Errorf("opening %s: %w", envBenchOut, err)
-		}
-		enc := json.NewEncoder(fh)
-		for _, r := range rows {
-			_ = enc.Encode(r)
-		}
-		if err := fh.Close(); err != nil {
-			return err
-		}
+	if err := writeBenchRows(rt.Rank(), rows); err != nil {
+		return err
 	}
 	return rt.Transport().Bootstrap().Barrier(ctx, "bench.actor.done")
 }

@@ -160,15 +160,11 @@ func gpuBenchRank(ctx context.Context, f gpuBenchFlags) error {
 		return err
 	}
 	defer sys.Close()
-	var enc *json.Encoder
-	if t.Rank() == 0 {
-		fh, err := os.OpenFile(os.Getenv(envBenchOut), os.O_WRONLY|os.O_TRUNC, 0)
-		if err != nil {
-			return fmt.Errorf("opening %s: %w", envBenchOut, err)
-		}
-		defer fh.Close()
-		enc = json.NewEncoder(fh)
+	enc, closeOut, err := benchOut(t.Rank())
+	if err != nil {
+		return err
 	}
+	defer closeOut()
 	b, err := newGPUBench(t, sys, f)
 	if err != nil {
 		return err

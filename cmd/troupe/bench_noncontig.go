@@ -178,15 +178,11 @@ func noncontigRank(ctx context.Context, f noncontigFlags) error {
 	if err != nil {
 		return err
 	}
-	var enc *json.Encoder
-	if t.Rank() == 0 {
-		fh, err := os.OpenFile(os.Getenv(envBenchOut), os.O_WRONLY|os.O_TRUNC, 0)
-		if err != nil {
-			return fmt.Errorf("opening %s: %w", envBenchOut, err)
-		}
-		defer fh.Close()
-		enc = json.NewEncoder(fh)
+	enc, closeOut, err := benchOut(t.Rank())
+	if err != nil {
+		return err
 	}
+	defer closeOut()
 	peer := 1 - t.Rank()
 	for ci, c := range cases {
 		buf := make([]byte, c.alloc)

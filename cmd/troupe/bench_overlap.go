@@ -345,21 +345,8 @@ func overlapRank(ctx context.Context, f overlapFlags) error {
 	if st, ok := t.OverlapStats(); ok && f.gatherRanks == 0 {
 		emit(overlapLine{Extra: &overlapExtra{Bench: "stats", Engine: f.engine, Stats: &st}})
 	}
-	if t.Rank() == 0 {
-		fh, err := os.OpenFile(os.Getenv(envBenchOut), os.O_WRONLY|os.O_TRUNC, 0)
-		if err != nil {
-			return fmt.Errorf("opening %s: %w", envBenchOut, err)
-		}
-		enc := json.NewEncoder(fh)
-		for _, l := range lines {
-			if err := enc.Encode(l); err != nil {
-				fh.Close()
-				return err
-			}
-		}
-		if err := fh.Close(); err != nil {
-			return err
-		}
+	if err := writeBenchRows(t.Rank(), lines); err != nil {
+		return err
 	}
 	return boot.Barrier(ctx, "bench.overlap.done")
 }

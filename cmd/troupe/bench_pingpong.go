@@ -140,15 +140,11 @@ func pingpongRank(ctx context.Context, f pingpongFlags) error {
 		return err
 	}
 	defer t.Close()
-	var enc *json.Encoder
-	if t.Rank() == 0 {
-		fh, err := os.OpenFile(os.Getenv(envBenchOut), os.O_WRONLY|os.O_TRUNC, 0)
-		if err != nil {
-			return fmt.Errorf("opening %s: %w", envBenchOut, err)
-		}
-		defer fh.Close()
-		enc = json.NewEncoder(fh)
+	enc, closeOut, err := benchOut(t.Rank())
+	if err != nil {
+		return err
 	}
+	defer closeOut()
 	var encErr error
 	_, err = perf.Sweep(ctx, t, perf.Config{MinSize: f.minSize, MaxSize: f.maxSize, Scale: f.scale}, func(p perf.Point) {
 		if e := enc.Encode(p); e != nil && encErr == nil {

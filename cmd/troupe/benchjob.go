@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"os"
 
 	"github.com/troupe-hpc/troupe/transport/bootstrap"
@@ -35,4 +37,34 @@ func runBenchJob[T any](ctx context.Context, n int, tls string, args, env []stri
 		return nil, err
 	}
 	return readJSONLines[T](out.Name())
+}
+
+// benchOut opens, on rank 0 of a benchmark job, the file its rows go to
+// (TROUPE_BENCH_OUT); other ranks get a nil encoder. closeOut closes the
+// file.
+func benchOut(rank int) (enc *json.Encoder, closeOut func() error, err error) {
+	if rank != 0 {
+		return nil, func() error { return nil }, nil
+	}
+	fh, err := os.OpenFile(os.Getenv(envBenchOut), os.O_WRONLY|os.O_TRUNC, 0)
+	if err != nil {
+		return nil, nil, fmt.Errorf("opening %s: %w", envBenchOut, err)
+	}
+	return json.NewEncoder(fh), fh.Close, nil
+}
+
+// writeBenchRows writes rows, on rank 0 only, to the benchmark job's
+// results file.
+func writeBenchRows[T any](rank int, rows []T) error {
+	enc, closeOut, err := benchOut(rank)
+	if err != nil || enc == nil {
+		return err
+	}
+	for _, r := range rows {
+		if err := enc.Encode(r); err != nil {
+			closeOut()
+			return err
+		}
+	}
+	return closeOut()
 }
