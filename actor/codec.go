@@ -167,29 +167,24 @@ func encodeBody(ct *codecType, msg any) (body []byte, payload []byte, err error)
 	if v.Kind() == reflect.Pointer {
 		v = v.Elem()
 	}
-	if ct.payload >= 0 {
-		payload = v.Field(ct.payload).Bytes()
-		c := reflect.New(ct.typ).Elem()
-		c.Set(v)
-		c.Field(ct.payload).SetBytes(nil)
-		v = c
-	}
-	if ct.device >= 0 {
-		if payload, err = stageDevice(v.Field(ct.device)); err != nil {
+	// The one field that travels outside the body (Payload, gpu.Buffer or
+	// Typed) becomes the data and is zeroed in a copy that is encoded.
+	if i := max(ct.payload, ct.device, ct.typed); i >= 0 {
+		f := v.Field(i)
+		switch i {
+		case ct.payload:
+			payload = f.Bytes()
+		case ct.device:
+			payload, err = stageDevice(f)
+		default:
+			payload, err = packTyped(f)
+		}
+		if err != nil {
 			return nil, nil, fmt.Errorf("actor: %s: %w", ct.name, err)
 		}
 		c := reflect.New(ct.typ).Elem()
 		c.Set(v)
-		c.Field(ct.device).Set(reflect.Zero(deviceType))
-		v = c
-	}
-	if ct.typed >= 0 {
-		if payload, err = packTyped(v.Field(ct.typed)); err != nil {
-			return nil, nil, fmt.Errorf("actor: %s: %w", ct.name, err)
-		}
-		c := reflect.New(ct.typ).Elem()
-		c.Set(v)
-		c.Field(ct.typed).Set(reflect.Zero(typedType))
+		c.Field(i).SetZero()
 		v = c
 	}
 	pe := encoderPool.Get().(*pooledEncoder)
