@@ -97,6 +97,11 @@ func ovlEngineDone(r *rank) error {
 	case tab != transport.OverlapTable{}:
 		return fmt.Errorf("engine tables not empty: %+v", tab)
 	}
+	// Over shared memory the large messages come by CMA, through the
+	// engine (transport/overlap_cma.go).
+	if c := r.t.CMAStats(); c.Enabled && c.Received == 0 {
+		return fmt.Errorf("CMA is on but carried no message: %+v", c)
+	}
 	return nil
 }
 

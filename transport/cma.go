@@ -15,8 +15,7 @@ package transport
 // and acknowledges with a small active message, which completes the send.
 //
 // Each rank publishes at start-up whether it takes part (Linux, the
-// syscall works, UCX_TLS allows shared memory, the overlap engine is off,
-// TROUPE_CMA is not "off"), its boot id, pid and the address of a probe
+// syscall works, UCX_TLS allows shared memory, TROUPE_CMA is not "off"), its boot id, pid and the address of a probe
 // word. A sender uses the path to a peer only if both take part, share the
 // boot id, and it can read the peer's probe word (same user, ptrace rules
 // allow it): the check stands for the peer reading back.
@@ -134,9 +133,6 @@ type cmaJob struct {
 func cmaWanted(opts Options) (bool, string) {
 	if v, ok := syscallGetenv("TROUPE_CMA"); ok && (v == "off" || v == "0" || v == "n") {
 		return false, "TROUPE_CMA=" + v
-	}
-	if opts.Overlap != nil {
-		return false, "the overlap engine is on"
 	}
 	if v, ok := syscallGetenv("UCX_TLS"); ok && !tlsAllowsCMA(v) {
 		return false, "UCX_TLS=" + v
@@ -489,10 +485,17 @@ func (t *Transport) cmaArrived(r *Request, d cmaDesc) {
 	t.cma.jobs = append(t.cma.jobs, cmaJob{r: r, d: d})
 }
 
-// runCMAJobs copies the messages of jobs (without the worker lock), then
-// acknowledges and completes them.
+// runCMAJobs copies the messages of jobs, then acknowledges and completes
+// them. All but the first cmaDescSize bytes of each message are copied
+// into place without the worker lock; those first bytes are read into a
+// staging array with them and put in place under the lock, because
+// a descriptor of a later message may land there: a program that posts
+// several receives into one buffer (as bandwidth benchmarks do) must get
+// garbage data at worst, never a descriptor overwritten between UCX
+// writing it and the receive callback reading it (both under the lock).
 func (t *Transport) runCMAJobs(jobs []cmaJob) {
 	errs := make([]error, len(jobs))
+	heads := make([][cmaDescSize]byte, len(jobs)) // first bytes, staged
 	for i, j := range jobs {
 		pid := 0
 		if t.cma.peers != nil && t.cma.peers[j.r.peer] != nil {
@@ -502,11 +505,18 @@ func (t *Transport) runCMAJobs(jobs []cmaJob) {
 			errs[i] = unix.ESRCH
 			continue
 		}
-		errs[i] = cmaRead(pid, j.d.addr, limit(j.r.userBufs(), int(j.d.n)))
+		n := int(j.d.n)
+		_, tail := splitHead(limit(j.r.userBufs(), n), cmaDescSize)
+		errs[i] = cmaRead(pid, j.d.addr, append([][]byte{heads[i][:min(n, cmaDescSize)]}, tail...))
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for i, j := range jobs {
+		if errs[i] == nil {
+			n := int(j.d.n)
+			head, _ := splitHead(limit(j.r.userBufs(), n), cmaDescSize)
+			scatter(head, heads[i][:min(n, cmaDescSize)])
+		}
 		r, err := j.r, errs[i]
 		code := errCode(err)
 		if !t.closed {
@@ -515,13 +525,20 @@ func (t *Transport) runCMAJobs(jobs []cmaJob) {
 		switch {
 		case err == nil:
 			t.cma.recvd.Add(1)
-			r.status = Status{Source: r.peer, Tag: r.tag, Size: int(j.d.n)}
-			t.complete(r)
 		case errors.Is(err, unix.ESRCH):
-			t.fail(r, &PeerLostError{Rank: r.peer, Op: "recv", Reason: "its process is gone (process_vm_readv: no such process)"})
+			err = &PeerLostError{Rank: r.peer, Op: "recv", Reason: "its process is gone (process_vm_readv: no such process)"}
 		default:
-			t.fail(r, fmt.Errorf("transport: recv from rank %d tag %d: reading %d bytes from the sender's memory: %w", r.peer, r.tag, j.d.n, err))
+			err = fmt.Errorf("transport: recv from rank %d tag %d: reading %d bytes from the sender's memory: %w", r.peer, r.tag, j.d.n, err)
 		}
+		if r.ov != nil && t.ov != nil && t.ovCMADone(r, err) {
+			continue
+		}
+		if err != nil {
+			t.fail(r, err)
+			continue
+		}
+		r.status = Status{Source: r.peer, Tag: r.tag, Size: int(j.d.n)}
+		t.complete(r)
 	}
 }
 
@@ -539,6 +556,23 @@ func errCode(err error) uint64 {
 }
 
 // limit returns the first n bytes of bufs.
+// splitHead splits bufs into its first n bytes and the rest.
+func splitHead(bufs [][]byte, n int) (head, tail [][]byte) {
+	for i, b := range bufs {
+		if n <= 0 {
+			return head, append(tail, bufs[i:]...)
+		}
+		k := min(len(b), n)
+		head = append(head, b[:k])
+		n -= k
+		if k < len(b) {
+			tail = append(tail, b[k:])
+		}
+	}
+	return head, tail
+}
+
+// limit cuts bufs down to their first n bytes.
 func limit(bufs [][]byte, n int) [][]byte {
 	out := make([][]byte, 0, len(bufs))
 	for _, b := range bufs {

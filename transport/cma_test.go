@@ -115,6 +115,57 @@ func TestCMASharedReceiveBuffer(t *testing.T) {
 	})
 }
 
+// Receives posted one after another into one buffer while the messages
+// are already there: the read of message k (by the progress goroutine,
+// outside the worker lock) overlaps UCX landing descriptor k+1 in the same
+// buffer. Every receive must complete with the message's size; a
+// descriptor clobbered by a read would fail with ErrProtocol.
+func TestCMASharedBufferLateReceives(t *testing.T) {
+	forModes(t, func(t *testing.T, mode ProgressMode) {
+		ts := cmaJob2(t, mode)
+		ctx := testCtx(t)
+		const n, window, rounds = 256 << 10, 16, 8
+		want := pattern(n, 9)
+		shared := make([]byte, n)
+		for round := 0; round < rounds; round++ {
+			var sends []*Request
+			for i := 0; i < window; i++ {
+				s, err := ts[0].Isend(1, 6, want)
+				if err != nil {
+					t.Fatal(err)
+				}
+				sends = append(sends, s)
+			}
+			// Wait until the first descriptor is there, so that the
+			// receives below match messages that already arrived.
+			if _, err := ts[1].Probe(ctx, 0, 6); err != nil {
+				t.Fatal(err)
+			}
+			var recvs []*Request
+			for i := 0; i < window; i++ {
+				r, err := ts[1].Irecv(0, 6, shared)
+				if err != nil {
+					t.Fatal(err)
+				}
+				recvs = append(recvs, r)
+			}
+			for i, r := range recvs {
+				if st, err := r.Wait(ctx); err != nil || st.Size != n {
+					t.Fatalf("round %d receive %d: %+v %v", round, i, st, err)
+				}
+			}
+			for i, s := range sends {
+				if _, err := s.Wait(ctx); err != nil {
+					t.Fatalf("round %d send %d: %v", round, i, err)
+				}
+			}
+		}
+		if !bytes.Equal(shared, want) {
+			t.Fatal("shared buffer does not hold the message")
+		}
+	})
+}
+
 // Large active messages go by CMA too: RecvData reads the sender's memory
 // (and completes at once), a message its handler drops is acknowledged all
 // the same, and both senders complete.

@@ -108,9 +108,10 @@ type ovRecv struct {
 	msg     ucx.Message // onloaded: the probed header, received when started
 	size    int         // message size, once its header was probed
 	held    bool
-	started bool   // a UCX receive runs for it
-	m       *ovMsg // matched message (unexpected path)
-	fetch   *ovMsg // set on the internal request that fills m
+	started bool     // a UCX receive runs for it
+	m       *ovMsg   // matched message (unexpected path)
+	fetch   *ovMsg   // set on the internal request that fills m
+	cma     *cmaDesc // a CMA message's descriptor, until its read starts
 }
 
 // ovMsg is a message taken off UCX's unexpected queue before its receive
@@ -129,6 +130,11 @@ type ovMsg struct {
 	done      bool   // data is in place (or err is set)
 	err       error
 	r         *Request // the receive that matched it, until delivered
+	// cma: the data stays in the sender's memory (overlap_cma.go) until
+	// read into a slot (Prefetch) or the receive's buffer (Onload).
+	cma         bool
+	desc        cmaDesc
+	descPending bool // the descriptor itself is still being received
 }
 
 func newOvState(pol RendezvousPolicy) *ovState {
@@ -201,16 +207,21 @@ func (t *Transport) ovEnter() {
 // ovProbe takes every tagged (USER kind) message off UCX's unexpected queue
 // and matches it against the engine's posted receives by its exact wire
 // tag; trace-based sequence numbers make the match unique, so taking
-// messages in any order keeps MPI ordering. The lock is held.
+// messages in any order keeps MPI ordering. CMA descriptors (USER kind with
+// cmaBit) are taken too and handled in overlap_cma.go. The lock is held.
 func (t *Transport) ovProbe() {
-	const kindMask = uint64(0xf) << kindShift
+	kindMask := uint64(0xf) << kindShift &^ cmaBit
 	t.ov.dirty = false
 	for {
 		msg, info, ok := t.w.TagProbe(uint64(KindUser)<<kindShift, kindMask, true)
 		if !ok {
 			return
 		}
-		src, utag, _ := SplitUserTag(info.Tag)
+		src, utag, _ := SplitUserTag(info.Tag &^ cmaBit)
+		if info.Tag&cmaBit != 0 {
+			t.ovCMATake(msg, info.Tag&^cmaBit, int(src), int(utag), info.Length)
+			continue
+		}
 		if r := t.ov.posted[info.Tag]; r != nil {
 			delete(t.ov.posted, info.Tag)
 			d := t.step(overlap.Event{Kind: overlap.HeaderArrived, ID: r.ov.id, Peer: int(src), Tag: info.Tag,
@@ -293,6 +304,10 @@ func (t *Transport) ovFetched(m *ovMsg, err error) {
 // ovStart starts the UCX receive of r's probed header into r's buffer; the
 // lock is held.
 func (t *Transport) ovStart(r *Request) {
+	if r.ov.cma != nil {
+		t.ovCMAStart(r)
+		return
+	}
 	r.ov.held, r.ov.started = false, true
 	ureq, err := t.w.TagMsgRecv(r.b, r.ov.msg)
 	r.ov.msg = ucx.Message{}
@@ -330,15 +345,21 @@ func (t *Transport) ovRecv(r *Request) bool {
 	}
 	// A small receive whose message is still in UCX's queue is matched by
 	// UCX itself when it is posted there.
-	if m := ov.unexp[wire]; m != nil && m.r == nil {
+	m := ov.unexp[wire]
+	if m != nil && m.r == nil && !m.descPending {
 		r.ov = &ovRecv{id: m.id, wire: wire, m: m}
 		if m.tracked {
 			t.step(overlap.Event{Kind: overlap.RecvPosted, ID: m.id, Peer: r.peer, Tag: wire, Size: int64(r.bufLen)})
 		}
 		if m.mode == overlap.Onload && !m.eager {
-			// Onloaded: the receiver starts it now, into its buffer.
+			// Onloaded: the receiver starts it now, into its buffer (a CMA
+			// message: the progress goroutine reads it, the call returns).
 			delete(ov.unexp, wire)
-			r.ov.msg, r.ov.m = m.msg, nil
+			r.ov.msg, r.ov.m, r.ov.size = m.msg, nil, m.size
+			if m.cma {
+				d := m.desc
+				r.ov.cma = &d
+			}
 			t.ovStart(r)
 		} else {
 			m.r = r
@@ -349,7 +370,9 @@ func (t *Transport) ovRecv(r *Request) bool {
 		t.ovStartHeld()
 		return true
 	}
-	if r.bufLen < ov.thresh {
+	// A CMA message whose descriptor is still being received is no longer
+	// in UCX: even a small receive waits for it in the table.
+	if r.bufLen < ov.thresh && (m == nil || !m.descPending) {
 		return false
 	}
 	ov.nextID++
@@ -367,7 +390,7 @@ func (t *Transport) ovHas(wire uint64) (*ovMsg, bool) {
 		return nil, false
 	}
 	m := t.ov.unexp[wire]
-	return m, m != nil && m.r == nil
+	return m, m != nil && m.r == nil && !m.descPending
 }
 
 // ovDeliver completes r from message m once m's data is in place: small
@@ -380,7 +403,7 @@ func (t *Transport) ovDeliver(r *Request, m *ovMsg) {
 		return
 	}
 	if m.size < copyOffloadMin {
-		ovCopy(r, m)
+		ovCopy(r, m, 0, r.bufLen)
 		t.ovDelivered(r, m)
 		return
 	}
@@ -399,37 +422,45 @@ func (t *Transport) ovTakeCopies() []*Request {
 }
 
 // ovRunCopies copies prefetched messages into their receives without the
-// lock, then completes them under it.
+// lock, except their first cmaDescSize bytes, which it copies under the
+// lock before completing them (a descriptor of a later message may land
+// there; see runCMAJobs).
 func (t *Transport) ovRunCopies(rs []*Request) {
 	for _, r := range rs {
-		ovCopy(r, r.ov.m)
+		ovCopy(r, r.ov.m, cmaDescSize, r.bufLen)
 	}
 	t.mu.Lock()
 	for _, r := range rs {
+		ovCopy(r, r.ov.m, 0, cmaDescSize)
 		t.ovDelivered(r, r.ov.m)
 	}
 	t.mu.Unlock()
 }
 
-// ovCopy copies m's data into r's buffer (contiguous or IOV), at most the
-// buffer's length.
-func ovCopy(r *Request, m *ovMsg) {
-	src := m.data
-	if len(src) > r.bufLen {
-		src = src[:r.bufLen]
-	}
-	if r.b.IOV == nil {
-		if len(src) > 0 {
-			copy(unsafe.Slice((*byte)(r.b.Ptr), r.b.Len), src)
-		}
+// ovCopy copies bytes [lo, hi) of m's data into the same bytes of r's
+// buffer (contiguous or IOV), within the buffer's length.
+func ovCopy(r *Request, m *ovMsg, lo, hi int) {
+	hi = min(hi, len(m.data), r.bufLen)
+	if lo >= hi {
 		return
 	}
+	src := m.data[lo:hi]
+	if r.b.IOV == nil {
+		copy(unsafe.Slice((*byte)(r.b.Ptr), r.b.Len)[lo:], src)
+		return
+	}
+	off := 0 // position of entry i in the buffer
 	for i := 0; i < r.b.IOV.Len() && len(src) > 0; i++ {
 		p, n := r.b.IOV.Entry(i)
-		if n == 0 {
+		if off+n <= lo {
+			off += n
 			continue
 		}
-		src = src[copy(unsafe.Slice((*byte)(p), n), src):]
+		skip := max(lo-off, 0)
+		k := copy(unsafe.Slice((*byte)(p), n)[skip:], src)
+		src = src[k:]
+		lo += k
+		off += n
 	}
 }
 
@@ -491,6 +522,13 @@ func (t *Transport) ovCancel(r *Request, err error) bool {
 	switch {
 	case ov.posted[r.ov.wire] == r:
 		delete(ov.posted, r.ov.wire)
+	case r.ov.held && r.ov.cma != nil:
+		r.ov.held = false
+		t.step(overlap.Event{Kind: overlap.RecvCancelled, ID: r.ov.id})
+		t.freeSeq(r)
+		t.fail(r, err)
+		t.ovCMAGiveBack(r)
+		return true
 	case r.ov.held:
 		// Give the header back as an unexpected message for the next
 		// receive with this sequence number.

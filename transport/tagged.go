@@ -39,14 +39,14 @@ func (t *Transport) Isend(dst, tag int, buf []byte) (*Request, error) {
 	}
 	r := t.newRequest("send", dst, tag, len(buf))
 	r.b = ucx.Buffer{Ptr: bytesPtr(buf), Len: len(buf)}
-	t.execReq(r, t.sendStart(dst, len(buf)))
+	t.execReq(r, t.sendStart(r))
 	return r, nil
 }
 
-// sendStart picks how a contiguous tagged send of n bytes to dst starts:
-// by CMA to a rank on the same host (cma.go), else through UCX.
-func (t *Transport) sendStart(dst, n int) func(*Transport, *Request) {
-	if t.useCMA(dst, n) {
+// sendStart picks how contiguous tagged send r starts: by CMA to a rank on
+// the same host (cma.go), else through UCX.
+func (t *Transport) sendStart(r *Request) func(*Transport, *Request) {
+	if t.useCMA(r.peer, r.bufLen) {
 		return startCMASend
 	}
 	return startSend
@@ -103,7 +103,7 @@ func (t *Transport) Send(ctx context.Context, dst, tag int, buf []byte) error {
 	}
 	r := t.pooledRequest("send", dst, tag, len(buf))
 	r.b = ucx.Buffer{Ptr: bytesPtr(buf), Len: len(buf)}
-	t.execReq(r, t.sendStart(dst, len(buf)))
+	t.execReq(r, t.sendStart(r))
 	_, err := r.Wait(ctx)
 	r.recycle()
 	return err
@@ -175,11 +175,12 @@ func startRecv(t *Transport, r *Request) {
 		}
 	}
 	r.seq = c.take()
-	if t.ov != nil && t.ovRecv(r) {
+	wire := MakeUserTag(uint32(r.peer), uint16(r.tag), r.seq)
+	// A descriptor Iprobe took out of UCX serves the receive first.
+	if t.cma.on && t.cmaTakeHeld(r, wire) {
 		return
 	}
-	wire := MakeUserTag(uint32(r.peer), uint16(r.tag), r.seq)
-	if t.cma.on && t.cmaTakeHeld(r, wire) {
+	if t.ov != nil && t.ovRecv(r) {
 		return
 	}
 	var ureq ucx.Request
@@ -200,6 +201,15 @@ func startRecv(t *Transport, r *Request) {
 		t.track(r, ureq, unsafe.Pointer(&r.scratch[0]))
 	default:
 		t.track(r, ureq)
+	}
+	if t.cma.on {
+		// A descriptor that was waiting in UCX's queue matched at once:
+		// handle it now, so that its read is queued for the progress
+		// goroutine (submitCall wakes it) instead of waiting for the
+		// caller's next call.
+		for evs := t.w.Drain(); len(evs) > 0; evs = t.w.Drain() {
+			t.handle(evs)
+		}
 	}
 }
 
