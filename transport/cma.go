@@ -530,7 +530,7 @@ func (t *Transport) runCMAJobs(jobs []cmaJob) {
 		default:
 			err = fmt.Errorf("transport: recv from rank %d tag %d: reading %d bytes from the sender's memory: %w", r.peer, r.tag, j.d.n, err)
 		}
-		if r.ov != nil && t.ov != nil && t.ovCMADone(r, err) {
+		if r.ov != nil && t.ov != nil && t.ovTransferDone(r, err) {
 			continue
 		}
 		if err != nil {

@@ -96,16 +96,8 @@ func TestCMASharedReceiveBuffer(t *testing.T) {
 			}
 			sends = append(sends, s)
 		}
-		for i, r := range recvs {
-			if st, err := r.Wait(ctx); err != nil || st.Size != n {
-				t.Fatalf("receive %d: %+v %v", i, st, err)
-			}
-		}
-		for i, s := range sends {
-			if _, err := s.Wait(ctx); err != nil {
-				t.Fatalf("send %d: %v", i, err)
-			}
-		}
+		waitRequests(t, ctx, "receive", recvs, n)
+		waitRequests(t, ctx, "send", sends, -1)
 		if !bytes.Equal(shared, want) {
 			t.Fatal("shared buffer does not hold the message")
 		}
@@ -113,6 +105,17 @@ func TestCMASharedReceiveBuffer(t *testing.T) {
 			t.Fatalf("rank 0 sent %d messages by CMA, want %d", s.Sent, window)
 		}
 	})
+}
+
+// waitRequests waits for every request; receives (size >= 0) must report size.
+func waitRequests(t *testing.T, ctx context.Context, what string, rs []*Request, size int) {
+	t.Helper()
+	for i, r := range rs {
+		st, err := r.Wait(ctx)
+		if err != nil || (size >= 0 && st.Size != size) {
+			t.Fatalf("%s %d: %+v %v", what, i, st, err)
+		}
+	}
 }
 
 // Receives posted one after another into one buffer while the messages
@@ -149,16 +152,8 @@ func TestCMASharedBufferLateReceives(t *testing.T) {
 				}
 				recvs = append(recvs, r)
 			}
-			for i, r := range recvs {
-				if st, err := r.Wait(ctx); err != nil || st.Size != n {
-					t.Fatalf("round %d receive %d: %+v %v", round, i, st, err)
-				}
-			}
-			for i, s := range sends {
-				if _, err := s.Wait(ctx); err != nil {
-					t.Fatalf("round %d send %d: %v", round, i, err)
-				}
-			}
+			waitRequests(t, ctx, fmt.Sprintf("round %d receive", round), recvs, n)
+			waitRequests(t, ctx, fmt.Sprintf("round %d send", round), sends, -1)
 		}
 		if !bytes.Equal(shared, want) {
 			t.Fatal("shared buffer does not hold the message")

@@ -487,8 +487,8 @@ func (t *Transport) ovDelivered(r *Request, m *ovMsg) {
 // finish does; it reports true when it handled the completion entirely.
 // The lock is held.
 func (t *Transport) ovFinish(r *Request, st ucx.Status) bool {
+	var err error
 	if m := r.ov.fetch; m != nil {
-		var err error
 		switch {
 		case st == ucx.StatusOK:
 		case st == ucx.StatusTruncated: // cannot happen: the buffer is the message's size
@@ -500,6 +500,15 @@ func (t *Transport) ovFinish(r *Request, st ucx.Status) bool {
 				err = fmt.Errorf("transport: prefetch from rank %d tag %d: %w", m.peer, m.tag, &ucx.Error{Op: "ucp_tag_msg_recv_nbx", Status: st})
 			}
 		}
+	}
+	return t.ovTransferDone(r, err)
+}
+
+// ovTransferDone records the end of r's transfer (a UCX receive or a CMA
+// read) for the engine; it reports true when r was an internal prefetch,
+// which it has then completed, handing err to the prefetched message.
+func (t *Transport) ovTransferDone(r *Request, err error) bool {
+	if m := r.ov.fetch; m != nil {
 		t.complete(r)
 		t.ovFetched(m, err)
 		return true

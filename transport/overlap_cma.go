@@ -129,25 +129,10 @@ func (t *Transport) ovCMAStart(r *Request) {
 		t.step(overlap.Event{Kind: overlap.TransferStarted, ID: r.ov.id})
 		r.ov.started = true
 		if int(d.n) > r.bufLen { // cmaArrived fails it at once
-			t.ovCMADone(r, nil)
+			t.ovTransferDone(r, nil)
 		}
 	}
 	t.cmaArrived(r, d)
-}
-
-// ovCMADone records the end of a CMA read for the engine; it reports true
-// when the read was an internal prefetch, which it has then completed.
-func (t *Transport) ovCMADone(r *Request, err error) bool {
-	if m := r.ov.fetch; m != nil {
-		t.complete(r)
-		t.ovFetched(m, err)
-		return true
-	}
-	if r.ov.started {
-		r.ov.started = false
-		t.step(overlap.Event{Kind: overlap.TransferCompleted, ID: r.ov.id})
-	}
-	return false
 }
 
 // ovCMAGiveBack turns the CMA message of a cancelled onloaded receive back
