@@ -39,14 +39,14 @@ func (t *Transport) Isend(dst, tag int, buf []byte) (*Request, error) {
 	}
 	r := t.newRequest("send", dst, tag, len(buf))
 	r.b = ucx.Buffer{Ptr: bytesPtr(buf), Len: len(buf)}
-	t.execReq(r, t.sendStart(r))
+	t.execReq(r, t.sendStart(dst, len(buf)))
 	return r, nil
 }
 
-// sendStart picks how contiguous tagged send r starts: by CMA to a rank on
-// the same host (cma.go), else through UCX.
-func (t *Transport) sendStart(r *Request) func(*Transport, *Request) {
-	if t.useCMA(r.peer, r.bufLen) {
+// sendStart picks how a contiguous tagged send of n bytes to dst starts:
+// by CMA to a rank on the same host (cma.go), else through UCX.
+func (t *Transport) sendStart(dst, n int) func(*Transport, *Request) {
+	if t.useCMA(dst, n) {
 		return startCMASend
 	}
 	return startSend
@@ -103,7 +103,7 @@ func (t *Transport) Send(ctx context.Context, dst, tag int, buf []byte) error {
 	}
 	r := t.pooledRequest("send", dst, tag, len(buf))
 	r.b = ucx.Buffer{Ptr: bytesPtr(buf), Len: len(buf)}
-	t.execReq(r, t.sendStart(r))
+	t.execReq(r, t.sendStart(dst, len(buf)))
 	_, err := r.Wait(ctx)
 	r.recycle()
 	return err
@@ -204,9 +204,9 @@ func startRecv(t *Transport, r *Request) {
 	}
 	if t.cma.on {
 		// A descriptor that was waiting in UCX's queue matched at once:
-		// handle it now, so that its read is queued for the progress
-		// goroutine (submitCall wakes it) instead of waiting for the
-		// caller's next call.
+		// handle it now, so that its read is queued at once (with the
+		// overlap engine on, submitCall hands it to the progress
+		// goroutine) rather than when the event is next drained.
 		for evs := t.w.Drain(); len(evs) > 0; evs = t.w.Drain() {
 			t.handle(evs)
 		}
