@@ -9,10 +9,8 @@ import (
 	"io"
 	"os"
 	"os/exec"
-	"os/signal"
 	"path/filepath"
 	"strconv"
-	"syscall"
 	"time"
 
 	pa "github.com/asynkron/protoactor-go/actor"
@@ -29,7 +27,6 @@ type actorBenchFlags struct {
 	scale   float64
 	compare bool
 	inline  bool
-	asRank  bool
 }
 
 // actorRow is one result row; the JSON shape is the issue's.
@@ -76,12 +73,16 @@ round trip in the same job for reference (tag_rtt), and one-way throughput for
 gRPC remote between two processes (the protobench program, found next to this
 executable or on PATH) and prints both side by side.`,
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
-			defer stop()
-			if f.asRank {
-				return actorBenchRank(ctx, f)
-			}
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&f.tls, "tls", "shm", "UCX transports: shm, tcp, or a UCX_TLS value")
+	fl.BoolVar(&f.json, "json", false, `print one JSON object per row: {"test":"rtt","size":8,"us":...}`)
+	fl.IntVar(&f.rtts, "rtts", 20000, "round trips to time")
+	fl.Float64Var(&f.scale, "scale", 1, "message count multiplier for the throughput tests")
+	fl.BoolVar(&f.compare, "compare", false, "also run protoactor-go's gRPC remote (protobench) and compare")
+	fl.BoolVar(&f.inline, "inline", false, "run the echo actor inline on the progress goroutine (synchronized dispatcher)")
+	setBenchRun(cmd, func(ctx context.Context) error { return actorBenchRank(ctx, f) },
+		func(ctx context.Context, out io.Writer) error {
 			rows, err := runActorBenchJob(ctx, f)
 			if err != nil {
 				return err
@@ -96,18 +97,8 @@ executable or on PATH) and prints both side by side.`,
 				}
 				rows = append(rows, other...)
 			}
-			return printActorRows(cmd.OutOrStdout(), rows, f)
-		},
-	}
-	fl := cmd.Flags()
-	fl.StringVar(&f.tls, "tls", "shm", "UCX transports: shm, tcp, or a UCX_TLS value")
-	fl.BoolVar(&f.json, "json", false, `print one JSON object per row: {"test":"rtt","size":8,"us":...}`)
-	fl.IntVar(&f.rtts, "rtts", 20000, "round trips to time")
-	fl.Float64Var(&f.scale, "scale", 1, "message count multiplier for the throughput tests")
-	fl.BoolVar(&f.compare, "compare", false, "also run protoactor-go's gRPC remote (protobench) and compare")
-	fl.BoolVar(&f.inline, "inline", false, "run the echo actor inline on the progress goroutine (synchronized dispatcher)")
-	fl.BoolVar(&f.asRank, "as-rank", false, "run as one rank of the job (internal)")
-	_ = fl.MarkHidden("as-rank")
+			return printActorRows(out, rows, f)
+		})
 	return cmd
 }
 

@@ -5,10 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"os"
-	"os/signal"
 	"strconv"
-	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -37,7 +34,6 @@ type gpuBenchFlags struct {
 	maxSize int
 	scale   float64
 	window  int
-	asRank  bool
 }
 
 func newGPUBenchCmd() *cobra.Command {
@@ -55,18 +51,6 @@ gpu.Buffer field, landing where the receiver's PostReceiveDevice hook
 says; latency is half an echoed round trip, bandwidth a window of messages
 acknowledged by one actor message).`,
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
-			defer stop()
-			if f.asRank {
-				return gpuBenchRank(ctx, f)
-			}
-			pts, err := runGPUBenchJob(ctx, f)
-			if err != nil {
-				return err
-			}
-			return printGPUPoints(cmd.OutOrStdout(), f, pts)
-		},
 	}
 	fl := cmd.Flags()
 	fl.StringVar(&f.tls, "tls", "shm", "UCX transports: shm, tcp, or a UCX_TLS value")
@@ -76,8 +60,14 @@ acknowledged by one actor message).`,
 	fl.IntVar(&f.maxSize, "max", 4<<20, "largest message size in bytes")
 	fl.Float64Var(&f.scale, "scale", 1, "iteration count multiplier")
 	fl.IntVar(&f.window, "window", 16, "messages in flight for bandwidth")
-	fl.BoolVar(&f.asRank, "as-rank", false, "run as one rank of the job (internal)")
-	_ = fl.MarkHidden("as-rank")
+	setBenchRun(cmd, func(ctx context.Context) error { return gpuBenchRank(ctx, f) },
+		func(ctx context.Context, out io.Writer) error {
+			pts, err := runGPUBenchJob(ctx, f)
+			if err != nil {
+				return err
+			}
+			return printGPUPoints(out, f, pts)
+		})
 	return cmd
 }
 

@@ -6,10 +6,8 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
 	"strconv"
 	"strings"
-	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -38,7 +36,6 @@ type noncontigFlags struct {
 	layouts []string
 	noVec   bool
 	noApp   bool
-	asRank  bool
 }
 
 // ncSchemeOrder is the column order of the table.
@@ -64,18 +61,6 @@ layout on both sides, for each fixed scheme and for the adaptive default
 vec_<block>x<count>) and the 13 DDTBench layouts. Each scheme is measured in
 --rounds interleaved rounds and the best round is reported.`,
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
-			defer stop()
-			if f.asRank {
-				return noncontigRank(ctx, f)
-			}
-			pts, err := runNoncontigJob(ctx, f)
-			if err != nil {
-				return err
-			}
-			return printNoncontig(cmd.OutOrStdout(), f, pts)
-		},
 	}
 	fl := cmd.Flags()
 	fl.StringVar(&f.tls, "tls", "shm", "UCX transports: shm, tcp, or a UCX_TLS value")
@@ -85,8 +70,14 @@ vec_<block>x<count>) and the 13 DDTBench layouts. Each scheme is measured in
 	fl.StringSliceVar(&f.layouts, "layout", nil, "only these layouts (vec_<block>x<count> or DDTBench names)")
 	fl.BoolVar(&f.noVec, "no-vectors", false, "skip the vector sweep")
 	fl.BoolVar(&f.noApp, "no-apps", false, "skip the DDTBench layouts")
-	fl.BoolVar(&f.asRank, "as-rank", false, "run as one rank of the job (internal)")
-	_ = fl.MarkHidden("as-rank")
+	setBenchRun(cmd, func(ctx context.Context) error { return noncontigRank(ctx, f) },
+		func(ctx context.Context, out io.Writer) error {
+			pts, err := runNoncontigJob(ctx, f)
+			if err != nil {
+				return err
+			}
+			return printNoncontig(out, f, pts)
+		})
 	return cmd
 }
 

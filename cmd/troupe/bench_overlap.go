@@ -8,10 +8,8 @@ import (
 	"io"
 	"math"
 	"os"
-	"os/signal"
 	"sort"
 	"strconv"
-	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -34,7 +32,6 @@ type overlapFlags struct {
 	gatherSize  int
 	gatherDelay time.Duration
 	engine      string // per rank (internal): on or off
-	asRank      bool
 }
 
 // overlapRow is one line of the overlap table (the issue's JSON row, plus
@@ -93,14 +90,6 @@ before posting the receive. The 8 B latency is measured in the same jobs.
 Then a skewed gather (rank 0 late by --gather-delay, the others send to it)
 shows how long the senders wait for the late root, engine off and on.`,
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
-			defer stop()
-			if f.asRank {
-				return overlapRank(ctx, f)
-			}
-			return overlapRun(ctx, cmd.OutOrStdout(), f)
-		},
 	}
 	fl := cmd.Flags()
 	fl.StringVar(&f.tls, "tls", "shm", "UCX transports: shm, tcp, or a UCX_TLS value")
@@ -114,9 +103,11 @@ shows how long the senders wait for the late root, engine off and on.`,
 	fl.IntVar(&f.gatherSize, "gather-size", 1<<20, "bytes each sender contributes to the gather")
 	fl.DurationVar(&f.gatherDelay, "gather-delay", 2*time.Millisecond, "how late the gather's root is")
 	fl.StringVar(&f.engine, "engine", "off", "overlap engine of this rank (internal)")
-	fl.BoolVar(&f.asRank, "as-rank", false, "run as one rank of the job (internal)")
-	_ = fl.MarkHidden("as-rank")
 	_ = fl.MarkHidden("engine")
+	setBenchRun(cmd, func(ctx context.Context) error { return overlapRank(ctx, f) },
+		func(ctx context.Context, out io.Writer) error {
+			return overlapRun(ctx, out, f)
+		})
 	return cmd
 }
 

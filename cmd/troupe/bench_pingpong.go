@@ -10,11 +10,9 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/exec"
-	"os/signal"
 	"sort"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -37,7 +35,6 @@ type pingpongFlags struct {
 	scale    float64
 	progress string
 	compare  int
-	asRank   bool
 }
 
 func newPingpongCmd() *cobra.Command {
@@ -50,20 +47,25 @@ one-way latency (half the round trip) and bandwidth with 64 messages in flight
 for 8 B ... 4 MiB. --compare N interleaves N rounds of troupe and raw
 ucx_perftest (8 B tag_lat, 1 MiB tag_bw) and prints medians and ratios.`,
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
-			defer stop()
-			if f.asRank {
-				return pingpongRank(ctx, f)
-			}
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&f.tls, "tls", "shm", "UCX transports: shm, tcp, or a UCX_TLS value")
+	fl.BoolVar(&f.json, "json", false, `print one JSON object per size: {"size":8,"lat_us":...,"bw_MBps":...}`)
+	fl.StringVar(&f.plot, "plot", "", "draw latency and bandwidth curves into this PNG file")
+	fl.IntVar(&f.minSize, "min", 8, "smallest message size in bytes")
+	fl.IntVar(&f.maxSize, "max", 4<<20, "largest message size in bytes")
+	fl.Float64Var(&f.scale, "scale", 1, "iteration count multiplier")
+	fl.StringVar(&f.progress, "progress", "direct", "transport progress mode: direct or queue")
+	fl.IntVar(&f.compare, "compare", 0, "interleave N rounds against raw ucx_perftest and report medians")
+	setBenchRun(cmd, func(ctx context.Context) error { return pingpongRank(ctx, f) },
+		func(ctx context.Context, out io.Writer) error {
 			if f.compare > 0 {
-				return pingpongCompare(ctx, cmd.OutOrStdout(), f)
+				return pingpongCompare(ctx, out, f)
 			}
 			pts, err := runPingpongJob(ctx, f, f.minSize, f.maxSize)
 			if err != nil {
 				return err
 			}
-			out := cmd.OutOrStdout()
 			if f.json {
 				enc := json.NewEncoder(out)
 				for _, p := range pts {
@@ -82,19 +84,7 @@ ucx_perftest (8 B tag_lat, 1 MiB tag_bw) and prints medians and ratios.`,
 				return plotPingpong(f.plot, pts)
 			}
 			return nil
-		},
-	}
-	fl := cmd.Flags()
-	fl.StringVar(&f.tls, "tls", "shm", "UCX transports: shm, tcp, or a UCX_TLS value")
-	fl.BoolVar(&f.json, "json", false, `print one JSON object per size: {"size":8,"lat_us":...,"bw_MBps":...}`)
-	fl.StringVar(&f.plot, "plot", "", "draw latency and bandwidth curves into this PNG file")
-	fl.IntVar(&f.minSize, "min", 8, "smallest message size in bytes")
-	fl.IntVar(&f.maxSize, "max", 4<<20, "largest message size in bytes")
-	fl.Float64Var(&f.scale, "scale", 1, "iteration count multiplier")
-	fl.StringVar(&f.progress, "progress", "direct", "transport progress mode: direct or queue")
-	fl.IntVar(&f.compare, "compare", 0, "interleave N rounds against raw ucx_perftest and report medians")
-	fl.BoolVar(&f.asRank, "as-rank", false, "run as one rank of the job (internal)")
-	_ = fl.MarkHidden("as-rank")
+		})
 	return cmd
 }
 

@@ -4,7 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/spf13/cobra"
 
 	"github.com/troupe-hpc/troupe/transport/bootstrap"
 )
@@ -67,4 +72,22 @@ func writeBenchRows[T any](rank int, rows []T) error {
 		}
 	}
 	return closeOut()
+}
+
+// setBenchRun makes cmd a launcher-driven benchmark: with the hidden
+// --as-rank flag (which it registers) it runs rank, one rank of the job;
+// without it, run, the whole benchmark writing its report to the command's
+// output. Both stop on SIGINT or SIGTERM.
+func setBenchRun(cmd *cobra.Command, rank func(context.Context) error, run func(context.Context, io.Writer) error) {
+	var asRank bool
+	cmd.Flags().BoolVar(&asRank, "as-rank", false, "run as one rank of the job (internal)")
+	_ = cmd.Flags().MarkHidden("as-rank")
+	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
+		ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+		defer stop()
+		if asRank {
+			return rank(ctx)
+		}
+		return run(ctx, cmd.OutOrStdout())
+	}
 }
