@@ -1012,7 +1012,7 @@ func actorFlood(ctx context.Context, r *rank) error {
 // without it).
 func TestActorFlood(t *testing.T) {
 	if testing.Short() {
-		t.Skip("a flood of messages")
+		t.Skip("-short: the 1,000,000-message flood runs without -short (CI runs it in its own non-race step)")
 	}
 	c := cfg{"shm", "direct"}
 	res := runJobFor(t, "actor-flood", actorRanks, c, floodLife)
