@@ -27,6 +27,7 @@ type actorBenchFlags struct {
 	scale   float64
 	compare bool
 	inline  bool
+	sizes   []int
 }
 
 // actorRow is one result row; the JSON shape is the issue's.
@@ -77,7 +78,8 @@ executable or on PATH) and prints both side by side.`,
 	fl := cmd.Flags()
 	fl.StringVar(&f.tls, "tls", "shm", "UCX transports: shm, tcp, or a UCX_TLS value")
 	fl.BoolVar(&f.json, "json", false, `print one JSON object per row: {"test":"rtt","size":8,"us":...}`)
-	fl.IntVar(&f.rtts, "rtts", 20000, "round trips to time")
+	fl.IntVar(&f.rtts, "rtts", 20000, "round trips to time (0 skips the round-trip tests)")
+	fl.IntSliceVar(&f.sizes, "sizes", []int{64, 64 << 10, 1 << 20}, "message sizes of the throughput tests")
 	fl.Float64Var(&f.scale, "scale", 1, "message count multiplier for the throughput tests")
 	fl.BoolVar(&f.compare, "compare", false, "also run protoactor-go's gRPC remote (protobench) and compare")
 	fl.BoolVar(&f.inline, "inline", false, "run the echo actor inline on the progress goroutine (synchronized dispatcher)")
@@ -151,6 +153,7 @@ func printActorRows(out io.Writer, rows []actorRow, f actorBenchFlags) error {
 func runActorBenchJob(ctx context.Context, f actorBenchFlags) ([]actorRow, error) {
 	return runBenchJob[actorRow](ctx, 2, f.tls, []string{"bench", "actor", "--as-rank",
 		"--inline=" + strconv.FormatBool(f.inline), "--rtts", strconv.Itoa(f.rtts),
+		"--sizes", joinInts(f.sizes),
 		"--scale", strconv.FormatFloat(f.scale, 'g', -1, 64)}, nil)
 }
 
@@ -276,8 +279,55 @@ func tagEcho(ctx context.Context, rt *actor.Runtime, n int) error {
 
 func actorBenchDriver(ctx context.Context, rt *actor.Runtime, f actorBenchFlags) ([]actorRow, error) {
 	var rows []actorRow
-	echo, sink := rt.PID(1, "echo"), rt.PID(1, "sink")
-	// Request/response round trip, 8 B.
+	sink := rt.PID(1, "sink")
+	if f.rtts > 0 {
+		rtts, err := actorBenchRTT(ctx, rt, f)
+		if err != nil {
+			return nil, err
+		}
+		rows = append(rows, rtts...)
+	}
+	// One-way throughput; the message counts scale with 1/size.
+	for _, size := range f.sizes {
+		n := max(int(f.scale*float64(tputMessages(size))), 10)
+		data := make(actor.Payload, size)
+		var body any = &benchMsg{Data: data}
+		if _, err := rt.Request(sink, &benchDone{N: 0}, 10*time.Second); err != nil {
+			return nil, err
+		}
+		t0 := time.Now()
+		for i := 0; i < n; i++ {
+			if err := rt.Send(sink, body); err != nil {
+				return nil, err
+			}
+		}
+		if _, err := rt.Request(sink, &benchDone{N: n}, time.Minute); err != nil {
+			return nil, err
+		}
+		sec := time.Since(t0).Seconds()
+		rows = append(rows, actorRow{Test: "tput", Size: size, MsgsPerS: float64(n) / sec, MBps: float64(n) * float64(size) / sec / 1e6})
+	}
+	return rows, nil
+}
+
+// tputMessages is the number of messages a throughput test of size bytes
+// sends: 200,000 of 64 B, 20,000 of 64 KiB, 4,000 of 1 MiB.
+func tputMessages(size int) int {
+	switch {
+	case size <= 4<<10:
+		return 200000
+	case size <= 256<<10:
+		return 20000
+	default:
+		return 4000
+	}
+}
+
+// actorBenchRTT measures the actor request/response round trip and the raw
+// transport tag round trip in the same job, both 8 B.
+func actorBenchRTT(ctx context.Context, rt *actor.Runtime, f actorBenchFlags) ([]actorRow, error) {
+	var rows []actorRow
+	echo := rt.PID(1, "echo")
 	msg := &rttMsg{Data: make([]byte, 8)}
 	warm := f.rtts / 10
 	lat := make([]float64, 0, f.rtts)
@@ -308,25 +358,5 @@ func actorBenchDriver(ctx context.Context, rt *actor.Runtime, f actorBenchFlags)
 		}
 	}
 	rows = append(rows, actorRow{Test: "tag_rtt", Size: 8, Us: median(lat)})
-	// One-way throughput.
-	for _, tc := range []struct{ size, n int }{{64, 200000}, {64 << 10, 20000}, {1 << 20, 4000}} {
-		n := max(int(float64(tc.n)*f.scale), 10)
-		data := make(actor.Payload, tc.size)
-		var body any = &benchMsg{Data: data}
-		if _, err := rt.Request(sink, &benchDone{N: 0}, 10*time.Second); err != nil {
-			return nil, err
-		}
-		t0 := time.Now()
-		for i := 0; i < n; i++ {
-			if err := rt.Send(sink, body); err != nil {
-				return nil, err
-			}
-		}
-		if _, err := rt.Request(sink, &benchDone{N: n}, time.Minute); err != nil {
-			return nil, err
-		}
-		sec := time.Since(t0).Seconds()
-		rows = append(rows, actorRow{Test: "tput", Size: tc.size, MsgsPerS: float64(n) / sec, MBps: float64(n) * float64(tc.size) / sec / 1e6})
-	}
 	return rows, nil
 }

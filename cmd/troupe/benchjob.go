@@ -7,6 +7,9 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"runtime/pprof"
+	"strconv"
+	"strings"
 	"syscall"
 
 	"github.com/spf13/cobra"
@@ -86,8 +89,44 @@ func setBenchRun(cmd *cobra.Command, rank func(context.Context) error, run func(
 		ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 		defer stop()
 		if asRank {
+			stopProfile, err := startRankProfile()
+			if err != nil {
+				return err
+			}
+			defer stopProfile()
 			return rank(ctx)
 		}
 		return run(ctx, cmd.OutOrStdout())
 	}
+}
+
+// envCPUProfile names the CPU profile prefix of benchmark ranks: with
+// TROUPE_CPUPROFILE=p each rank writes p.rank<N> (for go tool pprof).
+const envCPUProfile = "TROUPE_CPUPROFILE"
+
+// startRankProfile starts the CPU profile TROUPE_CPUPROFILE asks for, if
+// any, and returns the function that stops it.
+func startRankProfile() (stop func(), err error) {
+	prefix := os.Getenv(envCPUProfile)
+	if prefix == "" {
+		return func() {}, nil
+	}
+	fh, err := os.Create(fmt.Sprintf("%s.rank%s", prefix, os.Getenv(bootstrap.EnvRank)))
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", envCPUProfile, err)
+	}
+	if err := pprof.StartCPUProfile(fh); err != nil {
+		fh.Close()
+		return nil, fmt.Errorf("%s: %w", envCPUProfile, err)
+	}
+	return func() { pprof.StopCPUProfile(); fh.Close() }, nil
+}
+
+// joinInts formats xs as a comma-separated flag value.
+func joinInts(xs []int) string {
+	s := make([]string, len(xs))
+	for i, x := range xs {
+		s[i] = strconv.Itoa(x)
+	}
+	return strings.Join(s, ",")
 }
