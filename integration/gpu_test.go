@@ -302,10 +302,29 @@ func TestGPUChannels(t *testing.T) {
 	})
 }
 
+func TestGPUChannelsEngine(t *testing.T) {
+	// Channel receives go through the overlap engine (issue 7).
+	t.Setenv(transport.OverlapEnv, "on")
+	res := runJob(t, "gpuchannel", 2, cfg{"shm", "direct"})
+	requireLines(t, res, fmt.Sprintf("[1] rank 1: channel %d B ok", gpuChannelSizes[len(gpuChannelSizes)-1]),
+		"[1] rank 1: channel size mismatches reported")
+}
+
 func TestGPUQueue(t *testing.T) {
-	for _, tls := range []string{"tcp", "shm"} {
-		t.Run(tls, func(t *testing.T) {
-			res := runJob(t, "gpuqueue", 2, cfg{tls, "direct"})
+	for _, tc := range []struct {
+		tls    string
+		engine bool
+	}{{"tcp", false}, {"shm", false}, {"shm", true}} {
+		name := tc.tls
+		if tc.engine {
+			// Queue receives go through the overlap engine (issue 7).
+			name += "-engine"
+		}
+		t.Run(name, func(t *testing.T) {
+			if tc.engine {
+				t.Setenv(transport.OverlapEnv, "on")
+			}
+			res := runJob(t, "gpuqueue", 2, cfg{tc.tls, "direct"})
 			requireLines(t, res, "[0] rank 0: queue ops matched ordinary tagged ops", "[1] rank 1: queue ops matched ordinary tagged ops")
 		})
 	}

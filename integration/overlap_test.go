@@ -19,6 +19,7 @@ func init() {
 	scenarios["ovl-late-receiver"] = ovlLateReceiver
 	scenarios["ovl-late-sender"] = ovlLateSender
 	scenarios["ovl-pool-full"] = ovlPoolFull
+	scenarios["ovl-channel"] = ovlChannel
 }
 
 // ovlSizes mixes eager and rendezvous messages of one tag, so the order of
@@ -78,8 +79,23 @@ func busy(d time.Duration) {
 }
 
 // ovlEngineDone checks the engine's books are balanced once everything was
-// received: no transfer record, slot or table entry left behind.
+// received (ovlEngineBooks) and that CMA, when on, carried the large
+// tagged messages through the engine.
 func ovlEngineDone(r *rank) error {
+	if err := ovlEngineBooks(r); err != nil {
+		return err
+	}
+	// Over shared memory the large messages come by CMA, through the
+	// engine (transport/overlap_cma.go).
+	if c := r.t.CMAStats(); c.Enabled && c.Received == 0 {
+		return fmt.Errorf("CMA is on but carried no message: %+v", c)
+	}
+	return nil
+}
+
+// ovlEngineBooks checks that the engine holds nothing once everything was
+// received: no transfer record, slot or table entry left behind.
+func ovlEngineBooks(r *rank) error {
 	st, ok := r.t.OverlapStats()
 	if !ok {
 		return nil
@@ -96,11 +112,6 @@ func ovlEngineDone(r *rank) error {
 		return fmt.Errorf("pool high water %d above its %d slots", st.PoolHighWater, st.PoolSlots)
 	case tab != transport.OverlapTable{}:
 		return fmt.Errorf("engine tables not empty: %+v", tab)
-	}
-	// Over shared memory the large messages come by CMA, through the
-	// engine (transport/overlap_cma.go).
-	if c := r.t.CMAStats(); c.Enabled && c.Received == 0 {
-		return fmt.Errorf("CMA is on but carried no message: %+v", c)
 	}
 	return nil
 }
@@ -267,6 +278,133 @@ func ovlPoolFull(ctx context.Context, r *rank) error {
 	return nil
 }
 
+// ovlChanSizes are channel message sizes: one chunk, chunks with a tail,
+// an exact chunk multiple (empty tail), eager and empty messages.
+var ovlChanSizes = []int{64 << 10, 2*transport.ChannelChunkSize + 777, 100, 0, 3 * transport.ChannelChunkSize, 9 << 10, 1 << 20}
+
+// ovlChannel: channel traffic through the engine. Phase 1 (late receiver):
+// rank 0 sends every size on channel 7, then a tagged note; rank 1 opens
+// its end of channel 7 only once the note is in (with the engine on, once
+// the engine has taken every chunk: they arrive before the channel exists
+// on rank 1, which has channel 8 open), then receives. Phase 2 (late
+// sender): rank 1 posts every receive on channel 8, tells rank 0 and
+// computes without calling the transport; rank 0 then sends.
+func ovlChannel(ctx context.Context, r *rank) error {
+	t := r.t
+	ctl := make([]byte, 1)
+	peer := 1 - r.id()
+	c8, err := t.Channel(8, peer)
+	if err != nil {
+		return err
+	}
+	defer c8.Close()
+	switch r.id() {
+	case 0:
+		c7, err := t.Channel(7, 1)
+		if err != nil {
+			return err
+		}
+		defer c7.Close()
+		var sends []*transport.ChannelRequest
+		for i, n := range ovlChanSizes {
+			q, err := c7.SendBytes(pattern(n, uint32(100+i)))
+			if err != nil {
+				return err
+			}
+			sends = append(sends, q)
+		}
+		if err := t.Send(ctx, 1, ovlTagCtl, ctl); err != nil {
+			return err
+		}
+		for i, q := range sends {
+			if err := q.Wait(ctx); err != nil {
+				return fmt.Errorf("channel 7 send %d: %w", i, err)
+			}
+		}
+		if _, err := t.Recv(ctx, 1, ovlTagCtl, ctl); err != nil {
+			return err
+		}
+		busy(5 * time.Millisecond)
+		for i, n := range ovlChanSizes {
+			q, err := c8.SendBytes(pattern(n, uint32(200+i)))
+			if err != nil {
+				return err
+			}
+			if err := q.Wait(ctx); err != nil {
+				return fmt.Errorf("channel 8 send %d: %w", i, err)
+			}
+		}
+	case 1:
+		if _, err := t.Recv(ctx, 0, ovlTagCtl, ctl); err != nil {
+			return err
+		}
+		chunks := 0
+		for _, n := range ovlChanSizes {
+			chunks += n/transport.ChannelChunkSize + 1
+		}
+		for engineOn() && t.OverlapTable().Unexpected < chunks {
+			if ctx.Err() != nil {
+				return fmt.Errorf("waiting for %d chunks: %w (table %+v)", chunks, ctx.Err(), t.OverlapTable())
+			}
+			if _, _, err := t.Iprobe(0, ovlTagCtl); err != nil {
+				return err
+			}
+			runtime.Gosched()
+		}
+		busy(2 * time.Millisecond)
+		c7, err := t.Channel(7, 0)
+		if err != nil {
+			return err
+		}
+		defer c7.Close()
+		if err := ovlChanRecv(ctx, t, c7, 100, false); err != nil {
+			return err
+		}
+		if err := ovlChanRecv(ctx, t, c8, 200, true); err != nil {
+			return err
+		}
+		r.logf("channel messages arrived in order, late receiver and late sender")
+		return ovlEngineBooks(r)
+	}
+	return nil
+}
+
+// ovlChanRecv receives ovlChanSizes on c, message i holding pattern seed+i.
+// With late, it posts every receive first, tells the peer (tag
+// ovlTagCtl), and computes before waiting.
+func ovlChanRecv(ctx context.Context, t *transport.Transport, c *transport.Channel, seed int, late bool) error {
+	bufs := make([][]byte, len(ovlChanSizes))
+	reqs := make([]*transport.ChannelRequest, len(ovlChanSizes))
+	for i, n := range ovlChanSizes {
+		bufs[i] = make([]byte, n)
+		q, err := c.RecvBytes(bufs[i])
+		if err != nil {
+			return err
+		}
+		reqs[i] = q
+		if !late {
+			if err := q.Wait(ctx); err != nil {
+				return fmt.Errorf("channel %d recv %d (%d B): %w", c.ID(), i, n, err)
+			}
+		}
+	}
+	if late {
+		if err := t.Send(ctx, c.Peer(), ovlTagCtl, []byte{1}); err != nil {
+			return err
+		}
+		busy(20 * time.Millisecond)
+	}
+	for i, q := range reqs {
+		if err := q.Wait(ctx); err != nil {
+			return fmt.Errorf("channel %d recv %d (%d B): %w", c.ID(), i, ovlChanSizes[i], err)
+		}
+		if d := diff(bufs[i], pattern(ovlChanSizes[i], uint32(seed+i))); d != "" {
+			return fmt.Errorf("channel %d message %d (%d B): %s", c.ID(), i, ovlChanSizes[i], d)
+		}
+	}
+	return nil
+}
+
 // launchOvl runs role over tls with the engine on or off.
 func launchOvl(t *testing.T, role, tls string, on bool, slots int) {
 	t.Helper()
@@ -320,6 +458,12 @@ func TestOverlapLateReceiver(t *testing.T) {
 
 func TestOverlapLateSender(t *testing.T) {
 	forOverlap(t, func(t *testing.T, tls string, on bool) { launchOvl(t, "ovl-late-sender", tls, on, -1) })
+}
+
+// TestOverlapChannel: channel messages, late receiver and late sender, go
+// through the engine and arrive intact and in order.
+func TestOverlapChannel(t *testing.T) {
+	forOverlap(t, func(t *testing.T, tls string, on bool) { launchOvl(t, "ovl-channel", tls, on, -1) })
 }
 
 // TestOverlapPoolFull: a 2-slot prefetch pool never loses or duplicates a

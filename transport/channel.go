@@ -7,6 +7,7 @@ import (
 	"sync"
 
 	"github.com/troupe-hpc/troupe/gpu"
+	"github.com/troupe-hpc/troupe/overlap"
 )
 
 // ChannelChunkSize is the framing unit of channel messages. A message of n
@@ -142,7 +143,17 @@ func (t *Transport) Channel(id uint32, peer int) (*Channel, error) {
 	if _, loaded := channels.LoadOrStore(channelKey{t, id}, c); loaded {
 		return nil, fmt.Errorf("%w: channel %d on rank %d", ErrChannelInUse, id, t.rank)
 	}
+	t.chanOpen.Add(1)
 	return c, nil
+}
+
+// channelPeer returns the peer of channel id on this rank, or
+// overlap.AnyPeer when the channel is not open (yet).
+func (t *Transport) channelPeer(id uint32) int {
+	if v, ok := channels.Load(channelKey{t, id}); ok {
+		return v.(*Channel).peer
+	}
+	return overlap.AnyPeer
 }
 
 // ID returns the channel id.
@@ -175,6 +186,7 @@ func (c *Channel) Close() error {
 		errs = append(errs, s.Destroy())
 	}
 	channels.Delete(channelKey{c.t, c.id})
+	c.t.chanOpen.Add(-1)
 	return errors.Join(errs...)
 }
 

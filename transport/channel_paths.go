@@ -111,12 +111,18 @@ func (t *Transport) rawSend(peer int, chanID uint32, tag uint64, p unsafe.Pointe
 	return r
 }
 
-// rawRecv posts a tagged receive of up to n bytes at p for a channel tag.
-func (t *Transport) rawRecv(peer int, chanID uint32, tag uint64, p unsafe.Pointer, n int) *Request {
+// rawRecv posts a tagged receive of up to n bytes at p for chunk chunk of
+// the channel message with this tag. dev is the device memory at p when UCX
+// writes device memory directly (else the zero Buffer). With the overlap
+// engine on, the receive goes through it like a tagged receive; only the
+// receive of a small one-chunk message may go to UCX directly.
+func (t *Transport) rawRecv(peer int, chanID uint32, tag uint64, chunk int, p unsafe.Pointer, n int, dev gpu.Buffer) *Request {
 	r := t.newRequest("channel recv", peer, int(chanID), n)
 	r.recv = true
 	r.key = chanSinkKey
 	r.b = ucx.Buffer{Ptr: p, Len: n}
+	r.dev = dev
+	k := ovKey{wire: tag, chunk: uint32(chunk)}
 	t.exec(func() {
 		// The endpoint exists so that the peer's death is noticed; a message
 		// that arrived before the peer was lost can still be received.
@@ -126,8 +132,14 @@ func (t *Transport) rawRecv(peer int, chanID uint32, tag uint64, p unsafe.Pointe
 				t.fail(r, err)
 				return
 			}
-			if _, _, ok := t.w.TagProbe(tag, FullMask, false); !ok {
+			_, taken := t.ovHasKey(k)
+			if _, _, ok := t.w.TagProbe(tag, FullMask, false); !ok && !taken {
 				t.fail(r, err)
+				return
+			}
+		}
+		if t.ov != nil {
+			if t.ovRecvKey(r, k, chunk == 0 && n < min(ChannelChunkSize, t.ov.thresh)) {
 				return
 			}
 		}
@@ -152,7 +164,11 @@ func (t *Transport) cancelAll(rs []*Request) {
 			continue
 		}
 		t.exec(func() {
-			if !r.fin.Load() && r.ureq.Pending() {
+			switch {
+			case r.fin.Load():
+			case r.ov != nil && t.ov != nil:
+				t.ovCancel(r, errChunkCancelled)
+			case r.ureq.Pending():
 				r.failErr = errChunkCancelled
 				t.w.Cancel(r.ureq)
 			}
@@ -216,17 +232,19 @@ func (c *Channel) startDirect(send bool, ctr uint32, e endBuf, cr *ChannelReques
 	for i := 0; i < k; i++ {
 		n := chunkLen(cr.n, i)
 		var p unsafe.Pointer
+		var dev gpu.Buffer
 		switch {
 		case n == 0:
 		case device:
 			p = ucx.AddrPointer(addr + uintptr(off))
+			dev, _ = e.g.Slice(off, n) // in range: chunks tile the buffer
 		default:
 			p = unsafe.Add(base, off)
 		}
 		if send {
 			cr.reqs[i] = c.t.rawSend(c.peer, c.id, tag, p, n)
 		} else {
-			cr.reqs[i] = c.t.rawRecv(c.peer, c.id, tag, p, n)
+			cr.reqs[i] = c.t.rawRecv(c.peer, c.id, tag, i, p, n, dev)
 		}
 		off += n
 	}
@@ -458,7 +476,7 @@ func (c *Channel) startEagerStaged(send bool, ctr uint32, buf gpu.Buffer, cr *Ch
 		}
 		return true, nil
 	}
-	cr.reqs = []*Request{c.t.rawRecv(c.peer, c.id, tag, p, cr.n)}
+	cr.reqs = []*Request{c.t.rawRecv(c.peer, c.id, tag, 0, p, cr.n, gpu.Buffer{})}
 	cr.post = func(err error) error {
 		if err == nil && cr.n > 0 {
 			if err = gpu.Copy(buf, slot); err != nil {
@@ -586,7 +604,7 @@ func (c *Channel) runStagedRecv(ctr uint32, buf gpu.Buffer, cr *ChannelRequest) 
 		if l > 0 {
 			p = unsafe.Pointer(unsafe.SliceData(st.bytes[i%d]))
 		}
-		recvs[i] = c.t.rawRecv(c.peer, c.id, tag, p, l)
+		recvs[i] = c.t.rawRecv(c.peer, c.id, tag, i, p, l, gpu.Buffer{})
 	}
 	// A failure withdraws the chunk receives still posted and waits for
 	// the copies already enqueued.

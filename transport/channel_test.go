@@ -3,7 +3,7 @@ package transport
 import (
 	"bytes"
 	"errors"
-	"fmt"
+	"runtime"
 	"testing"
 
 	"github.com/troupe-hpc/troupe/gpu"
@@ -50,16 +50,45 @@ func readDev(t *testing.T, b gpu.Buffer) []byte {
 // chunks plus a tail.
 var channelSizes = []int{0, 1, 4096, ChannelChunkSize - 1, ChannelChunkSize, 2*ChannelChunkSize + 12345, 5 * ChannelChunkSize}
 
+// channelVariants are the ways two in-process ranks' channels connect: the
+// same-process path, UCX, and UCX with the overlap engine on (channel
+// receives then go through it).
+var channelVariants = []struct {
+	name          string
+	local, engine bool
+}{{"local", true, false}, {"ucx", false, false}, {"ucx-engine", false, true}}
+
+// channelJob starts two in-process ranks for variant v.
+func channelJob(t *testing.T, local, engine bool) []*Transport {
+	noLocalPath = !local
+	t.Cleanup(func() { noLocalPath = false })
+	if engine {
+		t.Setenv(OverlapEnv, "on")
+	}
+	ts := localJob(t, 2, ProgressDirect)
+	if _, on := ts[1].OverlapStats(); on != engine {
+		t.Fatalf("overlap engine on=%v, want %v", on, engine)
+	}
+	return ts
+}
+
+// checkEngineBooks fails t when the engine of tr still holds anything.
+func checkEngineBooks(t *testing.T, tr *Transport) {
+	t.Helper()
+	st, on := tr.OverlapStats()
+	if !on {
+		return
+	}
+	if tab := tr.OverlapTable(); tab != (OverlapTable{}) || st.Tracked != 0 || st.PoolInUse != 0 {
+		t.Fatalf("engine books not balanced: table %+v, tracked %d, slots in use %d", tab, st.Tracked, st.PoolInUse)
+	}
+}
+
 func TestChannelPaths(t *testing.T) {
-	for _, local := range []bool{true, false} {
-		name := "ucx"
-		if local {
-			name = "local"
-		}
-		t.Run(name, func(t *testing.T) {
-			noLocalPath = !local
-			defer func() { noLocalPath = false }()
-			ts := localJob(t, 2, ProgressDirect)
+	for _, v := range channelVariants {
+		local := v.local
+		t.Run(v.name, func(t *testing.T) {
+			ts := channelJob(t, v.local, v.engine)
 			ctx := testCtx(t)
 			sys := hostSystem(t)
 			a, err := ts[0].Channel(5, 1)
@@ -115,16 +144,86 @@ func TestChannelPaths(t *testing.T) {
 					t.Fatalf("%d B bytes->device->bytes: data differs", n)
 				}
 			}
+			checkEngineBooks(t, ts[0])
+			checkEngineBooks(t, ts[1])
 		})
 	}
 }
 
+// TestChannelLateReceiver: with the overlap engine on, channel messages that
+// arrive before their receives (even before the receiving end of the
+// channel exists) are taken off UCX's queue by the engine, chunk by chunk,
+// prefetched or held, and still land in order in the right receives.
+func TestChannelLateReceiver(t *testing.T) {
+	ts := channelJob(t, false, true)
+	ctx := testCtx(t)
+	// Another open channel makes rank 1 take channel messages, so channel
+	// 5's arrive in the engine's table before its end is opened.
+	other, err := ts[1].Channel(6, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	a, err := ts[0].Channel(5, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	var sends []*ChannelRequest
+	chunks := 0
+	for i, n := range channelSizes {
+		sr, err := a.SendBytes(pattern(n, i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		sends = append(sends, sr)
+		chunks += chunkCount(n)
+	}
+	for ts[1].OverlapTable().Unexpected < chunks {
+		if ctx.Err() != nil {
+			t.Fatalf("%d chunk messages not taken: table %+v", chunks, ts[1].OverlapTable())
+		}
+		if _, _, err := ts[1].Iprobe(0, 1); err != nil { // enters the transport
+			t.Fatal(err)
+		}
+		runtime.Gosched()
+	}
+	b, err := ts[1].Channel(5, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	for i, n := range channelSizes {
+		got := make([]byte, n)
+		rr, err := b.RecvBytes(got)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := rr.Wait(ctx); err != nil {
+			t.Fatalf("message %d (%d B): %v", i, n, err)
+		}
+		if !bytes.Equal(got, pattern(n, i)) {
+			t.Fatalf("message %d (%d B): data differs", i, n)
+		}
+	}
+	for i, sr := range sends {
+		if err := sr.Wait(ctx); err != nil {
+			t.Fatalf("send %d: %v", i, err)
+		}
+	}
+	st, _ := ts[1].OverlapStats()
+	t.Logf("engine: prefetched %d onloaded %d eager %d, pool high water %d/%d", st.Prefetched, st.Onloaded, st.Eager, st.PoolHighWater, st.PoolSlots)
+	if st.Prefetched+st.Onloaded+st.Eager < uint64(chunks) {
+		t.Fatalf("engine decided for %d unexpected messages, want >= %d: %+v", st.Prefetched+st.Onloaded+st.Eager, chunks, st)
+	}
+	checkEngineBooks(t, ts[1])
+}
+
 func TestChannelSizeMismatch(t *testing.T) {
-	for _, local := range []bool{true, false} {
-		t.Run(fmt.Sprint("local=", local), func(t *testing.T) {
-			noLocalPath = !local
-			defer func() { noLocalPath = false }()
-			ts := localJob(t, 2, ProgressDirect)
+	for _, v := range channelVariants {
+		local := v.local
+		t.Run(v.name, func(t *testing.T) {
+			ts := channelJob(t, v.local, v.engine)
 			ctx := testCtx(t)
 			sys := hostSystem(t)
 			a, _ := ts[0].Channel(9, 1)

@@ -1,6 +1,7 @@
 package transport
 
 import (
+	"errors"
 	"fmt"
 	"strconv"
 	"time"
@@ -8,6 +9,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/troupe-hpc/troupe/gpu"
 	"github.com/troupe-hpc/troupe/overlap"
 	"github.com/troupe-hpc/troupe/transport/ucx"
 )
@@ -76,6 +78,15 @@ const copyOffloadMin = 32 << 10
 // errors (integration bugs); OverlapStats counts all of them.
 const maxLoggedPolicyErrors = 10
 
+// ovKey names one message in the engine's tables: its wire tag, and for
+// channel messages the chunk index (the chunks of a channel message share
+// its tag and arrive in order, docs/gpu.md). Trace-based matching makes
+// the key unique.
+type ovKey struct {
+	wire  uint64
+	chunk uint32
+}
+
 // ovState is the transport side of the overlap engine; every field is
 // guarded by the worker lock.
 type ovState struct {
@@ -87,10 +98,13 @@ type ovState struct {
 	nextID   uint64
 	// posted: receives of at least thresh bytes waiting for their message,
 	// kept out of UCX and matched by wire tag when the header is probed.
-	posted map[uint64]*Request
+	posted map[ovKey]*Request
 	// unexp: messages taken off UCX's unexpected queue before their
 	// receive was posted, by wire tag; a matched one stays until delivered.
-	unexp map[uint64]*ovMsg
+	unexp map[ovKey]*ovMsg
+	// chunks counts the chunks probed so far of each channel message whose
+	// last (short) chunk has not been probed yet.
+	chunks map[uint64]uint32
 	// held: expected messages the policy onloaded; the receiver's next call
 	// into the transport starts them.
 	held []*Request
@@ -105,6 +119,7 @@ type ovState struct {
 type ovRecv struct {
 	id      uint64
 	wire    uint64
+	chunk   uint32 // channel messages: the chunk index
 	msg     ucx.Message // onloaded: the probed header, received when started
 	size    int         // message size, once its header was probed
 	held    bool
@@ -119,6 +134,7 @@ type ovRecv struct {
 type ovMsg struct {
 	id        uint64
 	wire      uint64
+	chunk     uint32 // channel messages: the chunk index
 	peer, tag int
 	size      int
 	mode      overlap.Action // Prefetch or Onload
@@ -137,6 +153,9 @@ type ovMsg struct {
 	descPending bool // the descriptor itself is still being received
 }
 
+func (o *ovRecv) key() ovKey { return ovKey{o.wire, o.chunk} }
+func (m *ovMsg) key() ovKey  { return ovKey{m.wire, m.chunk} }
+
 func newOvState(pol RendezvousPolicy) *ovState {
 	cfg := pol.Config()
 	return &ovState{
@@ -145,8 +164,9 @@ func newOvState(pol RendezvousPolicy) *ovState {
 		slotSize: int(cfg.SlotSize),
 		slots:    make([][]byte, cfg.PoolSlots),
 		start:    time.Now(),
-		posted:   map[uint64]*Request{},
-		unexp:    map[uint64]*ovMsg{},
+		posted:   map[ovKey]*Request{},
+		unexp:    map[ovKey]*ovMsg{},
+		chunks:   map[uint64]uint32{},
 	}
 }
 
@@ -204,49 +224,77 @@ func (t *Transport) ovEnter() {
 	t.ovStartHeld()
 }
 
-// ovProbe takes every tagged (USER kind) message off UCX's unexpected queue
-// and matches it against the engine's posted receives by its exact wire
-// tag; trace-based sequence numbers make the match unique, so taking
-// messages in any order keeps MPI ordering. CMA descriptors (USER kind with
-// cmaBit) are taken too and handled in overlap_cma.go. The lock is held.
+// ovProbe takes every tagged (USER kind) message off UCX's unexpected queue,
+// and every channel message while this rank has channels open, and matches
+// them against the engine's posted receives by their exact wire tag (and
+// chunk index); trace-based sequence numbers (channel counters) make the
+// match unique, so taking messages in any order keeps MPI ordering. CMA
+// descriptors (USER kind with cmaBit) are taken too and handled in
+// overlap_cma.go. The lock is held.
 func (t *Transport) ovProbe() {
-	kindMask := uint64(0xf) << kindShift &^ cmaBit
+	kindMask := uint64(0xf) << kindShift
 	t.ov.dirty = false
 	for {
-		msg, info, ok := t.w.TagProbe(uint64(KindUser)<<kindShift, kindMask, true)
+		msg, info, ok := t.w.TagProbe(uint64(KindUser)<<kindShift, kindMask&^cmaBit, true)
 		if !ok {
-			return
+			break
 		}
 		src, utag, _ := SplitUserTag(info.Tag &^ cmaBit)
 		if info.Tag&cmaBit != 0 {
 			t.ovCMATake(msg, info.Tag&^cmaBit, int(src), int(utag), info.Length)
 			continue
 		}
-		if r := t.ov.posted[info.Tag]; r != nil {
-			delete(t.ov.posted, info.Tag)
-			d := t.step(overlap.Event{Kind: overlap.HeaderArrived, ID: r.ov.id, Peer: int(src), Tag: info.Tag,
-				Size: int64(info.Length), Expected: true})
-			r.ov.msg, r.ov.size = msg, info.Length
-			if d.Action == overlap.Offload || info.Length < t.ov.thresh || t.receiverIn() {
-				t.ovStart(r)
-			} else {
-				r.ov.held = true
-				t.ov.held = append(t.ov.held, r)
-			}
-			continue
-		}
-		t.ovUnexpected(msg, info.Tag, int(src), int(utag), info.Length)
+		t.ovTaken(msg, ovKey{wire: info.Tag}, int(src), int(utag), info.Length)
 	}
+	if t.chanOpen.Load() == 0 {
+		return
+	}
+	for {
+		msg, info, ok := t.w.TagProbe(uint64(KindChannel)<<kindShift, kindMask, true)
+		if !ok {
+			return
+		}
+		// The chunks of one message share its tag and arrive in order;
+		// the last one is shorter than a full chunk.
+		k := ovKey{wire: info.Tag, chunk: t.ov.chunks[info.Tag]}
+		if info.Length < ChannelChunkSize {
+			delete(t.ov.chunks, info.Tag)
+		} else {
+			t.ov.chunks[info.Tag]++
+		}
+		id, _ := SplitChannelTag(info.Tag)
+		t.ovTaken(msg, k, t.channelPeer(id), int(id), info.Length)
+	}
+}
+
+// ovTaken hands a message taken off UCX's queue to the receive waiting for
+// it in the engine's table, or keeps it as unexpected; the lock is held.
+func (t *Transport) ovTaken(msg ucx.Message, k ovKey, src, tag, length int) {
+	r := t.ov.posted[k]
+	if r == nil {
+		t.ovUnexpected(msg, k, src, tag, length)
+		return
+	}
+	delete(t.ov.posted, k)
+	d := t.step(overlap.Event{Kind: overlap.HeaderArrived, ID: r.ov.id, Peer: src, Tag: k.wire,
+		Size: int64(length), Expected: true})
+	r.ov.msg, r.ov.size = msg, length
+	if d.Action == overlap.Offload || length < t.ov.thresh || t.receiverIn() {
+		t.ovStart(r)
+		return
+	}
+	r.ov.held = true
+	t.ov.held = append(t.ov.held, r)
 }
 
 // ovUnexpected handles a message that arrived before its receive; the lock
 // is held.
-func (t *Transport) ovUnexpected(msg ucx.Message, wire uint64, src, tag, size int) {
+func (t *Transport) ovUnexpected(msg ucx.Message, k ovKey, src, tag, size int) {
 	ov := t.ov
 	ov.nextID++
-	m := &ovMsg{id: ov.nextID, wire: wire, peer: src, tag: tag, size: size, msg: msg, slot: overlap.NoSlot}
-	ov.unexp[wire] = m
-	d := t.step(overlap.Event{Kind: overlap.HeaderArrived, ID: m.id, Peer: src, Tag: wire, Size: int64(size)})
+	m := &ovMsg{id: ov.nextID, wire: k.wire, chunk: k.chunk, peer: src, tag: tag, size: size, msg: msg, slot: overlap.NoSlot}
+	ov.unexp[k] = m
+	d := t.step(overlap.Event{Kind: overlap.HeaderArrived, ID: m.id, Peer: src, Tag: k.wire, Size: int64(size)})
 	m.tracked = true
 	switch {
 	case size < ov.thresh:
@@ -274,7 +322,7 @@ func (t *Transport) ovFetch(m *ovMsg) {
 	r := t.newRequest("prefetch", m.peer, m.tag, len(m.data))
 	r.recv = true
 	r.b = ucx.Buffer{Ptr: bytesPtr(m.data), Len: len(m.data)}
-	r.ov = &ovRecv{id: m.id, wire: m.wire, fetch: m}
+	r.ov = &ovRecv{id: m.id, wire: m.wire, chunk: m.chunk, fetch: m}
 	ureq, err := t.w.TagMsgRecv(r.b, m.msg)
 	m.msg = ucx.Message{}
 	if err != nil {
@@ -308,13 +356,17 @@ func (t *Transport) ovStart(r *Request) {
 		t.ovCMAStart(r)
 		return
 	}
-	r.ov.held, r.ov.started = false, true
+	// The engine forgets a message below the threshold at its header.
+	tracked := r.ov.size >= t.ov.thresh
+	r.ov.held, r.ov.started = false, tracked
 	ureq, err := t.w.TagMsgRecv(r.b, r.ov.msg)
 	r.ov.msg = ucx.Message{}
-	t.step(overlap.Event{Kind: overlap.TransferStarted, ID: r.ov.id})
+	if tracked {
+		t.step(overlap.Event{Kind: overlap.TransferStarted, ID: r.ov.id})
+	}
 	if err != nil {
-		t.step(overlap.Event{Kind: overlap.TransferCompleted, ID: r.ov.id})
-		t.fail(r, fmt.Errorf("transport: recv from rank %d tag %d: %w", r.peer, r.tag, err))
+		t.ovTransferDone(r, nil)
+		t.fail(r, fmt.Errorf("transport: %s from rank %d tag %d: %w", r.op, r.peer, r.tag, err))
 		return
 	}
 	t.track(r, ureq)
@@ -334,27 +386,33 @@ func (t *Transport) ovStartHeld() {
 	}
 }
 
-// ovRecv routes a receive through the engine once its sequence number is
-// taken; it reports false when the receive should be posted to UCX as
-// usual. The lock is held.
+// ovRecv routes a tagged receive through the engine once its sequence
+// number is taken; it reports false when the receive should be posted to
+// UCX as usual. The lock is held.
 func (t *Transport) ovRecv(r *Request) bool {
-	ov := t.ov
 	wire := MakeUserTag(uint32(r.peer), uint16(r.tag), r.seq)
-	if r.bufLen >= ov.thresh && ov.dirty {
+	return t.ovRecvKey(r, ovKey{wire: wire}, r.bufLen < t.ov.thresh)
+}
+
+// ovRecvKey routes the receive of message k through the engine. small says
+// that r may go to UCX when k is not in the engine's hands: UCX matches a
+// message still in its queue itself. It reports false when r should be
+// posted to UCX. The lock is held.
+func (t *Transport) ovRecvKey(r *Request, k ovKey, small bool) bool {
+	ov := t.ov
+	if !small && ov.dirty {
 		t.ovProbe()
 	}
-	// A small receive whose message is still in UCX's queue is matched by
-	// UCX itself when it is posted there.
-	m := ov.unexp[wire]
+	m := ov.unexp[k]
 	if m != nil && m.r == nil && !m.descPending {
-		r.ov = &ovRecv{id: m.id, wire: wire, m: m}
+		r.ov = &ovRecv{id: m.id, wire: k.wire, chunk: k.chunk, m: m}
 		if m.tracked {
-			t.step(overlap.Event{Kind: overlap.RecvPosted, ID: m.id, Peer: r.peer, Tag: wire, Size: int64(r.bufLen)})
+			t.step(overlap.Event{Kind: overlap.RecvPosted, ID: m.id, Peer: r.peer, Tag: k.wire, Size: int64(r.bufLen)})
 		}
 		if m.mode == overlap.Onload && !m.eager {
 			// Onloaded: the receiver starts it now, into its buffer (a CMA
 			// message: the progress goroutine reads it, the call returns).
-			delete(ov.unexp, wire)
+			delete(ov.unexp, k)
 			r.ov.msg, r.ov.m, r.ov.size = m.msg, nil, m.size
 			if m.cma {
 				d := m.desc
@@ -372,13 +430,13 @@ func (t *Transport) ovRecv(r *Request) bool {
 	}
 	// A CMA message whose descriptor is still being received is no longer
 	// in UCX: even a small receive waits for it in the table.
-	if r.bufLen < ov.thresh && (m == nil || !m.descPending) {
+	if small && (m == nil || !m.descPending) {
 		return false
 	}
 	ov.nextID++
-	r.ov = &ovRecv{id: ov.nextID, wire: wire}
-	t.step(overlap.Event{Kind: overlap.RecvPosted, ID: r.ov.id, Peer: r.peer, Tag: wire, Size: int64(r.bufLen)})
-	ov.posted[wire] = r
+	r.ov = &ovRecv{id: ov.nextID, wire: k.wire, chunk: k.chunk}
+	t.step(overlap.Event{Kind: overlap.RecvPosted, ID: r.ov.id, Peer: r.peer, Tag: k.wire, Size: int64(r.bufLen)})
+	ov.posted[k] = r
 	t.ovStartHeld()
 	return true
 }
@@ -386,10 +444,15 @@ func (t *Transport) ovRecv(r *Request) bool {
 // ovHas reports whether a message with this wire tag was taken off UCX's
 // queue and waits for its receive; the lock is held.
 func (t *Transport) ovHas(wire uint64) (*ovMsg, bool) {
+	return t.ovHasKey(ovKey{wire: wire})
+}
+
+// ovHasKey is ovHas for any message key.
+func (t *Transport) ovHasKey(k ovKey) (*ovMsg, bool) {
 	if t.ov == nil {
 		return nil, false
 	}
-	m := t.ov.unexp[wire]
+	m := t.ov.unexp[k]
 	return m, m != nil && m.r == nil && !m.descPending
 }
 
@@ -398,13 +461,12 @@ func (t *Transport) ovHas(wire uint64) (*ovMsg, bool) {
 // goroutine when the caller computes). The lock is held.
 func (t *Transport) ovDeliver(r *Request, m *ovMsg) {
 	if m.err != nil {
-		delete(t.ov.unexp, m.wire)
+		delete(t.ov.unexp, m.key())
 		t.fail(r, m.err)
 		return
 	}
 	if m.size < copyOffloadMin {
-		ovCopy(r, m, 0, r.bufLen)
-		t.ovDelivered(r, m)
+		t.ovDelivered(r, m, ovCopy(r, m, 0, r.bufLen))
 		return
 	}
 	t.ov.copies = append(t.ov.copies, r)
@@ -426,48 +488,59 @@ func (t *Transport) ovTakeCopies() []*Request {
 // lock before completing them (a descriptor of a later message may land
 // there; see runCMAJobs).
 func (t *Transport) ovRunCopies(rs []*Request) {
-	for _, r := range rs {
-		ovCopy(r, r.ov.m, cmaDescSize, r.bufLen)
+	errs := make([]error, len(rs))
+	for i, r := range rs {
+		errs[i] = ovCopy(r, r.ov.m, cmaDescSize, r.bufLen)
 	}
 	t.mu.Lock()
-	for _, r := range rs {
-		ovCopy(r, r.ov.m, 0, cmaDescSize)
-		t.ovDelivered(r, r.ov.m)
+	for i, r := range rs {
+		errs[i] = errors.Join(errs[i], ovCopy(r, r.ov.m, 0, cmaDescSize))
+		t.ovDelivered(r, r.ov.m, errs[i])
 	}
 	t.mu.Unlock()
 }
 
 // ovCopy copies bytes [lo, hi) of m's data into the same bytes of r's
-// buffer (contiguous or IOV), within the buffer's length.
-func ovCopy(r *Request, m *ovMsg, lo, hi int) {
+// buffer (contiguous, IOV or device memory), within the buffer's length.
+func ovCopy(r *Request, m *ovMsg, lo, hi int) error {
 	hi = min(hi, len(m.data), r.bufLen)
 	if lo >= hi {
-		return
+		return nil
 	}
 	src := m.data[lo:hi]
-	if r.b.IOV == nil {
-		copy(unsafe.Slice((*byte)(r.b.Ptr), r.b.Len)[lo:], src)
-		return
-	}
-	off := 0 // position of entry i in the buffer
-	for i := 0; i < r.b.IOV.Len() && len(src) > 0; i++ {
-		p, n := r.b.IOV.Entry(i)
-		if off+n <= lo {
-			off += n
-			continue
+	switch {
+	case r.dev.Len() > 0:
+		dst, err := r.dev.Slice(lo, hi-lo)
+		if err == nil {
+			err = gpu.CopyFromHost(dst, src)
 		}
-		skip := max(lo-off, 0)
-		k := copy(unsafe.Slice((*byte)(p), n)[skip:], src)
-		src = src[k:]
-		lo += k
-		off += n
+		if err != nil {
+			return fmt.Errorf("transport: %s from rank %d: copying a prefetched message to device memory: %w", r.op, r.peer, err)
+		}
+	case r.b.IOV == nil:
+		copy(unsafe.Slice((*byte)(r.b.Ptr), r.b.Len)[lo:], src)
+	default:
+		off := 0 // position of entry i in the buffer
+		for i := 0; i < r.b.IOV.Len() && len(src) > 0; i++ {
+			p, n := r.b.IOV.Entry(i)
+			if off+n <= lo {
+				off += n
+				continue
+			}
+			skip := max(lo-off, 0)
+			k := copy(unsafe.Slice((*byte)(p), n)[skip:], src)
+			src = src[k:]
+			lo += k
+			off += n
+		}
 	}
+	return nil
 }
 
-// ovDelivered completes r after its copy and gives m's slot back; the lock
-// is held.
-func (t *Transport) ovDelivered(r *Request, m *ovMsg) {
-	delete(t.ov.unexp, m.wire)
+// ovDelivered completes r after its copy (which failed with copyErr, if
+// not nil) and gives m's slot back; the lock is held.
+func (t *Transport) ovDelivered(r *Request, m *ovMsg, copyErr error) {
+	delete(t.ov.unexp, m.key())
 	if m.mode == overlap.Prefetch {
 		t.step(overlap.Event{Kind: overlap.PrefetchConsumed, ID: m.id})
 		m.mode = overlap.None
@@ -477,7 +550,10 @@ func (t *Transport) ovDelivered(r *Request, m *ovMsg) {
 		return
 	}
 	r.status = Status{Source: r.peer, Tag: r.tag, Size: m.size}
-	if m.size > r.bufLen {
+	switch {
+	case copyErr != nil:
+		r.err = copyErr
+	case m.size > r.bufLen:
 		r.err = &TruncatedError{Source: r.peer, Tag: r.tag, Size: m.size, BufLen: r.bufLen}
 	}
 	t.complete(r)
@@ -494,7 +570,7 @@ func (t *Transport) ovFinish(r *Request, st ucx.Status) bool {
 		case st == ucx.StatusTruncated: // cannot happen: the buffer is the message's size
 			err = fmt.Errorf("transport: prefetch from rank %d tag %d: %w", m.peer, m.tag, &ucx.Error{Op: "ucp_tag_msg_recv_nbx", Status: st})
 		default:
-			if p := t.peers[m.peer]; p != nil && p.lost != nil {
+			if p := t.peerOf(m.peer); p != nil && p.lost != nil {
 				err = &PeerLostError{Rank: m.peer, Op: "recv", Reason: p.lost.Reason}
 			} else {
 				err = fmt.Errorf("transport: prefetch from rank %d tag %d: %w", m.peer, m.tag, &ucx.Error{Op: "ucp_tag_msg_recv_nbx", Status: st})
@@ -529,8 +605,8 @@ func (t *Transport) ovCancel(r *Request, err error) bool {
 	}
 	ov := t.ov
 	switch {
-	case ov.posted[r.ov.wire] == r:
-		delete(ov.posted, r.ov.wire)
+	case ov.posted[r.ov.key()] == r:
+		delete(ov.posted, r.ov.key())
 	case r.ov.held && r.ov.cma != nil:
 		r.ov.held = false
 		t.step(overlap.Event{Kind: overlap.RecvCancelled, ID: r.ov.id})
@@ -547,8 +623,7 @@ func (t *Transport) ovCancel(r *Request, err error) bool {
 		t.step(overlap.Event{Kind: overlap.RecvCancelled, ID: r.ov.id})
 		t.freeSeq(r)
 		t.fail(r, err)
-		src, utag, _ := SplitUserTag(r.ov.wire)
-		t.ovUnexpected(msg, r.ov.wire, int(src), int(utag), r.ov.size)
+		t.ovUnexpected(msg, r.ov.key(), r.peer, r.tag, r.ov.size)
 		return true
 	default:
 		return true
@@ -563,9 +638,9 @@ func (t *Transport) ovCancel(r *Request, err error) bool {
 // lock is held.
 func (t *Transport) ovPeerLost(rank int, reason string) {
 	ov := t.ov
-	for wire, r := range ov.posted {
+	for k, r := range ov.posted {
 		if r.peer == rank {
-			delete(ov.posted, wire)
+			delete(ov.posted, k)
 			t.step(overlap.Event{Kind: overlap.RecvCancelled, ID: r.ov.id})
 			t.fail(r, &PeerLostError{Rank: rank, Op: r.op, Reason: reason})
 		}
@@ -582,8 +657,8 @@ func (t *Transport) ovPeerLost(rank int, reason string) {
 func (t *Transport) ovClose() {
 	ov := t.ov
 	closed := func(r *Request) error { return fmt.Errorf("transport: %s rank %d: %w", r.op, r.peer, ErrClosed) }
-	for wire, r := range ov.posted {
-		delete(ov.posted, wire)
+	for k, r := range ov.posted {
+		delete(ov.posted, k)
 		t.fail(r, closed(r))
 	}
 	for _, r := range ov.held {
@@ -630,4 +705,13 @@ func (t *Transport) OverlapTable() OverlapTable {
 	}
 	return OverlapTable{Posted: len(t.ov.posted), Held: len(t.ov.held), Unexpected: len(t.ov.unexp),
 		Copies: len(t.ov.copies), PolicyErrors: t.ov.errs}
+}
+
+// peerOf returns rank's peer state, or nil for a rank that is not a peer
+// (AnyPeer: a channel message taken before its channel was open).
+func (t *Transport) peerOf(rank int) *peer {
+	if rank < 0 || rank >= len(t.peers) {
+		return nil
+	}
+	return t.peers[rank]
 }

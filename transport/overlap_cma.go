@@ -40,7 +40,7 @@ func (t *Transport) ovCMATake(msg ucx.Message, wire uint64, src, tag, length int
 	ov := t.ov
 	ov.nextID++
 	m := &ovMsg{id: ov.nextID, wire: wire, peer: src, tag: tag, cma: true, descPending: true, slot: overlap.NoSlot}
-	ov.unexp[wire] = m
+	ov.unexp[m.key()] = m
 	buf := make([]byte, cmaDescSize)
 	h := t.newRequest("cma-descriptor", -1, 0, cmaDescSize)
 	h.probe = func(st ucx.Status, n int) { t.ovCMADesc(m, st, length, buf[:n]) }
@@ -56,7 +56,7 @@ func (t *Transport) ovCMATake(msg ucx.Message, wire uint64, src, tag, length int
 // message if its receive waits in the table, else of an unexpected one.
 func (t *Transport) ovCMADesc(m *ovMsg, st ucx.Status, length int, b []byte) {
 	ov := t.ov
-	if ov.unexp[m.wire] != m {
+	if ov.unexp[m.key()] != m {
 		return // the transport closed meanwhile
 	}
 	m.descPending = false
@@ -67,14 +67,14 @@ func (t *Transport) ovCMADesc(m *ovMsg, st ucx.Status, length int, b []byte) {
 	} else {
 		d, err = decodeDesc(b, m.peer, m.tag)
 	}
-	r := ov.posted[m.wire]
+	r := ov.posted[m.key()]
 	if err != nil {
 		// Nothing can be acknowledged without a descriptor; the receive
 		// (now or when posted) fails with the error.
 		m.done, m.err, m.eager = true, err, true
 		if r != nil {
-			delete(ov.posted, m.wire)
-			delete(ov.unexp, m.wire)
+			delete(ov.posted, m.key())
+			delete(ov.unexp, m.key())
 			t.step(overlap.Event{Kind: overlap.RecvCancelled, ID: r.ov.id})
 			t.fail(r, err)
 		}
@@ -85,8 +85,8 @@ func (t *Transport) ovCMADesc(m *ovMsg, st ucx.Status, length int, b []byte) {
 		t.ovCMAUnexpected(m)
 		return
 	}
-	delete(ov.posted, m.wire)
-	delete(ov.unexp, m.wire)
+	delete(ov.posted, m.key())
+	delete(ov.unexp, m.key())
 	dec := t.step(overlap.Event{Kind: overlap.HeaderArrived, ID: r.ov.id, Peer: r.peer, Tag: m.wire, Size: int64(d.n), Expected: true})
 	r.ov.size, r.ov.cma = int(d.n), &d
 	if dec.Action == overlap.Offload || r.ov.size < ov.thresh || t.receiverIn() {
@@ -144,6 +144,6 @@ func (t *Transport) ovCMAGiveBack(r *Request) {
 	src, utag, _ := SplitUserTag(r.ov.wire)
 	ov.nextID++
 	m := &ovMsg{id: ov.nextID, wire: r.ov.wire, peer: int(src), tag: int(utag), size: int(d.n), cma: true, desc: d, slot: overlap.NoSlot}
-	ov.unexp[m.wire] = m
+	ov.unexp[m.key()] = m
 	t.ovCMAUnexpected(m)
 }

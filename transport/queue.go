@@ -337,6 +337,9 @@ func (o *QueueOp) issue() {
 	}
 	r := t.newRequest(o.kind(), o.peer, o.tag, n)
 	r.b = ucx.Buffer{Ptr: p, Len: n}
+	if o.slot.Len() == 0 && n > 0 && !o.buf.Kind().HostAccessible() {
+		r.dev = o.buf // UCX moves device memory itself (deviceDirect)
+	}
 	o.req = r
 	if o.send {
 		t.execReq(r, startSend)

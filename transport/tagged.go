@@ -225,6 +225,9 @@ func (t *Transport) recvCounter(k seqKey) *recvCounter {
 // freeSeq returns a cancelled receive's sequence number for reuse; the worker
 // lock is held.
 func (t *Transport) freeSeq(r *Request) {
+	if r.key == chanSinkKey {
+		return // channel counters are spent: never reused
+	}
 	c := t.recvCounter(r.key)
 	c.freed = append(c.freed, r.seq)
 }

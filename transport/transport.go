@@ -24,6 +24,7 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
+	"github.com/troupe-hpc/troupe/gpu"
 	"github.com/troupe-hpc/troupe/transport/bootstrap"
 	"github.com/troupe-hpc/troupe/transport/ucx"
 )
@@ -152,6 +153,7 @@ type Transport struct {
 	lostSubs []chan PeerEvent
 	closed   bool
 	ov       *ovState // the overlap engine's state; nil when off
+	chanOpen atomic.Int32 // channels open on this rank (ovProbe takes their messages)
 	cma      cmaState // same-host zero copy (cma.go)
 
 	amMu sync.Mutex // orders active-message delivery
@@ -609,6 +611,9 @@ type Request struct {
 	pinned bool
 	iov    *ucx.IOV
 	ov     *ovRecv // overlap engine state (Options.Overlap)
+	// dev is the receive buffer as device memory, when UCX writes device
+	// memory directly (queues, channels): copies into it go through gpu.
+	dev gpu.Buffer
 
 	cma      *cmaSend              // a CMA send's state (cma.go)
 	userRecv bool                  // a USER receive that may get a CMA descriptor
