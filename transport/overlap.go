@@ -119,7 +119,7 @@ type ovState struct {
 type ovRecv struct {
 	id      uint64
 	wire    uint64
-	chunk   uint32 // channel messages: the chunk index
+	chunk   uint32      // channel messages: the chunk index
 	msg     ucx.Message // onloaded: the probed header, received when started
 	size    int         // message size, once its header was probed
 	held    bool

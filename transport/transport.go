@@ -152,9 +152,9 @@ type Transport struct {
 	reg      *regCache
 	lostSubs []chan PeerEvent
 	closed   bool
-	ov       *ovState // the overlap engine's state; nil when off
+	ov       *ovState     // the overlap engine's state; nil when off
 	chanOpen atomic.Int32 // channels open on this rank (ovProbe takes their messages)
-	cma      cmaState // same-host zero copy (cma.go)
+	cma      cmaState     // same-host zero copy (cma.go)
 
 	amMu sync.Mutex // orders active-message delivery
 
