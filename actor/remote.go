@@ -340,6 +340,15 @@ func (rt *Runtime) onMessage(m *transport.AMMessage) {
 		rt.stats.Rendezvous.Add(1)
 	}
 	dst := rt.landing(it, ct, m.Size)
+	if !m.Rendezvous {
+		// Eager data is here: copy it without a transport request.
+		copy(dst, m.Data())
+		rt.landed(it, ct, dst, nil)
+		in.mu.Lock()
+		in.push(it)
+		in.mu.Unlock()
+		return
+	}
 	req, rerr := m.RecvData(dst)
 	if rerr != nil {
 		it.err = "receiving data: " + rerr.Error()
@@ -349,25 +358,8 @@ func (rt *Runtime) onMessage(m *transport.AMMessage) {
 		in.mu.Unlock()
 		return
 	}
-	landed := func(werr error) {
-		switch {
-		case werr != nil:
-			it.err = "receiving data: " + werr.Error()
-		case it.e.Flags&flagBodyHdr != 0 && ct != nil && ct.device >= 0:
-			rt.decodeDevice(it, ct, dst)
-		case it.e.Flags&flagBodyHdr != 0 && ct != nil && ct.typed >= 0:
-			rt.decodeTyped(it, ct, dst)
-		case it.e.Flags&flagBodyHdr != 0:
-			rt.decode(it, ct, it.e.Body, dst)
-		default:
-			rt.decode(it, ct, dst, nil)
-			putBuf(dst)
-		}
-		it.ready = true
-	}
 	if done, werr := req.Finished(); done {
-		// Eager data is copied at once: no need to wait on another goroutine.
-		landed(werr)
+		rt.landed(it, ct, dst, werr)
 		in.mu.Lock()
 		in.push(it)
 		in.mu.Unlock()
@@ -382,9 +374,28 @@ func (rt *Runtime) onMessage(m *transport.AMMessage) {
 		_, werr := req.Wait(context.Background())
 		in.mu.Lock()
 		defer in.mu.Unlock()
-		landed(werr)
+		rt.landed(it, ct, dst, werr)
 		in.drain()
 	}()
+}
+
+// landed decodes item it once its data has landed in dst (or failed with
+// werr) and marks it ready for delivery.
+func (rt *Runtime) landed(it *inItem, ct *codecType, dst []byte, werr error) {
+	switch {
+	case werr != nil:
+		it.err = "receiving data: " + werr.Error()
+	case it.e.Flags&flagBodyHdr != 0 && ct != nil && ct.device >= 0:
+		rt.decodeDevice(it, ct, dst)
+	case it.e.Flags&flagBodyHdr != 0 && ct != nil && ct.typed >= 0:
+		rt.decodeTyped(it, ct, dst)
+	case it.e.Flags&flagBodyHdr != 0:
+		rt.decode(it, ct, it.e.Body, dst)
+	default:
+		rt.decode(it, ct, dst, nil)
+		putBuf(dst)
+	}
+	it.ready = true
 }
 
 // landing picks the memory a message's data lands in: the target actor's
