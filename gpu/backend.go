@@ -31,6 +31,9 @@ type backend interface {
 	memsetAsync(s streamImpl, dst Buffer, v byte) error
 	writeValue64(s streamImpl, dst Buffer, v uint64) error
 	waitValue64(s streamImpl, dst Buffer, v uint64, c Cond) error
+	// launchHost enqueues a HostKernel over bufs (LaunchHost), or reports
+	// ErrNotSupported.
+	launchHost(s streamImpl, k HostKernel, bufs []Buffer) error
 
 	hostWrite64(dst Buffer, v uint64) error
 	hostRead64(src Buffer) (uint64, error)

@@ -147,6 +147,12 @@ func (b *cudaBackend) writeValue64(si streamImpl, dst Buffer, v uint64) error {
 	return b.l.streamWriteValue64(s.ctx, s.s, uint64(dst.ptr), v)
 }
 
+// launchHost: the cuda backend runs no Go kernels, and it has no compiled
+// device code of its own yet (LaunchHost).
+func (b *cudaBackend) launchHost(streamImpl, HostKernel, []Buffer) error {
+	return fmt.Errorf("gpu: cuda: launch: %w: %s", ErrNotSupported, errCUDAKernels)
+}
+
 // Cond's values are CUstreamWaitValue_flags' (GEQ 0, EQ 1, AND 2, NOR 3).
 func (b *cudaBackend) waitValue64(si streamImpl, dst Buffer, v uint64, c Cond) error {
 	s := si.(*cudaStream)

@@ -104,3 +104,31 @@ func ExamplePinnedPool() {
 	// pinned 10000
 	// 16384 0 1
 }
+
+// A host-backend kernel: Go code that runs on a stream, in order with the
+// copies around it, over device memory it reaches only through its
+// arguments. On the cuda backend LaunchHost reports gpu.ErrNotSupported.
+func ExampleLaunchHost() {
+	sys, _ := gpu.OpenBackend("host")
+	defer sys.Close()
+	dev := sys.Devices()[0]
+	st, _ := dev.NewStream()
+	in, _ := dev.Alloc(5)
+	out, _ := dev.Alloc(5)
+	host, _ := sys.AllocHost(5)
+
+	_ = gpu.CopyFromHost(in, []byte("hello"))
+	// out[i] = upper(in[i]), in stream order.
+	_ = gpu.LaunchHost(st, func(mem [][]byte) error {
+		src, dst := mem[0], mem[1]
+		for i, c := range src {
+			dst[i] = c - 'a' + 'A'
+		}
+		return nil
+	}, in, out)
+	_ = gpu.CopyAsync(st, host, out) // runs after the kernel
+	_ = st.Synchronize()
+	p, _ := host.Bytes()
+	fmt.Println(string(p))
+	// Output: HELLO
+}

@@ -88,6 +88,7 @@ var suiteTests = []struct {
 	{"BufferAt", testBufferAt},
 	{"PinnedPool", testPinnedPool},
 	{"IPC", testIPC},
+	{"LaunchHost", testLaunchHost},
 }
 
 func dev0(t *testing.T, s *System) *Device {

@@ -1,0 +1,73 @@
+package gpu
+
+import "fmt"
+
+// HostKernel is the body of a kernel of the host backend: Go code that a
+// stream runs in order with its other work, over the memory of the buffers
+// given to LaunchHost. mem[i] is the memory of the i-th buffer (device,
+// managed or pinned), valid only while the kernel runs: it must not be kept,
+// and it must not be touched by other goroutines. A non-nil error (or a
+// panic, reported as an error) becomes the stream's sticky error, as a
+// faulting kernel does on a GPU.
+type HostKernel func(mem [][]byte) error
+
+// errCUDAKernels is what LaunchHost reports on the cuda backend.
+const errCUDAKernels = "kernels on the cuda backend need compiled device code, not built yet"
+
+// LaunchHost enqueues kernel k on s over bufs and returns at once. The
+// kernel runs after all work enqueued on s before it and before all work
+// enqueued after it, like a kernel launch on a CUDA stream; it reaches its
+// buffers' memory only through its mem argument. Buffers must belong to s's
+// system, be alive, and be pinned, device or managed memory (not Go memory:
+// a GPU cannot read pageable memory); freeing one after the launch is safe,
+// the memory is released once the kernel has run.
+//
+// Only the host backend runs kernels: there the stream's executor calls k,
+// which makes k the host backend's equivalent of a device kernel. On the
+// cuda backend LaunchHost reports ErrNotSupported, because running code on
+// the GPU needs compiled device code, which this package does not have yet.
+func LaunchHost(s *Stream, k HostKernel, bufs ...Buffer) error {
+	if k == nil {
+		return fmt.Errorf("gpu: launch: nil kernel")
+	}
+	for i, b := range bufs {
+		if err := b.valid(); err != nil {
+			return fmt.Errorf("gpu: launch: buffer %d: %w", i, err)
+		}
+		if b.a.kind == KindHost {
+			return fmt.Errorf("gpu: launch: buffer %d is Go memory (use AllocHost or device memory): %w", i, ErrUnsupportedKind)
+		}
+	}
+	if err := checkStream(s, bufs...); err != nil {
+		return fmt.Errorf("gpu: launch: %w", err)
+	}
+	return s.dev.sys.be.launchHost(s.impl, k, bufs)
+}
+
+// launchHost runs k on the stream's goroutine over views of bufs.
+func (h *hostBackend) launchHost(s streamImpl, k HostKernel, bufs []Buffer) error {
+	bufs = append([]Buffer(nil), bufs...)
+	return s.(*hostStream).enqueue(func(<-chan struct{}) error {
+		mem := make([][]byte, len(bufs))
+		for i, b := range bufs {
+			mem[i] = b.view()
+		}
+		err := runKernel(k, mem)
+		// The kernel may have written words that stream or host waits watch.
+		h.bus.notify()
+		return err
+	}, bufs...)
+}
+
+// runKernel calls k, turning a panic into an error.
+func runKernel(k HostKernel, mem [][]byte) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("gpu: host kernel panicked: %v", r)
+		}
+	}()
+	if err := k(mem); err != nil {
+		return fmt.Errorf("gpu: host kernel: %w", err)
+	}
+	return nil
+}
