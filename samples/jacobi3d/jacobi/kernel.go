@@ -154,15 +154,27 @@ func (b Block) FaceLen(d int) int {
 // PackFace copies the interior plane next to face d of u into a new slice,
 // in (i fastest, then j, then k) order.
 func (b Block) PackFace(u []float64, d int) []float64 {
+	out := make([]float64, b.FaceLen(d))
+	_ = b.PackFaceTo(out, u, d) // out has the face's length
+	return out
+}
+
+// PackFaceTo is PackFace into dst, which must have FaceLen(d) points.
+func (b Block) PackFaceTo(dst, u []float64, d int) error {
+	if len(dst) != b.FaceLen(d) {
+		return fmt.Errorf("jacobi: face %d buffer has %d points, want %d", d, len(dst), b.FaceLen(d))
+	}
 	lo, hi := b.faceRange(d, true)
-	out := make([]float64, 0, b.FaceLen(d))
+	w := hi[0] - lo[0]
+	p := 0
 	for k := lo[2]; k < hi[2]; k++ {
 		for j := lo[1]; j < hi[1]; j++ {
 			row := b.Idx(lo[0], j, k)
-			out = append(out, u[row:row+hi[0]-lo[0]]...)
+			copy(dst[p:p+w], u[row:row+w])
+			p += w
 		}
 	}
-	return out
+	return nil
 }
 
 // UnpackFace copies a neighbour's plane (as PackFace made it) into the ghost

@@ -11,6 +11,7 @@ import (
 	pa "github.com/asynkron/protoactor-go/actor"
 
 	"github.com/troupe-hpc/troupe/actor"
+	"github.com/troupe-hpc/troupe/gpu"
 )
 
 // Config describes a Jacobi3D run. Every rank passes the same Config to Run.
@@ -36,6 +37,19 @@ type Config struct {
 	// Check makes rank 0 gather the final field and compare it with the
 	// serial reference.
 	Check bool
+	// GPU keeps every block's field in device memory and runs the stencil,
+	// the face packing and the ghost unpacking as kernels on the block's
+	// stream (gpu.LaunchHost: the host backend; the cuda backend has no
+	// kernels yet, so Run reports gpu.ErrNotSupported there). Halo faces
+	// travel as device buffers, through GPUAPI.
+	GPU bool
+	// GPUAPI is how device halos travel: APIMessaging (default) or
+	// APIChannel.
+	GPUAPI string
+	// Device is where the blocks live with GPU (nil: device 0 of
+	// gpu.Default()). It should be the runtime's device (actor.Options),
+	// where the runtime lands device payloads it has no buffer for.
+	Device *gpu.Device
 }
 
 // Sweeps is S, the number of sweeps of a fixed-count run (the cap with Tol).
@@ -81,6 +95,22 @@ func (c *Config) normalize(ranks int) error {
 	if c.Tol < 0 || math.IsNaN(c.Tol) {
 		return fmt.Errorf("jacobi: tolerance %g", c.Tol)
 	}
+	if !c.GPU {
+		if c.GPUAPI != "" {
+			return fmt.Errorf("jacobi: GPU API %q without GPU", c.GPUAPI)
+		}
+		return nil
+	}
+	switch c.GPUAPI {
+	case "":
+		c.GPUAPI = APIMessaging
+	case APIMessaging, APIChannel:
+	default:
+		return fmt.Errorf("jacobi: GPU API %q: want %s or %s", c.GPUAPI, APIMessaging, APIChannel)
+	}
+	if nb := c.Blocks[0] * c.Blocks[1] * c.Blocks[2]; c.GPUAPI == APIChannel && nb*NumDirs > 1<<28 {
+		return fmt.Errorf("jacobi: %d blocks need more than 2^28 channel ids", nb)
+	}
 	return nil
 }
 
@@ -119,6 +149,10 @@ type Result struct {
 	SerialResidual float64
 	SerialHash     uint64
 	Pass           bool
+	// GPUAPI and GPUBackend say how a GPU run ran on rank 0: the halo API
+	// and the gpu backend ("host" or "cuda"); empty without GPU.
+	GPUAPI     string
+	GPUBackend string
 }
 
 // Halo is a block's boundary plane after sweep Iter, sent to the neighbour
@@ -163,9 +197,30 @@ func Run(ctx context.Context, rt *actor.Runtime, cfg Config) (*Result, error) {
 	if err := cfg.normalize(rt.Size()); err != nil {
 		return nil, err
 	}
+	rs := &rankState{ctx: ctx, warmup: cfg.Warmup, done: make(chan struct{}), errc: make(chan error, 1), idleFrom: time.Now()}
+	if !cfg.GPU {
+		return runBlocks(ctx, rt, cfg, rs)
+	}
+	dev, err := gpuDevice(&cfg)
+	if err != nil {
+		return nil, err
+	}
+	rs.dev = &deviceRes{dev: dev}
+	res, err := runBlocks(ctx, rt, cfg, rs)
+	if rerr := rs.dev.release(); err == nil && rerr != nil {
+		return nil, rerr
+	}
+	if res != nil {
+		res.GPUAPI, res.GPUBackend = cfg.GPUAPI, dev.Backend()
+	}
+	return res, err
+}
+
+// runBlocks is Run after the configuration (and, with GPU, the device) is
+// settled.
+func runBlocks(ctx context.Context, rt *actor.Runtime, cfg Config, rs *rankState) (*Result, error) {
 	dims := []int{cfg.Blocks[0], cfg.Blocks[1], cfg.Blocks[2]}
 	nblocks := dims[0] * dims[1] * dims[2]
-	rs := &rankState{warmup: cfg.Warmup, done: make(chan struct{}), errc: make(chan error, 1), idleFrom: time.Now()}
 	for i := 0; i < nblocks; i++ {
 		if actor.Block(nil, i, dims, rt.Size()) == rt.Rank() {
 			rs.nlocal++
@@ -232,8 +287,10 @@ func Run(ctx context.Context, rt *actor.Runtime, cfg Config) (*Result, error) {
 // rankState is what a rank's blocks share: completion, errors, and the
 // accounting of the time during which none of them computes.
 type rankState struct {
+	ctx    context.Context // the run's
 	nlocal int
 	warmup int
+	dev    *deviceRes // GPU mode: the device and what the blocks allocate
 
 	mu        sync.Mutex
 	active    int           // blocks computing now
@@ -358,8 +415,10 @@ type block struct {
 	cfg    *Config
 	rs     *rankState
 	driver *pa.PID
+	self   *pa.PID
 	geo    Block
-	u, v   []float64
+	u, v   []float64        // the fields, without GPU
+	dv     *devBlock        // the device state, with GPU
 	nbr    [NumDirs]*pa.PID // neighbour on each side, nil at the global boundary
 	need   int              // number of neighbours
 
@@ -377,28 +436,39 @@ type block struct {
 // haloSet collects the faces of one iteration.
 type haloSet struct {
 	faces [NumDirs][]float64
+	dev   [NumDirs]gpu.Buffer // GPU mode: device faces
+	owned [NumDirs]bool       // dev[d] was allocated for us: free after use
 	n     int
 }
 
 func newBlock(el *actor.Element, rt *actor.Runtime, cfg *Config, rs *rankState, driver *pa.PID) *block {
 	ix, iy, iz := el.Index[0], el.Index[1], el.Index[2]
 	geo := NewBlock(BlockBox(cfg.NX, cfg.NY, cfg.NZ, cfg.Blocks, ix, iy, iz))
-	b := &block{el: el, rt: rt, cfg: cfg, rs: rs, driver: driver, geo: geo,
-		u: make([]float64, geo.Len()), v: make([]float64, geo.Len()), halos: map[int]*haloSet{}}
+	b := &block{el: el, rt: rt, cfg: cfg, rs: rs, driver: driver, self: selfPID(el), geo: geo, halos: map[int]*haloSet{}}
 	a := el.Array
 	b.nbr = [NumDirs]*pa.PID{
 		a.Element(ix-1, iy, iz), a.Element(ix+1, iy, iz),
 		a.Element(ix, iy-1, iz), a.Element(ix, iy+1, iz),
 		a.Element(ix, iy, iz-1), a.Element(ix, iy, iz+1),
 	}
-	for d, p := range b.nbr {
+	for _, p := range b.nbr {
 		if p != nil {
 			b.need++
-			continue
 		}
-		// Global boundary: the ghost plane holds the fixed value for good.
-		geo.FillGhost(b.u, d, BoundaryValue(d))
-		geo.FillGhost(b.v, d, BoundaryValue(d))
+	}
+	if cfg.GPU {
+		if err := b.initDevice(); err != nil {
+			b.fail(fmt.Errorf("device setup: %w", err))
+		}
+		return b
+	}
+	b.u, b.v = make([]float64, geo.Len()), make([]float64, geo.Len())
+	for d, p := range b.nbr {
+		if p == nil {
+			// Global boundary: the ghost plane holds the fixed value for good.
+			geo.FillGhost(b.u, d, BoundaryValue(d))
+			geo.FillGhost(b.v, d, BoundaryValue(d))
+		}
 	}
 	return b
 }
@@ -416,10 +486,39 @@ func (b *block) Receive(c pa.Context) {
 		if m.Last {
 			b.final = m.Until
 		}
-		if !b.started {
+		switch {
+		case !b.started && b.dv != nil:
+			b.started = true
+			b.rs.mark(0)
+			if err := b.sendInitialFaces(); err != nil {
+				b.fail(err)
+				return
+			}
+		case !b.started:
 			b.started = true
 			b.rs.mark(0)
 			b.sendFaces()
+		case b.dv != nil:
+			if err := b.flushDevice(); err != nil {
+				b.fail(err)
+				return
+			}
+		}
+		b.step()
+	case *DeviceHalo:
+		if err := b.addDeviceHalo(m.Iter, m.Dir, m.Face); err != nil {
+			b.fail(err)
+			return
+		}
+		b.step()
+	case *chanHalo:
+		err := m.Err
+		if err == nil {
+			err = b.addDeviceHalo(m.Iter, m.Dir, b.dv.recv[m.Dir][m.Iter%2])
+		}
+		if err != nil {
+			b.fail(fmt.Errorf("halo %d of iteration %d: %w", m.Dir, m.Iter, err))
+			return
 		}
 		b.step()
 	case *Halo:
@@ -441,6 +540,9 @@ func (b *block) fail(err error) {
 // addHalo buffers a face by iteration: a neighbour may be one sweep ahead,
 // so faces of iteration sweep+1 can arrive before those of sweep.
 func (b *block) addHalo(m *Halo) error {
+	if b.dv != nil {
+		return fmt.Errorf("host halo for face %d, but this run keeps its fields on the device", m.Dir)
+	}
 	if m.Dir < 0 || m.Dir >= NumDirs || b.nbr[m.Dir] == nil {
 		return fmt.Errorf("halo for face %d, which has no neighbour", m.Dir)
 	}
@@ -478,6 +580,12 @@ func (b *block) step() {
 		if b.need > 0 && (hs == nil || hs.n < b.need) {
 			return
 		}
+		if b.dv != nil {
+			if !b.deviceSweep(hs) {
+				return
+			}
+			continue
+		}
 		b.rs.begin()
 		start := time.Now()
 		if hs != nil {
@@ -511,6 +619,48 @@ func (b *block) step() {
 		}
 		b.rs.mark(b.sweep)
 	}
+}
+
+// deviceSweep is step's body in GPU mode: one sweep on the device with the
+// faces hs, then the faces out and the residual contributed. It reports
+// whether the block may go on.
+func (b *block) deviceSweep(hs *haloSet) bool {
+	last := b.final > 0 && b.sweep+1 == b.final
+	if !last {
+		// The faces packed two sweeps ago, in the buffers this sweep packs
+		// into, must have left (Channel API).
+		if err := b.waitSends((b.sweep + 1) % 2); err != nil {
+			b.fail(err)
+			return false
+		}
+	}
+	b.rs.begin()
+	start := time.Now()
+	r, err := b.deviceStep(hs, last)
+	delete(b.halos, b.sweep)
+	b.sweep++
+	if el := time.Since(start); b.sweep > b.cfg.Warmup {
+		b.kernel += el
+	} else {
+		b.kernelW += el
+	}
+	b.rs.end()
+	if err != nil {
+		b.fail(err)
+		return false
+	}
+	if !last {
+		b.dv.pending = b.sweep
+		if err := b.flushDevice(); err != nil {
+			b.fail(err)
+			return false
+		}
+	}
+	if b.sweep%b.cfg.ReduceEvery == 0 || last {
+		b.contribute([]float64{r, float64(b.sweep)}, actor.Max)
+	}
+	b.rs.mark(b.sweep)
+	return !b.failed
 }
 
 // packFaces copies the planes every neighbour needs out of u.
@@ -556,7 +706,19 @@ func (b *block) contribute(v any, op string) {
 // timings, and (when checking) the interior itself.
 func (b *block) finish() {
 	b.done = true
-	b.contribute(b.geo.HashPartial(b.u, b.cfg.NX, b.cfg.NY), actor.Sum)
+	u := b.u
+	if b.dv != nil {
+		// The sends of the last faces must have left before Run frees them.
+		err := b.waitSends(-1)
+		if err == nil {
+			u, err = b.deviceField()
+		}
+		if err != nil {
+			b.fail(err)
+			return
+		}
+	}
+	b.contribute(b.geo.HashPartial(u, b.cfg.NX, b.cfg.NY), actor.Sum)
 	idle, wall, last := b.rs.finish()
 	stats := []float64{b.kernel.Seconds(), b.kernelW.Seconds(), 0, 0, 0}
 	if last {
@@ -564,7 +726,7 @@ func (b *block) finish() {
 	}
 	b.contribute(stats, actor.Sum)
 	if b.cfg.Check {
-		if err := b.rt.Send(b.driver, &Field{Linear: b.el.Linear, Data: b.geo.Interior(b.u)}); err != nil {
+		if err := b.rt.Send(b.driver, &Field{Linear: b.el.Linear, Data: b.geo.Interior(u)}); err != nil {
 			b.fail(fmt.Errorf("sending the field: %w", err))
 		}
 	}

@@ -7,15 +7,22 @@ import (
 	"time"
 
 	"github.com/troupe-hpc/troupe/actor"
+	"github.com/troupe-hpc/troupe/gpu"
 )
 
 // startLocal starts n ranks in this process (real UCX between their
 // workers).
 func startLocal(t *testing.T, n int) []*actor.Runtime {
 	t.Helper()
+	return startLocalOpts(t, n, actor.Options{})
+}
+
+// startLocalOpts is startLocal with runtime options.
+func startLocalOpts(t *testing.T, n int, opts actor.Options) []*actor.Runtime {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	rts, stop, err := actor.StartLocal(ctx, n, actor.Options{})
+	rts, stop, err := actor.StartLocal(ctx, n, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -136,5 +143,100 @@ func TestConfigErrors(t *testing.T) {
 	}
 	if b := DefaultBlocks(4, 96, 96, 96); b != [3]int{4, 4, 4} {
 		t.Errorf("DefaultBlocks(4) = %v", b)
+	}
+}
+
+// hostDevice opens a host-backend gpu system for a test (whatever
+// TROUPE_GPU says: the stencil kernels run only on the host backend).
+func hostDevice(t *testing.T) *gpu.Device {
+	t.Helper()
+	sys, err := gpu.OpenBackend(gpu.BackendHost)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := sys.Close(); err != nil {
+			t.Error(err)
+		}
+	})
+	dev, err := sys.Device(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dev
+}
+
+// TestRunGPU runs the -gpu mode (fields in device memory, the stencil as
+// stream kernels) with both halo APIs on 2 and 4 in-process ranks, bit for
+// bit against the serial reference, including a tolerance run (faces wait
+// for the driver's grant).
+func TestRunGPU(t *testing.T) {
+	dev := hostDevice(t)
+	for _, n := range []int{2, 4} {
+		rts := startLocalOpts(t, n, actor.Options{Device: dev})
+		for _, api := range []string{APIMessaging, APIChannel} {
+			for i, tc := range []struct {
+				grid   [3]int
+				blocks [3]int
+				warmup int
+				iters  int
+				every  int
+				tol    float64
+			}{
+				{[3]int{12, 12, 12}, [3]int{2, 2, 2}, 2, 8, 1, 0},
+				{[3]int{13, 10, 11}, [3]int{3, 2, 2}, 1, 6, 3, 0},
+				{[3]int{12, 12, 12}, [3]int{2, 2, 3}, 2, 200, 2, 0.01},
+			} {
+				cfg := Config{Name: fmt.Sprintf("g%d-%s-%d", n, api, i), NX: tc.grid[0], NY: tc.grid[1], NZ: tc.grid[2],
+					Blocks: tc.blocks, Warmup: tc.warmup, Iters: tc.iters, ReduceEvery: tc.every, Tol: tc.tol, Check: true,
+					GPU: true, GPUAPI: api, Device: dev}
+				landed := deviceLanded(rts)
+				res := runAll(t, rts, cfg)
+				// Faces between ranks land in device memory through the
+				// Messaging API, or not at all through it with channels.
+				if got := deviceLanded(rts) - landed; (api == APIMessaging) != (got > 0) {
+					t.Fatalf("%s: %d device payloads landed through actor messages", cfg.Name, got)
+				}
+				field, r := Serial(tc.grid[0], tc.grid[1], tc.grid[2], res.Sweeps)
+				if !res.Checked || !res.Pass || res.MaxAbsDiff != 0 {
+					t.Fatalf("%s: check %v pass %v max diff %g", cfg.Name, res.Checked, res.Pass, res.MaxAbsDiff)
+				}
+				if res.Residual != r || res.FieldHash != HashField(field) {
+					t.Fatalf("%s: residual %v hash %d; serial residual %v hash %d", cfg.Name,
+						res.Residual, res.FieldHash, r, HashField(field))
+				}
+				if tc.tol == 0 && res.Sweeps != cfg.Sweeps() || tc.tol > 0 && res.Residual > tc.tol {
+					t.Fatalf("%s: %d sweeps, residual %v", cfg.Name, res.Sweeps, res.Residual)
+				}
+				if res.GPUAPI != api || res.GPUBackend != gpu.BackendHost {
+					t.Fatalf("%s: ran with api %q backend %q", cfg.Name, res.GPUAPI, res.GPUBackend)
+				}
+			}
+		}
+	}
+}
+
+// deviceLanded sums the runtimes' counts of device payloads landed.
+func deviceLanded(rts []*actor.Runtime) uint64 {
+	var n uint64
+	for _, rt := range rts {
+		n += rt.Stats().DeviceLanded.Load()
+	}
+	return n
+}
+
+// TestRunGPUConfig: -gpu settings are checked.
+func TestRunGPUConfig(t *testing.T) {
+	for _, cfg := range []Config{
+		{NX: 4, NY: 4, NZ: 4, Iters: 1, GPUAPI: APIChannel},           // api without GPU
+		{NX: 4, NY: 4, NZ: 4, Iters: 1, GPU: true, GPUAPI: "carrier"}, // unknown api
+	} {
+		if err := cfg.normalize(1); err == nil {
+			t.Errorf("config %+v accepted", cfg)
+		}
+	}
+	cfg := Config{NX: 4, NY: 4, NZ: 4, Iters: 1, GPU: true}
+	if err := cfg.normalize(1); err != nil || cfg.GPUAPI != APIMessaging {
+		t.Fatalf("default GPU API: %q, %v", cfg.GPUAPI, err)
 	}
 }
