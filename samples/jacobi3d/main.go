@@ -6,6 +6,11 @@
 //
 //	troupe run -n 4 -- jacobi3d -grid 96 -blocks 4x4x4 -iters 100
 //
+// With -gpu the fields live in gpu device memory, the stencil runs as
+// kernels on the blocks' streams (the host backend's; the cuda backend has
+// no kernels yet) and halos travel as device buffers, through actor
+// messages (-gpu-api messaging) or channels (-gpu-api channel).
+//
 // Rank 0 prints the residual, the field hash, the time per sweep and the
 // share of time spent communicating, and with -check compares the field with
 // a serial reference (exit status 1 on FAIL). See docs/jacobi3d.md.
@@ -52,10 +57,16 @@ func run(args []string, stdout, stderr io.Writer) int {
 	check := fs.Bool("check", false, "compare with a serial reference on rank 0 (default: on when the grid has at most 48^3 points)")
 	timeout := fs.Duration("timeout", 10*time.Minute, "give up after this long")
 	cpuProfile := fs.String("cpuprofile", "", "write each rank's CPU profile to FILE.RANK")
+	useGPU := fs.Bool("gpu", false, "keep the fields in gpu device memory and run the stencil on the device (TROUPE_GPU picks the backend; only host runs kernels)")
+	gpuAPI := fs.String("gpu-api", jacobi.APIMessaging, "with -gpu, how device halos travel: messaging (actor messages with a gpu.Buffer field) or channel")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
 	cfg := jacobi.Config{NX: *grid, NY: *grid, NZ: *grid, Warmup: *warmup, Iters: *iters, Tol: *tol, ReduceEvery: *every}
+	if err := gpuFlags(fs, *useGPU, *gpuAPI, &cfg); err != nil {
+		fmt.Fprintln(stderr, "jacobi3d:", err)
+		return 2
+	}
 	for _, o := range []struct {
 		v   int
 		dst *int
@@ -135,6 +146,23 @@ func startProfile(path string) (func(), error) {
 	}, nil
 }
 
+// gpuFlags sets the GPU mode of cfg from -gpu and -gpu-api (which needs
+// -gpu when given).
+func gpuFlags(fs *flag.FlagSet, on bool, api string, cfg *jacobi.Config) error {
+	apiSet := false
+	fs.Visit(func(f *flag.Flag) { apiSet = apiSet || f.Name == "gpu-api" })
+	switch {
+	case apiSet && !on:
+		return fmt.Errorf("-gpu-api %s needs -gpu", api)
+	case !on:
+		return nil
+	case api != jacobi.APIMessaging && api != jacobi.APIChannel:
+		return fmt.Errorf("-gpu-api %q: want %s or %s", api, jacobi.APIMessaging, jacobi.APIChannel)
+	}
+	cfg.GPU, cfg.GPUAPI = true, api
+	return nil
+}
+
 // parseBlocks parses "AxBxC".
 func parseBlocks(s string) ([3]int, error) {
 	var b [3]int
@@ -166,6 +194,12 @@ func report(w io.Writer, ranks int, cfg jacobi.Config, r *jacobi.Result) {
 	fmt.Fprintf(w, "# iter_ms: median wall time per timed sweep (driver, between residual reductions); mean_iter_ms: timed wall time / timed sweeps\n")
 	fmt.Fprintf(w, "# comm_ms: time per sweep a rank had none of its blocks computing (waiting for halos and the driver, message handling), mean over ranks; comm_share: that time / the ranks' timed wall time\n")
 	fmt.Fprintf(w, "# kernel_ms: time inside the stencil kernel per sweep (unpack + sweep + pack), summed over all blocks\n")
+	if r.GPUBackend != "" {
+		fmt.Fprintf(w, "# gpu: fields in device memory, stencil kernels on each block's stream (%s backend), halos as device buffers through the %s API\n",
+			r.GPUBackend, r.GPUAPI)
+		fmt.Fprintf(w, "gpu_api %s\n", r.GPUAPI)
+		fmt.Fprintf(w, "gpu_backend %s\n", r.GPUBackend)
+	}
 	fmt.Fprintf(w, "sweeps %d\n", r.Sweeps)
 	fmt.Fprintf(w, "residual %s\n", strconv.FormatFloat(r.Residual, 'g', -1, 64))
 	fmt.Fprintf(w, "field_hash %d\n", r.FieldHash)

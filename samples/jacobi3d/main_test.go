@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"io"
 	"os"
 	"strings"
 	"testing"
@@ -26,6 +27,12 @@ func TestMain(m *testing.M) {
 // launcher and returns the combined output.
 func launch(t *testing.T, n int, args ...string) (string, error) {
 	t.Helper()
+	return launchEnv(t, n, nil, args...)
+}
+
+// launchEnv is launch with extra environment variables for the ranks.
+func launchEnv(t *testing.T, n int, env []string, args ...string) (string, error) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	var out bytes.Buffer
@@ -33,7 +40,7 @@ func launch(t *testing.T, n int, args ...string) (string, error) {
 		N:       n,
 		Program: os.Args[0],
 		Args:    args,
-		Env:     []string{asMainEnv + "=1", "UCX_LOG_LEVEL=error"},
+		Env:     append([]string{asMainEnv + "=1", "UCX_LOG_LEVEL=error"}, env...),
 		TLS:     "shm",
 		Stdout:  &out,
 		Stderr:  &out,
@@ -69,11 +76,48 @@ func TestProcesses(t *testing.T) {
 	}
 }
 
+// TestProcessesGPU runs -gpu with both halo APIs as 2 and 4 real processes
+// on the host gpu backend (device memory separate from Go memory; faces
+// between processes take the channels' staged path or the actor runtime's
+// device landing) and requires the published grid-24 values and the serial
+// check to pass bit for bit.
+func TestProcessesGPU(t *testing.T) {
+	for _, n := range []int{2, 4} {
+		for _, api := range []string{"messaging", "channel"} {
+			out, err := launchEnv(t, n, []string{"TROUPE_GPU=host"},
+				"-gpu", "-gpu-api", api, "-grid", "24", "-blocks", "2x2x3", "-warmup", "10", "-iters", "20")
+			if err != nil {
+				t.Fatalf("%d ranks, %s: %v\n%s", n, api, err, out)
+			}
+			for _, want := range []string{
+				"[0] gpu_api " + api + "\n",
+				"[0] gpu_backend host\n",
+				"[0] residual 0.008044795268676186\n",
+				"[0] field_hash 3139269223917833\n",
+				"[0] check PASS max_abs_diff 0 ",
+			} {
+				if !strings.Contains(out, want) {
+					t.Fatalf("%d ranks, %s: no %q in the output:\n%s", n, api, want, out)
+				}
+			}
+		}
+	}
+}
+
 // TestBadFlags fails on every rank with status 2 before joining.
 func TestBadFlags(t *testing.T) {
 	out, err := launch(t, 2, "-blocks", "2x2")
 	if err == nil || !strings.Contains(out, "want AxBxC") {
 		t.Fatalf("bad -blocks: err %v\n%s", err, out)
+	}
+	for _, tc := range []struct{ args, want []string }{
+		{[]string{"-gpu-api", "channel"}, []string{"needs -gpu"}},
+		{[]string{"-gpu", "-gpu-api", "pigeon"}, []string{"want messaging or channel"}},
+	} {
+		var stderr strings.Builder
+		if status := run(tc.args, io.Discard, &stderr); status != 2 || !strings.Contains(stderr.String(), tc.want[0]) {
+			t.Errorf("%v: status %d, stderr %q", tc.args, status, stderr.String())
+		}
 	}
 }
 
