@@ -59,10 +59,10 @@ type chanHalo struct {
 // iteration parity: the face of iteration s+2 is written only after the
 // neighbour has used that of iteration s, since the neighbour's face of
 // s+1, needed for our sweep s+2, is sent after its sweep s+1, which
-// unpacked our face of s. So one spare buffer per side is enough, and the
-// buffers are reused without any further synchronization.
+// unpacked our face of s. So one spare buffer per side is enough: the
+// buffers are reused without further synchronization (with channels, beyond
+// waiting for the send request that last used a send buffer).
 type devBlock struct {
-	sys  *gpu.System
 	st   *gpu.Stream
 	u, v gpu.Buffer // padded fields (Block.Len() float64s)
 	res  gpu.Buffer // the last sweep's residual (8 bytes, device)
@@ -117,9 +117,41 @@ func gpuDevice(cfg *Config) (*gpu.Device, error) {
 type deviceRes struct {
 	dev *gpu.Device
 
-	mu     sync.Mutex
-	blocks []*devBlock
-	chans  map[uint32]*transport.Channel
+	mu      sync.Mutex
+	bufs    []gpu.Buffer
+	streams []*gpu.Stream
+	chans   map[uint32]*transport.Channel
+}
+
+// alloc allocates n bytes of device memory (pinned host memory with host)
+// that release frees.
+func (r *deviceRes) alloc(n int, host bool) (gpu.Buffer, error) {
+	var b gpu.Buffer
+	var err error
+	if host {
+		b, err = r.dev.System().AllocHost(n)
+	} else {
+		b, err = r.dev.Alloc(n)
+	}
+	if err != nil {
+		return gpu.Buffer{}, err
+	}
+	r.mu.Lock()
+	r.bufs = append(r.bufs, b)
+	r.mu.Unlock()
+	return b, nil
+}
+
+// stream creates a stream that release destroys.
+func (r *deviceRes) stream() (*gpu.Stream, error) {
+	st, err := r.dev.NewStream()
+	if err != nil {
+		return nil, err
+	}
+	r.mu.Lock()
+	r.streams = append(r.streams, st)
+	r.mu.Unlock()
+	return st, nil
 }
 
 // channel returns this rank's end of channel id with peer, shared by the
@@ -143,12 +175,6 @@ func (r *deviceRes) channel(t *transport.Transport, id uint32, peer int) (*trans
 	return c, nil
 }
 
-func (r *deviceRes) add(db *devBlock) {
-	r.mu.Lock()
-	r.blocks = append(r.blocks, db)
-	r.mu.Unlock()
-}
-
 // release closes the channels, destroys the streams and frees the device
 // memory (work still queued keeps its memory until it has run).
 func (r *deviceRes) release() error {
@@ -159,39 +185,18 @@ func (r *deviceRes) release() error {
 		errs = append(errs, c.Close())
 	}
 	r.chans = nil
-	for _, db := range r.blocks {
-		if db.st != nil {
-			errs = append(errs, db.st.Destroy())
-		}
-		for _, b := range db.buffers() {
-			errs = append(errs, gpu.Free(b))
-		}
+	for _, st := range r.streams {
+		errs = append(errs, st.Destroy())
 	}
-	r.blocks = nil
+	r.streams = nil
+	for _, b := range r.bufs {
+		errs = append(errs, gpu.Free(b))
+	}
+	r.bufs = nil
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("jacobi: releasing device memory: %w", err)
 	}
 	return nil
-}
-
-// buffers lists the allocations of db.
-func (db *devBlock) buffers() []gpu.Buffer {
-	var out []gpu.Buffer
-	for _, b := range []gpu.Buffer{db.u, db.v, db.res, db.resH} {
-		if !b.IsZero() {
-			out = append(out, b)
-		}
-	}
-	for d := range NumDirs {
-		for p := range 2 {
-			for _, b := range []gpu.Buffer{db.send[d][p], db.recv[d][p]} {
-				if !b.IsZero() {
-					out = append(out, b)
-				}
-			}
-		}
-	}
-	return out
 }
 
 // channelID is the job-unique id of the channel carrying the face that
@@ -203,25 +208,24 @@ func channelID(linear, d int) uint32 { return uint32(linear*NumDirs + d) }
 // with the Channel API, the channels.
 func (b *block) initDevice() error {
 	res := b.rs.dev
-	sys := res.dev.System()
-	db := &devBlock{sys: sys, pending: -1, nbrDir: map[string]int{}}
+	db := &devBlock{pending: -1, nbrDir: map[string]int{}}
 	b.dv = db
-	res.add(db) // released by Run even when a step below fails
+	// Run releases all of it, also when a step below fails.
 	var err error
-	if db.st, err = res.dev.NewStream(); err != nil {
+	if db.st, err = res.stream(); err != nil {
 		return err
 	}
 	n := b.geo.Len() * 8
-	if db.u, err = res.dev.Alloc(n); err != nil {
+	if db.u, err = res.alloc(n, false); err != nil {
 		return err
 	}
-	if db.v, err = res.dev.Alloc(n); err != nil {
+	if db.v, err = res.alloc(n, false); err != nil {
 		return err
 	}
-	if db.res, err = res.dev.Alloc(8); err != nil {
+	if db.res, err = res.alloc(8, false); err != nil {
 		return err
 	}
-	if db.resH, err = sys.AllocHost(8); err != nil {
+	if db.resH, err = res.alloc(8, true); err != nil {
 		return err
 	}
 	init := make([]float64, b.geo.Len())
@@ -245,10 +249,10 @@ func (b *block) initDevice() error {
 		db.nbrDir[p.Id] = d
 		db.remote[d] = actor.RankOf(p) != b.rt.Rank()
 		for par := range 2 {
-			if db.send[d][par], err = res.dev.Alloc(b.geo.FaceLen(d) * 8); err != nil {
+			if db.send[d][par], err = res.alloc(b.geo.FaceLen(d)*8, false); err != nil {
 				return err
 			}
-			if db.recv[d][par], err = res.dev.Alloc(b.geo.FaceLen(d) * 8); err != nil {
+			if db.recv[d][par], err = res.alloc(b.geo.FaceLen(d)*8, false); err != nil {
 				return err
 			}
 		}
