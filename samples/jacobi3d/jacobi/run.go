@@ -44,7 +44,9 @@ type Config struct {
 	// travel as device buffers, through GPUAPI.
 	GPU bool
 	// GPUAPI is how device halos travel: APIMessaging (default) or
-	// APIChannel.
+	// APIChannel. Channel ids are 6 x blocks from 0 and are closed when
+	// Run returns: two channel runs at once on one runtime would collide
+	// (transport.ErrChannelInUse); runs one after another are fine.
 	GPUAPI string
 	// Device is where the blocks live with GPU (nil: device 0 of
 	// gpu.Default()). It should be the runtime's device (actor.Options),
