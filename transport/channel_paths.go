@@ -111,49 +111,79 @@ func (t *Transport) rawSend(peer int, chanID uint32, tag uint64, p unsafe.Pointe
 	return r
 }
 
-// rawRecv posts a tagged receive of up to n bytes at p for chunk chunk of
-// the channel message with this tag. dev is the device memory at p when UCX
-// writes device memory directly (else the zero Buffer). With the overlap
-// engine on, the receive goes through it like a tagged receive; only the
-// receive of a small one-chunk message may go to UCX directly.
-func (t *Transport) rawRecv(peer int, chanID uint32, tag uint64, chunk int, p unsafe.Pointer, n int, dev gpu.Buffer) *Request {
-	r := t.newRequest("channel recv", peer, int(chanID), n)
-	r.recv = true
-	r.key = chanSinkKey
-	r.b = ucx.Buffer{Ptr: p, Len: n}
-	r.dev = dev
-	k := ovKey{wire: tag, chunk: uint32(chunk)}
+// rawChunk is the memory of one chunk receive: n bytes at p, and dev, the
+// same memory as a gpu.Buffer when UCX writes device memory directly (else
+// the zero Buffer).
+type rawChunk struct {
+	p   unsafe.Pointer
+	n   int
+	dev gpu.Buffer
+}
+
+// rawRecv posts the receives of chunks first, first+1, ... of the channel
+// message with this tag, in order and at once (one turn of the worker lock).
+// whole says that they are all the chunks of the message.
+//
+// With the overlap engine on, a chunk the engine has already taken off
+// UCX's queue is matched to its receive at once. Otherwise, when whole, the
+// receive is posted to UCX: the destination is known, so UCX moves the
+// data as soon as it arrives, from the progress goroutine (the offload
+// decision, without the engine's table). A receive of part of a message
+// (the staged path posts chunk receives as staging slots free up) waits in
+// the engine's table instead, because the engine numbers a tag's chunks by
+// the order in which it takes them off UCX's queue, and a chunk UCX
+// matched directly would be missing from that count.
+func (t *Transport) rawRecv(peer int, chanID uint32, tag uint64, first int, chunks []rawChunk, whole bool) []*Request {
+	rs := make([]*Request, len(chunks))
+	for i, c := range chunks {
+		r := t.newRequest("channel recv", peer, int(chanID), c.n)
+		r.recv = true
+		r.key = chanSinkKey
+		r.b = ucx.Buffer{Ptr: c.p, Len: c.n}
+		r.dev = c.dev
+		rs[i] = r
+	}
 	t.exec(func() {
-		// The endpoint exists so that the peer's death is noticed; a message
-		// that arrived before the peer was lost can still be received.
-		if _, err := t.peerLocked(peer, r.op); err != nil {
-			var lost *PeerLostError
-			if !errors.As(err, &lost) {
-				t.fail(r, err)
-				return
-			}
-			_, taken := t.ovHasKey(k)
-			if _, _, ok := t.w.TagProbe(tag, FullMask, false); !ok && !taken {
-				t.fail(r, err)
-				return
-			}
-		}
-		if t.ov != nil {
-			if t.ovRecvKey(r, k, chunk == 0 && n < min(ChannelChunkSize, t.ov.thresh)) {
-				return
-			}
-		}
-		ureq, err := t.w.TagRecv(r.b, tag, FullMask)
-		switch {
-		case err != nil:
-			t.fail(r, fmt.Errorf("transport: channel %d recv from rank %d: %w", chanID, peer, err))
-		case !ureq.Pending():
-			t.fail(r, fmt.Errorf("transport: channel %d recv from rank %d: UCX completed a receive without reporting it", chanID, peer))
-		default:
-			t.track(r, ureq)
+		for i, r := range rs {
+			t.postChunkRecv(r, chanID, ovKey{wire: tag, chunk: uint32(first + i)}, whole)
 		}
 	})
-	return r
+	return rs
+}
+
+// postChunkRecv posts r, the receive of channel message chunk k (see
+// rawRecv); the lock is held.
+func (t *Transport) postChunkRecv(r *Request, chanID uint32, k ovKey, whole bool) {
+	// The endpoint exists so that the peer's death is noticed; a message
+	// that arrived before the peer was lost can still be received.
+	if _, err := t.peerLocked(r.peer, r.op); err != nil {
+		var lost *PeerLostError
+		if !errors.As(err, &lost) {
+			t.fail(r, err)
+			return
+		}
+		_, taken := t.ovHasKey(k)
+		if _, _, ok := t.w.TagProbe(k.wire, FullMask, false); !ok && !taken {
+			t.fail(r, err)
+			return
+		}
+	}
+	if t.ov != nil {
+		if t.ovRecvKey(r, k, whole) {
+			return
+		}
+		// UCX matches this chunk and the later ones of the tag.
+		delete(t.ov.chunks, k.wire)
+	}
+	ureq, err := t.w.TagRecv(r.b, k.wire, FullMask)
+	switch {
+	case err != nil:
+		t.fail(r, fmt.Errorf("transport: channel %d recv from rank %d: %w", chanID, r.peer, err))
+	case !ureq.Pending():
+		t.fail(r, fmt.Errorf("transport: channel %d recv from rank %d: UCX completed a receive without reporting it", chanID, r.peer))
+	default:
+		t.track(r, ureq)
+	}
 }
 
 // cancelAll withdraws the receives among rs that have not matched yet.
@@ -228,25 +258,27 @@ func (c *Channel) startDirect(send bool, ctr uint32, e endBuf, cr *ChannelReques
 	}
 	k := chunkCount(cr.n)
 	cr.reqs = make([]*Request, k)
+	chunks := make([]rawChunk, k)
 	off := 0
 	for i := 0; i < k; i++ {
 		n := chunkLen(cr.n, i)
-		var p unsafe.Pointer
-		var dev gpu.Buffer
+		ch := rawChunk{n: n}
 		switch {
 		case n == 0:
 		case device:
-			p = ucx.AddrPointer(addr + uintptr(off))
-			dev, _ = e.g.Slice(off, n) // in range: chunks tile the buffer
+			ch.p = ucx.AddrPointer(addr + uintptr(off))
+			ch.dev, _ = e.g.Slice(off, n) // in range: chunks tile the buffer
 		default:
-			p = unsafe.Add(base, off)
+			ch.p = unsafe.Add(base, off)
 		}
 		if send {
-			cr.reqs[i] = c.t.rawSend(c.peer, c.id, tag, p, n)
-		} else {
-			cr.reqs[i] = c.t.rawRecv(c.peer, c.id, tag, i, p, n, dev)
+			cr.reqs[i] = c.t.rawSend(c.peer, c.id, tag, ch.p, n)
 		}
+		chunks[i] = ch
 		off += n
+	}
+	if !send {
+		cr.reqs = c.t.rawRecv(c.peer, c.id, tag, 0, chunks, true)
 	}
 	return nil
 }
@@ -476,7 +508,7 @@ func (c *Channel) startEagerStaged(send bool, ctr uint32, buf gpu.Buffer, cr *Ch
 		}
 		return true, nil
 	}
-	cr.reqs = []*Request{c.t.rawRecv(c.peer, c.id, tag, 0, p, cr.n, gpu.Buffer{})}
+	cr.reqs = c.t.rawRecv(c.peer, c.id, tag, 0, []rawChunk{{p: p, n: cr.n}}, true)
 	cr.post = func(err error) error {
 		if err == nil && cr.n > 0 {
 			if err = gpu.Copy(buf, slot); err != nil {
@@ -604,7 +636,7 @@ func (c *Channel) runStagedRecv(ctr uint32, buf gpu.Buffer, cr *ChannelRequest) 
 		if l > 0 {
 			p = unsafe.Pointer(unsafe.SliceData(st.bytes[i%d]))
 		}
-		recvs[i] = c.t.rawRecv(c.peer, c.id, tag, i, p, l, gpu.Buffer{})
+		recvs[i] = c.t.rawRecv(c.peer, c.id, tag, i, []rawChunk{{p: p, n: l}}, k == 1)[0]
 	}
 	// A failure withdraws the chunk receives still posted and waits for
 	// the copies already enqueued.
