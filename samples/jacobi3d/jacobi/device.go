@@ -350,22 +350,9 @@ func (b *block) deviceStep(hs *haloSet, last bool) (float64, error) {
 				bufs = append(bufs, f)
 			}
 		}
-		err := gpu.LaunchHost(db.st, func(mem [][]byte) error {
-			u, err := float64View(mem[0])
-			if err != nil {
-				return err
-			}
-			for i, d := range dirs {
-				f, err := float64View(mem[i+1])
-				if err != nil {
-					return err
-				}
-				if err := geo.UnpackFace(u, d, f); err != nil {
-					return err
-				}
-			}
-			return nil
-		}, bufs...)
+		err := launchFaces(db.st, dirs, bufs, func(u []float64, d int, f []float64) error {
+			return geo.UnpackFace(u, d, f)
+		})
 		if err != nil {
 			return 0, fmt.Errorf("unpacking faces: %w", err)
 		}
@@ -430,7 +417,20 @@ func (b *block) packFacesDevice(par int) error {
 	if len(dirs) == 0 {
 		return nil
 	}
-	err := gpu.LaunchHost(db.st, func(mem [][]byte) error {
+	err := launchFaces(db.st, dirs, bufs, func(u []float64, d int, f []float64) error {
+		return geo.PackFaceTo(f, u, d)
+	})
+	if err != nil {
+		return fmt.Errorf("packing faces: %w", err)
+	}
+	return nil
+}
+
+// launchFaces enqueues on st a kernel that calls face(u, d, f) for each
+// direction dirs[i], with u the field in bufs[0] and f the face buffer
+// bufs[i+1], both viewed as float64s.
+func launchFaces(st *gpu.Stream, dirs []int, bufs []gpu.Buffer, face func(u []float64, d int, f []float64) error) error {
+	return gpu.LaunchHost(st, func(mem [][]byte) error {
 		u, err := float64View(mem[0])
 		if err != nil {
 			return err
@@ -440,16 +440,12 @@ func (b *block) packFacesDevice(par int) error {
 			if err != nil {
 				return err
 			}
-			if err := geo.PackFaceTo(f, u, d); err != nil {
+			if err := face(u, d, f); err != nil {
 				return err
 			}
 		}
 		return nil
 	}, bufs...)
-	if err != nil {
-		return fmt.Errorf("packing faces: %w", err)
-	}
-	return nil
 }
 
 // sendInitialFaces packs the initial field's faces (iteration 0) and sends
