@@ -58,7 +58,8 @@ var channelVariants = []struct {
 	local, engine bool
 }{{"local", true, false}, {"ucx", false, false}, {"ucx-engine", false, true}}
 
-// channelJob starts two in-process ranks for variant v.
+// channelJob starts two in-process ranks, their channels connected by the
+// same-process path (local) or UCX, with the overlap engine on or off.
 func channelJob(t *testing.T, local, engine bool) []*Transport {
 	noLocalPath = !local
 	t.Cleanup(func() { noLocalPath = false })
