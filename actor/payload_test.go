@@ -3,6 +3,7 @@ package actor
 import (
 	"bytes"
 	"reflect"
+	"runtime"
 	"testing"
 	"time"
 
@@ -86,3 +87,45 @@ func TestPayloadLandsWhereTheHookSays(t *testing.T) {
 }
 
 func reflectTypeOf[T any]() reflect.Type { return reflect.TypeFor[T]() }
+
+// gatedDispatcher runs an actor's mailbox only once gate is closed: until
+// then the actor has not processed Started.
+type gatedDispatcher struct{ gate chan struct{} }
+
+func (d gatedDispatcher) Schedule(fn func()) {
+	go func() {
+		<-d.gate
+		fn()
+	}()
+}
+
+func (d gatedDispatcher) Throughput() int { return 300 }
+
+// A payload sent to an actor at once after its spawn lands where its hook
+// says, even before the actor has processed Started.
+func TestPayloadHookBeforeStarted(t *testing.T) {
+	rts := startLocal(t, 2)
+	l := &landing{dst: make(Payload, 4096), seen: make(chan blob, 1)}
+	gate := make(chan struct{})
+	if _, err := rts[1].Root().SpawnNamed(rts[1].Props(func() pa.Actor { return l }, pa.WithDispatcher(gatedDispatcher{gate})), "gated"); err != nil {
+		t.Fatal(err)
+	}
+	data := bytes.Repeat([]byte{9}, 1000)
+	if err := rts[0].Send(rts[0].PID(1, "gated"), &blob{Name: "early", Data: data}); err != nil {
+		t.Fatal(err)
+	}
+	// The mailbox has not run: the payload must land through the hook.
+	deadline := time.Now().Add(10 * time.Second)
+	for rts[1].Stats().HookLanded.Load() == 0 {
+		if time.Now().After(deadline) {
+			close(gate)
+			t.Fatalf("no payload landed through the hook before Started was processed (received %d)", rts[1].Stats().Received.Load())
+		}
+		runtime.Gosched()
+	}
+	close(gate)
+	b := <-l.seen
+	if !bytes.Equal(b.Data, data) || &b.Data[0] != &l.dst[0] {
+		t.Fatal("payload not delivered intact in the hook's buffer")
+	}
+}

@@ -44,6 +44,9 @@ func (rt *Runtime) Props(producer pa.Producer, opts ...pa.PropsOption) *pa.Props
 	opts = append([]pa.PropsOption{
 		pa.WithMailbox(pa.Unbounded(mw)),
 		pa.WithReceiverMiddleware(rt.trackMiddleware),
+		// Known from the spawn on, before Started is processed: a message
+		// arriving at once must find the actor's hooks.
+		pa.WithOnInit(func(c pa.Context) { rt.trackLocal(c.Self(), c.Actor()) }),
 	}, opts...)
 	return pa.PropsFromProducer(producer, opts...)
 }
@@ -57,15 +60,20 @@ func (rt *Runtime) PropsFromFunc(f pa.ReceiveFunc, opts ...pa.PropsOption) *pa.P
 func (rt *Runtime) trackMiddleware(next pa.ReceiverFunc) pa.ReceiverFunc {
 	return func(c pa.ReceiverContext, env *pa.MessageEnvelope) {
 		switch env.Message.(type) {
-		case *pa.Started:
-			la := &localActor{pid: c.Self(), actor: c.Actor()}
-			la.hook, _ = c.Actor().(PostReceiver)
-			rt.local.Store(c.Self().Id, la)
+		case *pa.Started: // again after a restart: a new actor instance
+			rt.trackLocal(c.Self(), c.Actor())
 		case *pa.Stopped:
 			rt.local.Delete(c.Self().Id)
 		}
 		next(c, env)
 	}
+}
+
+// trackLocal records a as the runtime's actor at pid, with its hooks.
+func (rt *Runtime) trackLocal(pid *pa.PID, a pa.Actor) {
+	la := &localActor{pid: pid, actor: a}
+	la.hook, _ = a.(PostReceiver)
+	rt.local.Store(pid.Id, la)
 }
 
 // creditMiddleware returns credits after an actor processes a remote message.
