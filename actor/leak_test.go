@@ -72,6 +72,7 @@ func TestLeakShutdown(t *testing.T) {
 		switch m := c.Message().(type) {
 		case *pa.PID:
 			c.Watch(m)
+			c.Respond(true) // the Watch is on its way to m's rank
 		case *pa.Terminated:
 			term <- m
 		}
@@ -80,8 +81,12 @@ func TestLeakShutdown(t *testing.T) {
 		t.Fatal(err)
 	}
 	target := rts[0].PID(2, "echo")
-	rts[0].Root().Send(w, target)
-	if _, err := rts[0].Request(target, &ping{}, 10*time.Second); err != nil { // the watch is there
+	// Once the watcher has answered, its Watch was sent; the request behind
+	// it on the same pair of ranks arrives after it, so the watch is there.
+	if _, err := rts[0].Root().RequestFuture(w, target, 10*time.Second).Result(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rts[0].Request(target, &ping{}, 10*time.Second); err != nil {
 		t.Fatal(err)
 	}
 	rts[0].Root().Stop(target)
