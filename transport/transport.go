@@ -836,10 +836,8 @@ func (t *Transport) complete(r *Request) {
 		r.iov = nil
 	}
 	r.b, r.pins = ucx.Buffer{}, nil
-	if r.peer >= 0 && r.peer < len(t.peers) {
-		if p := t.peers[r.peer]; p != nil {
-			delete(p.pending, r)
-		}
+	if p := t.peerOf(r.peer); p != nil {
+		delete(p.pending, r)
 	}
 	r.ureq = ucx.Request{}
 	// Once fin is set the waiter may return and recycle r: read done first.
