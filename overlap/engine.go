@@ -185,6 +185,8 @@ func (e *Engine) Step(ev Event) (Decision, error) {
 		err = e.prefetchConsumed(ev)
 	case PrefetchDropped:
 		err = e.prefetchDropped(ev)
+	case OnloadDropped:
+		err = e.onloadDropped(ev)
 	default:
 		return none(ev.ID), fmt.Errorf("%w: %d", ErrUnknownEvent, ev.Kind)
 	}
@@ -591,6 +593,22 @@ func (e *Engine) prefetchDropped(ev Event) error {
 	e.stats.PrefetchDropped++
 	e.removeOutstanding(t)
 	e.pool.release(t.slot)
+	delete(e.transfers, ev.ID)
+	return nil
+}
+
+func (e *Engine) onloadDropped(ev Event) error {
+	t, ok := e.transfers[ev.ID]
+	if !ok {
+		return ErrUnknownTransfer
+	}
+	if t.mode == Prefetch || t.mode == Offload || t.expected || t.posted || t.started {
+		return ErrOrder
+	}
+	if t.mode == Onload {
+		e.stats.OnloadDropped++
+	}
+	e.removeOutstanding(t)
 	delete(e.transfers, ev.ID)
 	return nil
 }

@@ -60,6 +60,9 @@ func consumed(at time.Duration, id TransferID) Event {
 func dropped(at time.Duration, id TransferID) Event {
 	return Event{Kind: PrefetchDropped, At: at, ID: id}
 }
+func onloadDropped(at time.Duration, id TransferID) Event {
+	return Event{Kind: OnloadDropped, At: at, ID: id}
+}
 
 // Decision shorthands (the ID is filled in from the event).
 var (
@@ -275,6 +278,22 @@ func TestEngineTable(t *testing.T) {
 			},
 		},
 		{
+			name: "an onloaded unexpected message dropped before its match leaves K",
+			steps: []step{
+				{unexp(0, 1, 1, 3*MB), dec(Onload, ReasonTooLarge)},
+				{unexp(0, 2, 1, 2*MB), pf(0, ReasonPrefetch)},
+				{unexp(0, 3, 1, 100), dec(Onload, ReasonEager)},
+				{onloadDropped(5*us, 1), wait},
+				{onloadDropped(5*us, 3), wait},
+			},
+			stats: func(t *testing.T, s Stats) {
+				require.EqualValues(t, 1, s.OnloadDropped)
+				require.Equal(t, 1, s.Outstanding) // the prefetch, id 2
+				require.Equal(t, 1, s.Tracked)
+				require.EqualValues(t, 0, s.PrefetchDropped)
+			},
+		},
+		{
 			name: "message larger than MaxPrefetchSize is onloaded",
 			steps: []step{
 				{unexp(0, 1, 1, 3*MB), dec(Onload, ReasonTooLarge)},
@@ -432,6 +451,10 @@ func TestEngineErrors(t *testing.T) {
 		{"consume before receive", []Event{unexp(0, 1, 1, MB), done(1, 1)}, consumed(2, 1), ErrOrder},
 		{"consume a non-prefetch", []Event{unexp(0, 1, 1, 3*MB)}, consumed(2, 1), ErrOrder},
 		{"drop a non-prefetch", []Event{unexp(0, 1, 1, 3*MB)}, dropped(2, 1), ErrOrder},
+		{"onload-drop a prefetch", []Event{unexp(0, 1, 1, MB)}, onloadDropped(2, 1), ErrOrder},
+		{"onload-drop a matched message", []Event{unexp(0, 1, 1, 3*MB), post(1, 1, 1, 3*MB)}, onloadDropped(2, 1), ErrOrder},
+		{"onload-drop a receive", []Event{post(0, 1, 1, MB)}, onloadDropped(2, 1), ErrOrder},
+		{"onload-drop unknown id", nil, onloadDropped(2, 1), ErrUnknownTransfer},
 		{"cancel a receive matched to an unexpected message", []Event{unexp(0, 1, 1, MB), post(1, 1, 1, MB)}, cancel(2, 1), ErrOrder},
 		{"cancel an unexpected header", []Event{unexp(0, 1, 1, MB)}, cancel(2, 1), ErrOrder},
 	}

@@ -52,6 +52,11 @@ const (
 	// transfer failed) without being consumed; no write into its slot is
 	// in flight any more. The slot returns to the pool.
 	PrefetchDropped
+	// OnloadDropped: the unexpected message ID, onloaded or eager (not
+	// prefetched), was discarded before any receive matched it and before
+	// its transfer started: its consumer went away (an actor stopped with
+	// the message in its mailbox). The engine forgets it.
+	OnloadDropped
 )
 
 var eventNames = [...]string{
@@ -64,6 +69,7 @@ var eventNames = [...]string{
 	Tick:              "Tick",
 	PrefetchConsumed:  "PrefetchConsumed",
 	PrefetchDropped:   "PrefetchDropped",
+	OnloadDropped:     "OnloadDropped",
 }
 
 func (k EventKind) String() string {

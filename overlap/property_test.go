@@ -50,7 +50,7 @@ func genEvent(t *rapid.T, label string, at *time.Duration) Event {
 	}
 	sizes := []int64{100, 64 << 10, 1 << 20, 3 << 20}
 	return Event{
-		Kind:     EventKind(rapid.IntRange(1, int(PrefetchDropped)).Draw(t, label+"-kind")),
+		Kind:     EventKind(rapid.IntRange(1, int(OnloadDropped)).Draw(t, label+"-kind")),
 		At:       *at,
 		ID:       TransferID(rapid.IntRange(1, 10).Draw(t, label+"-id")),
 		Peer:     rapid.IntRange(-1, 3).Draw(t, label+"-peer"),

@@ -27,6 +27,7 @@ type Stats struct {
 	PrefetchUseful  uint64 // receive posted after the prefetch completed
 	PrefetchUseless uint64 // receive posted before completion, or dropped
 	PrefetchDropped uint64 // of the useless, those dropped unconsumed
+	OnloadDropped   uint64 // unexpected onloaded messages dropped unmatched
 	// Shadow outcomes: for unexpected messages that were onloaded, whether
 	// a prefetch would have completed before the receive was posted.
 	ShadowUseful  uint64
