@@ -25,7 +25,9 @@ var deviceType = reflect.TypeFor[gpu.Buffer]()
 
 // DevicePostReceiver is implemented by actors that choose the device buffer
 // a message's gpu.Buffer field lands in. It runs on the runtime's progress
-// goroutine (see PostReceiver); the buffer must be exactly in.Size bytes, or
+// goroutine (see PostReceiver), or on the actor's own goroutine before its
+// Receive when the overlap engine deferred the message's data
+// (docs/overlap.md, section 7); the buffer must be exactly in.Size bytes, or
 // the message is undeliverable. Returning the zero Buffer lets the runtime
 // allocate on its device.
 type DevicePostReceiver interface {

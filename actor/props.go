@@ -31,6 +31,7 @@ type localActor struct {
 	pid   *pa.PID
 	hook  PostReceiver
 	actor pa.Actor
+	run   *actorRun // how it is dispatched (deferred.go)
 }
 
 // Props returns protoactor Props for an actor that other ranks can message
@@ -43,10 +44,12 @@ func (rt *Runtime) Props(producer pa.Producer, opts ...pa.PropsOption) *pa.Props
 	mw := &creditMiddleware{rt: rt}
 	opts = append([]pa.PropsOption{
 		pa.WithMailbox(pa.Unbounded(mw)),
-		pa.WithReceiverMiddleware(rt.trackMiddleware),
+		pa.WithReceiverMiddleware(rt.trackMiddleware, deferredMiddleware),
 		// Known from the spawn on, before Started is processed: a message
 		// arriving at once must find the actor's hooks.
-		pa.WithOnInit(func(c pa.Context) { rt.trackLocal(c.Self(), c.Actor()) }),
+		pa.WithOnInit(func(c pa.Context) {
+			rt.trackLocal(c.Self(), c.Actor(), &actorRun{spawnG: goroutineID()})
+		}),
 	}, opts...)
 	return pa.PropsFromProducer(producer, opts...)
 }
@@ -61,7 +64,12 @@ func (rt *Runtime) trackMiddleware(next pa.ReceiverFunc) pa.ReceiverFunc {
 	return func(c pa.ReceiverContext, env *pa.MessageEnvelope) {
 		switch env.Message.(type) {
 		case *pa.Started: // again after a restart: a new actor instance
-			rt.trackLocal(c.Self(), c.Actor())
+			run := &actorRun{}
+			if la, ok := rt.local.Load(c.Self().Id); ok {
+				run = la.(*localActor).run
+			}
+			run.started()
+			rt.trackLocal(c.Self(), c.Actor(), run)
 		case *pa.Stopped:
 			rt.local.Delete(c.Self().Id)
 		}
@@ -70,8 +78,8 @@ func (rt *Runtime) trackMiddleware(next pa.ReceiverFunc) pa.ReceiverFunc {
 }
 
 // trackLocal records a as the runtime's actor at pid, with its hooks.
-func (rt *Runtime) trackLocal(pid *pa.PID, a pa.Actor) {
-	la := &localActor{pid: pid, actor: a}
+func (rt *Runtime) trackLocal(pid *pa.PID, a pa.Actor, run *actorRun) {
+	la := &localActor{pid: pid, actor: a, run: run}
 	la.hook, _ = a.(PostReceiver)
 	rt.local.Store(pid.Id, la)
 }
@@ -84,7 +92,14 @@ func (m *creditMiddleware) MessagePosted(any) {}
 func (m *creditMiddleware) MailboxEmpty()     {}
 func (m *creditMiddleware) MessageReceived(msg any) {
 	env, ok := msg.(*pa.MessageEnvelope)
-	if !ok || env.Header == nil {
+	if !ok {
+		return
+	}
+	if d, ok := env.Message.(*deferredData); ok && d.drop() {
+		// The actor stopped before it took the message.
+		m.rt.stats.DeadLetters.Add(1)
+	}
+	if env.Header == nil {
 		return
 	}
 	src, ok := env.Header[HeaderSourceRank]

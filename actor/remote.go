@@ -256,11 +256,13 @@ const headerCost = "troupe.cost"
 
 // inItem is one received message on its way to delivery.
 type inItem struct {
-	e     envelope
-	msg   any
-	err   string // why it cannot be delivered
-	ready bool
-	cost  int
+	e        envelope
+	msg      any
+	err      string // why it cannot be delivered
+	ready    bool
+	cost     int
+	hooked   bool          // its data lands in the PostReceive hook's buffer
+	deferred *deferredData // its actor completes it (deferred.go)
 }
 
 func (in *inPeer) wait() { in.pending.Wait() }
@@ -349,6 +351,9 @@ func (rt *Runtime) onMessage(m *transport.AMMessage) {
 		in.mu.Unlock()
 		return
 	}
+	if rt.planData(m, in, it, ct, dst) {
+		return
+	}
 	req, rerr := m.RecvData(dst)
 	if rerr != nil {
 		it.err = "receiving data: " + rerr.Error()
@@ -416,6 +421,7 @@ func (rt *Runtime) landing(it *inItem, ct *codecType, size int) []byte {
 		if dst := la.(*localActor).hook.PostReceive(inc); dst != nil {
 			if len(dst) == size {
 				rt.stats.HookLanded.Add(1)
+				it.hooked = true
 				return dst
 			}
 			it.err = fmt.Sprintf("PostReceive returned %d bytes for a payload of %d", len(dst), size)
@@ -484,6 +490,10 @@ func (rt *Runtime) deliver(it *inItem) {
 		rt.undeliverable(target, nil, sender, it.err)
 		return
 	}
+	msg := it.msg
+	if it.deferred != nil {
+		msg = it.deferred
+	}
 	proc, found := rt.sys.ProcessRegistry.GetLocal(e.Target)
 	if e.Flags&flagSystem != 0 {
 		if t, ok := it.msg.(*pa.Terminated); ok && t.Who != nil {
@@ -498,7 +508,11 @@ func (rt *Runtime) deliver(it *inItem) {
 	if !found {
 		in.credit(it.cost)
 		rt.stats.DeadLetters.Add(1)
-		proc.SendUserMessage(target, &pa.MessageEnvelope{Message: it.msg, Sender: sender})
+		if it.deferred != nil {
+			it.deferred.drop()
+			msg = nil
+		}
+		proc.SendUserMessage(target, &pa.MessageEnvelope{Message: msg, Sender: sender})
 		return
 	}
 	rt.answered(e.Target)
@@ -506,10 +520,10 @@ func (rt *Runtime) deliver(it *inItem) {
 	if !tracked || it.cost == 0 {
 		in.credit(it.cost)
 		if sender == nil {
-			proc.SendUserMessage(target, it.msg)
+			proc.SendUserMessage(target, msg)
 			return
 		}
-		proc.SendUserMessage(target, &pa.MessageEnvelope{Message: it.msg, Sender: sender})
+		proc.SendUserMessage(target, &pa.MessageEnvelope{Message: msg, Sender: sender})
 		return
 	}
 	// The target's mailbox returns the credits once the actor has processed
@@ -518,7 +532,7 @@ func (rt *Runtime) deliver(it *inItem) {
 	if it.cost != 1 {
 		hdr = map[string]string{HeaderSourceRank: in.hdr[HeaderSourceRank], headerCost: strconv.Itoa(it.cost)}
 	}
-	proc.SendUserMessage(target, &pa.MessageEnvelope{Header: hdr, Message: it.msg, Sender: sender})
+	proc.SendUserMessage(target, &pa.MessageEnvelope{Header: hdr, Message: msg, Sender: sender})
 }
 
 // Buffer pool for landing data: power-of-two classes from 4 KiB.

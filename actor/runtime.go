@@ -106,17 +106,20 @@ type Runtime struct {
 
 // Stats are the runtime's counters.
 type Stats struct {
-	Sent          atomic.Uint64 // actor messages sent to other ranks
-	Received      atomic.Uint64 // actor messages received from other ranks
-	Rendezvous    atomic.Uint64 // received messages whose data came by rendezvous
-	HookLanded    atomic.Uint64 // payloads landed in hook-provided memory
-	DeviceLanded  atomic.Uint64 // gpu.Buffer fields landed in device memory
-	TypedUnpacked atomic.Uint64 // Typed fields unpacked into PostReceiveTyped buffers
-	DeadLetters   atomic.Uint64 // undeliverable received messages
-	CreditWaits   atomic.Uint64 // sends that waited for credits
-	CreditsBack   atomic.Uint64 // credit messages sent back to senders
-	DecodeErrors  atomic.Uint64 // malformed envelopes or bodies received
-	WatchesByLoss atomic.Uint64 // Terminated messages generated for lost ranks
+	Sent       atomic.Uint64 // actor messages sent to other ranks
+	Received   atomic.Uint64 // actor messages received from other ranks
+	Rendezvous atomic.Uint64 // received messages whose data came by rendezvous
+	// Of those, the overlap engine's decisions (docs/overlap.md, section 7):
+	DataPrefetched atomic.Uint64 // data moved at arrival, taken later by the actor
+	DataOnloaded   atomic.Uint64 // data moved by the actor's goroutine when it took the message
+	HookLanded     atomic.Uint64 // payloads landed in hook-provided memory
+	DeviceLanded   atomic.Uint64 // gpu.Buffer fields landed in device memory
+	TypedUnpacked  atomic.Uint64 // Typed fields unpacked into PostReceiveTyped buffers
+	DeadLetters    atomic.Uint64 // undeliverable received messages
+	CreditWaits    atomic.Uint64 // sends that waited for credits
+	CreditsBack    atomic.Uint64 // credit messages sent back to senders
+	DecodeErrors   atomic.Uint64 // malformed envelopes or bodies received
+	WatchesByLoss  atomic.Uint64 // Terminated messages generated for lost ranks
 }
 
 // Address returns the actor-system address of rank r.

@@ -33,8 +33,11 @@ type Typed struct {
 }
 
 // TypedPostReceiver is implemented by actors that choose where a message's
-// Typed field is unpacked. It runs on the runtime's progress goroutine (see
-// PostReceiver). Returning a Typed with a nil Type keeps the packed bytes.
+// Typed field is unpacked. It runs once the packed bytes are in: on the
+// runtime's progress goroutine (see PostReceiver), or, for a message whose
+// data the overlap engine deferred (docs/overlap.md, section 7), on the
+// actor's own goroutine just before its Receive. Returning a Typed with a
+// nil Type keeps the packed bytes.
 type TypedPostReceiver interface {
 	PostReceiveTyped(in *Incoming) Typed
 }

@@ -200,6 +200,9 @@ func actorOrder(ctx context.Context, r *rank) error {
 				return err
 			}
 			r.logf("both streams of %d messages arrived intact and in order", orderStream)
+			if err := engineAfterOrder(r, rt); err != nil {
+				return err
+			}
 		} else {
 			r.logf("stream of %d messages in order (%v)", orderStream, time.Since(start).Round(time.Millisecond))
 		}
@@ -212,6 +215,45 @@ func TestActorSendOrder(t *testing.T) {
 		res := runJob(t, "actor-order", actorRanks, c)
 		requireLine(t, res, fmt.Sprintf("[1] rank 1: both streams of %d messages arrived intact and in order", orderStream))
 	})
+}
+
+// The same streams with the overlap engine on: the sink's large messages go
+// through the engine (prefetched or onloaded, docs/overlap.md section 7)
+// and still arrive intact and in order.
+func TestActorSendOrderEngine(t *testing.T) {
+	t.Setenv(transport.OverlapEnv, "on")
+	forActorTLS(t, func(t *testing.T, c cfg) {
+		res := runJob(t, "actor-order", actorRanks, c)
+		requireLine(t, res, fmt.Sprintf("[1] rank 1: both streams of %d messages arrived intact and in order", orderStream))
+		requireLine(t, res, "[1] rank 1: engine books clean")
+	})
+}
+
+// engineAfterOrder checks, with the engine on, that the sink's rank planned
+// its rendezvous messages through it and that the engine forgot every one.
+func engineAfterOrder(r *rank, rt *actor.Runtime) error {
+	s, on := rt.Transport().OverlapStats()
+	if !on {
+		return nil
+	}
+	st := rt.Stats()
+	pre, onl := st.DataPrefetched.Load(), st.DataOnloaded.Load()
+	if pre+onl == 0 {
+		return fmt.Errorf("engine on, but none of %d rendezvous messages went through it", st.Rendezvous.Load())
+	}
+	deadline := time.Now().Add(actorTimeout)
+	for s.Tracked != 0 || s.Outstanding != 0 || s.PoolInUse != 0 {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("engine books not clean: %+v", s)
+		}
+		time.Sleep(time.Millisecond)
+		s, _ = rt.Transport().OverlapStats()
+	}
+	if n := rt.Transport().OverlapTable().PolicyErrors; n != 0 {
+		return fmt.Errorf("%d overlap policy errors", n)
+	}
+	r.logf("engine books clean: %d of %d rendezvous messages prefetched, %d onloaded", pre, st.Rendezvous.Load(), onl)
+	return nil
 }
 
 // ---------------------------------------------------------------------------

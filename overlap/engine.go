@@ -29,6 +29,7 @@ type transfer struct {
 	started  bool
 	complete bool
 	slot     int
+	inPlace  bool // unexpected, and a prefetch lands in its destination
 }
 
 // peerState is what the engine learns about one sending peer.
@@ -298,6 +299,15 @@ func (e *Engine) prefetchAllowed(peer int) bool {
 	return float64(ps.useful) >= e.cfg.PrefetchUsefulRatio*float64(ps.n)
 }
 
+// learnPrefetch records a (real or shadow) prefetch outcome in the peer's
+// history, except for in-place transfers: their prefetch costs no copy, so
+// their outcome says nothing about the copies the rule avoids.
+func (e *Engine) learnPrefetch(t *transfer, useful bool) {
+	if !t.inPlace {
+		e.recordPrefetch(t.peer, useful)
+	}
+}
+
 func (e *Engine) recordPrefetch(peer int, useful bool) {
 	e.peer(peer).record(useful, e.cfg.PrefetchWindow)
 }
@@ -364,7 +374,7 @@ func (e *Engine) matchUnexpected(ev Event, t *transfer) (Decision, error) {
 	switch t.mode {
 	case Prefetch:
 		useful := t.complete
-		e.recordPrefetch(t.peer, useful)
+		e.learnPrefetch(t, useful)
 		if useful {
 			e.stats.PrefetchUseful++
 		} else {
@@ -376,7 +386,7 @@ func (e *Engine) matchUnexpected(ev Event, t *transfer) (Decision, error) {
 			// Shadow outcome: would a prefetch started at header arrival
 			// have finished before this receive was posted?
 			useful := float64(e.now-t.headerAt) >= e.cfg.cost(t.size)
-			e.recordPrefetch(t.peer, useful)
+			e.learnPrefetch(t, useful)
 			if useful {
 				e.stats.ShadowUseful++
 			} else {
@@ -397,7 +407,7 @@ func (e *Engine) headerArrived(ev Event) (Decision, error) {
 	if _, ok := e.transfers[ev.ID]; ok {
 		return Decision{}, ErrDuplicate
 	}
-	t := &transfer{peer: ev.Peer, size: ev.Size, header: true, headerAt: e.now, slot: NoSlot}
+	t := &transfer{peer: ev.Peer, size: ev.Size, header: true, headerAt: e.now, slot: NoSlot, inPlace: ev.InPlace}
 	e.transfers[ev.ID] = t
 	if ev.Size < e.cfg.RendezvousThreshold {
 		e.stats.Eager++
@@ -412,7 +422,7 @@ func (e *Engine) headerArrived(ev Event) (Decision, error) {
 		r = ReasonPoolFull
 	case ev.Size > e.cfg.maxPrefetch():
 		r = ReasonTooLarge
-	case !e.prefetchAllowed(ev.Peer):
+	case !ev.InPlace && !e.prefetchAllowed(ev.Peer):
 		r = ReasonPeerHistory
 	default:
 		slot, ok := e.pool.acquire()
@@ -587,7 +597,7 @@ func (e *Engine) prefetchDropped(ev Event) error {
 		return ErrOrder
 	}
 	if !t.posted {
-		e.recordPrefetch(t.peer, false)
+		e.learnPrefetch(t, false)
 		e.stats.PrefetchUseless++
 	}
 	e.stats.PrefetchDropped++

@@ -43,6 +43,9 @@ func exp(at time.Duration, id TransferID, peer int, size int64) Event {
 func unexp(at time.Duration, id TransferID, peer int, size int64) Event {
 	return Event{Kind: HeaderArrived, At: at, ID: id, Peer: peer, Size: size}
 }
+func inPlace(at time.Duration, id TransferID, peer int, size int64) Event {
+	return Event{Kind: HeaderArrived, At: at, ID: id, Peer: peer, Size: size, InPlace: true}
+}
 func start(at time.Duration, id TransferID) Event {
 	return Event{Kind: TransferStarted, At: at, ID: id}
 }
@@ -340,6 +343,40 @@ func TestEngineTable(t *testing.T) {
 				require.EqualValues(t, 2, s.PrefetchUseless)
 				require.EqualValues(t, 2, s.ShadowUseful)
 				require.EqualValues(t, 2, s.OnloadPeerHistory)
+			},
+		},
+		{
+			name: "in-place prefetches ignore and do not feed the peer history",
+			steps: []step{
+				// Two useless in-place prefetches from peer 1 ...
+				{inPlace(0, 1, 1, MB), pf(0, ReasonPrefetch)},
+				{post(1*us, 1, 1, MB), pf(0, ReasonPrefetched)},
+				{done(12*us, 1), wait},
+				{consumed(13*us, 1), wait},
+				{inPlace(20*us, 2, 1, MB), pf(0, ReasonPrefetch)},
+				{post(21*us, 2, 1, MB), pf(0, ReasonPrefetched)},
+				{done(32*us, 2), wait},
+				{consumed(33*us, 2), wait},
+				// ... leave its slot-copy prefetches on.
+				{unexp(40*us, 3, 1, MB), pf(0, ReasonPrefetch)},
+				{post(41*us, 3, 1, MB), pf(0, ReasonPrefetched)},
+				{done(52*us, 3), wait},
+				{consumed(53*us, 3), wait},
+				{unexp(60*us, 4, 1, MB), pf(0, ReasonPrefetch)},
+				{post(61*us, 4, 1, MB), pf(0, ReasonPrefetched)},
+				{done(72*us, 4), wait},
+				{consumed(73*us, 4), wait},
+				// Now the history is bad: slot copies are off, in-place
+				// prefetches still on; the pool and size limit still hold.
+				{unexp(80*us, 5, 1, MB), dec(Onload, ReasonPeerHistory)},
+				{inPlace(81*us, 6, 1, MB), pf(0, ReasonPrefetch)},
+				{inPlace(82*us, 7, 1, MB), pf(1, ReasonPrefetch)},
+				{inPlace(83*us, 8, 1, MB), dec(Onload, ReasonPoolFull)},
+				{inPlace(84*us, 9, 1, 3*MB), dec(Onload, ReasonTooLarge)},
+			},
+			stats: func(t *testing.T, s Stats) {
+				require.EqualValues(t, 4, s.PrefetchUseless)
+				require.EqualValues(t, 1, s.OnloadPeerHistory)
 			},
 		},
 		{

@@ -92,6 +92,13 @@ type Event struct {
 	Tag      uint64
 	Size     int64
 	Expected bool
+	// InPlace marks an unexpected HeaderArrived whose prefetch would land
+	// straight in the message's final destination (an actor message: its
+	// landing buffer is known at arrival), not in a pool slot copied out
+	// later. Such a prefetch costs no copy, so the per-peer prefetch
+	// history neither gates it nor learns from it; the pool, the size limit
+	// and K still apply.
+	InPlace bool
 }
 
 // Action is what the transport should do with a transfer.

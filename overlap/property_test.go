@@ -56,6 +56,7 @@ func genEvent(t *rapid.T, label string, at *time.Duration) Event {
 		Peer:     rapid.IntRange(-1, 3).Draw(t, label+"-peer"),
 		Size:     sizes[rapid.IntRange(0, len(sizes)-1).Draw(t, label+"-size")],
 		Expected: rapid.Bool().Draw(t, label+"-exp"),
+		InPlace:  rapid.Bool().Draw(t, label+"-inplace"),
 	}
 }
 

@@ -27,7 +27,9 @@ type AMMessage struct {
 	// Rendezvous reports that the data has not moved yet: fetch it with RecvData.
 	Rendezvous bool
 
-	cma *cmaAM // the data stays in the sender's memory (cma.go)
+	cma *cmaAM   // the data stays in the sender's memory (cma.go)
+	id  uint16   // the handler's id
+	ov  *amTrack // the overlap engine's record (Plan)
 }
 
 // Data returns eager data (nil for rendezvous messages).
@@ -56,6 +58,12 @@ func (m *AMMessage) RecvData(dst []byte) (*Request, error) {
 	m.consumed = true
 	t := m.t
 	r := t.newRequest("am-recv", -1, 0, len(dst))
+	if m.ov != nil {
+		t.mu.Lock()
+		t.amStarted(m.ov)
+		r.amov = m.ov
+		t.mu.Unlock()
+	}
 	if m.cma != nil {
 		t.cmaRecvAM(m, r, dst)
 		return r, nil
@@ -95,6 +103,9 @@ func (m *AMMessage) Release() {
 	t := m.t
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	if m.ov != nil {
+		t.amDropped(m.ov)
+	}
 	if m.cma != nil && !t.closed {
 		t.cmaAck(m.cma.from, m.cma.d.id, 0) // dropped: the sender may go on
 	}
@@ -188,6 +199,7 @@ func (t *Transport) deliverOne(ev ucx.Event) {
 		}
 		m.cma, m.Size, m.Rendezvous, id = c, int(c.d.n), true, c.amID
 	}
+	m.id = id
 	t.mu.Lock()
 	h := t.amh[id]
 	t.mu.Unlock()

@@ -610,7 +610,8 @@ type Request struct {
 	pin    runtime.Pinner
 	pinned bool
 	iov    *ucx.IOV
-	ov     *ovRecv // overlap engine state (Options.Overlap)
+	ov     *ovRecv  // overlap engine state (Options.Overlap)
+	amov   *amTrack // an active message's data transfer the engine follows
 	// dev is the receive buffer as device memory, when UCX writes device
 	// memory directly (queues, channels): copies into it go through gpu.
 	dev gpu.Buffer
@@ -826,6 +827,10 @@ func (t *Transport) finish(r *Request, st ucx.Status, length int) {
 func (t *Transport) complete(r *Request) {
 	if r.fin.Load() {
 		return
+	}
+	if r.amov != nil {
+		t.amDone(r.amov)
+		r.amov = nil
 	}
 	if r.pinned {
 		r.pin.Unpin()

@@ -234,7 +234,15 @@ func actorBenchRank(ctx context.Context, f actorBenchFlags) error {
 	if err := writeBenchRows(rt.Rank(), rows); err != nil {
 		return err
 	}
-	return rt.Transport().Bootstrap().Barrier(ctx, "bench.actor.done")
+	if err := rt.Transport().Bootstrap().Barrier(ctx, "bench.actor.done"); err != nil {
+		return err
+	}
+	if s, on := rt.Transport().OverlapStats(); on && rt.Rank() == 1 {
+		st := rt.Stats()
+		fmt.Fprintf(os.Stderr, "# receiving rank, overlap engine on: %d rendezvous messages, %d prefetched, %d onloaded (%d for a full pool, %d too large)\n",
+			st.Rendezvous.Load(), st.DataPrefetched.Load(), st.DataOnloaded.Load(), s.OnloadPoolFull, s.OnloadTooLarge)
+	}
+	return nil
 }
 
 // benchSink counts messages and answers a benchDone once it has seen N.
