@@ -1,6 +1,7 @@
 package transport
 
 import (
+	"bytes"
 	"fmt"
 
 	"go.uber.org/zap"
@@ -127,12 +128,20 @@ func (t *Transport) SetAMHandler(id uint16, h AMHandler) error {
 	if t.closed {
 		return ErrClosed
 	}
-	if _, ok := t.amh[id]; !ok {
+	old := *t.amh.Load()
+	if _, ok := old[id]; !ok {
 		if err := t.w.SetAMHandler(id); err != nil {
 			return fmt.Errorf("transport: %w", err)
 		}
 	}
-	t.amh[id] = h
+	// Handlers are read on every message without a lock: the map is
+	// replaced, never changed.
+	m := make(map[uint16]AMHandler, len(old)+1)
+	for k, v := range old {
+		m[k] = v
+	}
+	m[id] = h
+	t.amh.Store(&m)
 	return nil
 }
 
@@ -167,26 +176,121 @@ func (t *Transport) SendAM(dst int, id uint16, header, data []byte, mode uint32)
 	return r, nil
 }
 
+// MaxPostAM is the largest header plus data PostAM takes: it copies them.
+const MaxPostAM = 16 << 10
+
+// PostAM sends an active message with header and data to dst, UCX choosing
+// the protocol (AMAuto), without a request: header and data are copied
+// before PostAM returns, so the caller may reuse them at once, and nothing
+// reports the send's completion. An error that UCX reports at once (the
+// peer is lost, the transport closed) is returned; one that comes later is
+// only counted (PostFailed). Sends from one goroutine to one rank,
+// by PostAM and SendAM alike, leave in call order. len(header)+len(data)
+// must be at most MaxPostAM.
+func (t *Transport) PostAM(dst int, id uint16, header, data []byte) error {
+	if err := t.checkRank(dst, "am-send"); err != nil {
+		return err
+	}
+	if len(header)+len(data) > MaxPostAM {
+		return fmt.Errorf("%w: am-send of %d bytes exceeds PostAM's %d", ErrInvalid, len(header)+len(data), MaxPostAM)
+	}
+	if t.opts.Progress == ProgressQueue {
+		// Calls run on the progress goroutine in submission order: this one
+		// must queue behind them too. What is known to fail now fails now.
+		t.mu.Lock()
+		var err error
+		if t.closed {
+			err = fmt.Errorf("transport: am-send rank %d: %w", dst, ErrClosed)
+		} else if p := t.peers[dst]; p != nil && p.lost != nil {
+			err = &PeerLostError{Rank: dst, Op: "am-send", Reason: p.lost.Reason}
+		}
+		t.mu.Unlock()
+		if err != nil {
+			return err
+		}
+		r, err := t.SendAM(dst, id, bytes.Clone(header), bytes.Clone(data), AMAuto)
+		if err != nil {
+			return err
+		}
+		if done, err := r.Finished(); done {
+			return err
+		}
+		return nil
+	}
+	t.callers.Add(1)
+	t.mu.Lock()
+	t.callers.Add(-1)
+	p, err := t.peerLocked(dst, "am-send")
+	if err == nil {
+		if _, perr := t.w.AMPost(p.ep, id, header, data, AMAuto); perr != nil {
+			err = fmt.Errorf("transport: am-send rank %d: %w", dst, perr)
+		}
+	}
+	handOff := t.ov != nil && (len(t.cma.jobs) > 0 || len(t.amq) > 0)
+	t.mu.Unlock()
+	if handOff {
+		t.wake()
+	}
+	return err
+}
+
+// PostFailed is the number of PostAM sends that failed after PostAM had
+// returned (a peer lost with messages still queued to it, say).
+func (t *Transport) PostFailed() uint64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.w == nil {
+		return t.postFailed
+	}
+	return t.w.PostFailed()
+}
+
 // deliverAM runs handlers for queued active messages, in arrival order.
+// What the handlers leave behind (header copies, eager data) is released in
+// one call per batch, under one worker lock, rather than one per message.
 func (t *Transport) deliverAM() {
 	t.amMu.Lock()
 	defer t.amMu.Unlock()
 	for {
 		t.mu.Lock()
 		q := t.amq
-		t.amq = nil
+		t.amq = t.amSpare[:0]
+		t.amSpare = nil
 		t.mu.Unlock()
 		if len(q) == 0 {
+			t.amSpare = q
 			return
 		}
+		done := q[:0] // the events handled and left for release, in place
 		for i := range q {
-			t.deliverOne(q[i])
+			if t.deliverOne(&q[i]) {
+				done = append(done, q[i])
+			}
 		}
+		t.mu.Lock()
+		if t.w != nil {
+			t.w.AMRelease(done)
+		}
+		if t.amSpare == nil {
+			t.amSpare = q[:0]
+		}
+		t.mu.Unlock()
 	}
 }
 
-func (t *Transport) deliverOne(ev ucx.Event) {
-	m := &AMMessage{t: t, ev: ev, Header: ev.AMHeader(), Size: ev.Length(), Rendezvous: ev.AMRendezvous()}
+// deliverOne runs the handler of one active message. It reports whether the
+// message was left untouched (not kept, its data neither received nor
+// released) for deliverAM to release with the rest of its batch; it
+// releases a CMA message itself, which owes its sender an acknowledgement.
+func (t *Transport) deliverOne(ev *ucx.Event) bool {
+	// One AMMessage serves every message whose handler neither keeps it nor
+	// plans it with the overlap engine (amMu is held): handlers may not use
+	// it after they return.
+	m := t.amMsg
+	if m == nil {
+		m = new(AMMessage)
+	}
+	*m = AMMessage{t: t, ev: *ev, Header: ev.AMHeader(), Size: ev.Length(), Rendezvous: ev.AMRendezvous()}
 	id := ev.AMID()
 	if id == amCMAData {
 		c, err := t.decodeCMAAM(ev.AMData())
@@ -195,18 +299,28 @@ func (t *Transport) deliverOne(ev ucx.Event) {
 			t.mu.Lock()
 			ev.Discard(t.w)
 			t.mu.Unlock()
-			return
+			return false
 		}
 		m.cma, m.Size, m.Rendezvous, id = c, int(c.d.n), true, c.amID
 	}
 	m.id = id
-	t.mu.Lock()
-	h := t.amh[id]
-	t.mu.Unlock()
-	if h != nil {
+	if h := (*t.amh.Load())[id]; h != nil {
 		h(m)
 	}
-	if !m.kept {
-		m.Release()
+	if m.kept || m.ov != nil {
+		// Kept, or planned with the overlap engine (the runtime claims it
+		// later): the message lives on.
+		t.amMsg = nil
+	} else {
+		t.amMsg = m
 	}
+	if m.kept {
+		return false
+	}
+	if m.consumed || m.cma != nil || m.ov != nil {
+		m.Release()
+		return false
+	}
+	m.consumed = true
+	return true
 }

@@ -146,7 +146,6 @@ type Transport struct {
 	sendSeq  map[seqKey]uint32
 	recvSeq  map[seqKey]*recvCounter
 	amq      []ucx.Event
-	amh      map[uint16]AMHandler
 	submit   []submission // queue mode: calls waiting for the progress goroutine
 	arrival  chan struct{}
 	reg      *regCache
@@ -156,7 +155,12 @@ type Transport struct {
 	chanOpen atomic.Int32 // channels open on this rank (ovProbe takes their messages)
 	cma      cmaState     // same-host zero copy (cma.go)
 
-	amMu sync.Mutex // orders active-message delivery
+	amMu    sync.Mutex  // orders active-message delivery; guards the two below
+	amSpare []ucx.Event // the other of amq's two buffers (also under mu)
+	amMsg   *AMMessage  // reused for messages their handlers do not keep
+	amh     atomic.Pointer[map[uint16]AMHandler]
+
+	postFailed uint64 // PostFailed's count once the worker is gone
 
 	spinners atomic.Int32 // waiters progressing the worker themselves
 	callers  atomic.Int32 // direct-mode calls waiting for the worker lock
@@ -229,11 +233,11 @@ func New(ctx context.Context, opts Options) (*Transport, error) {
 		evbuf:    make([]ucx.Event, 128),
 		sendSeq:  map[seqKey]uint32{},
 		recvSeq:  map[seqKey]*recvCounter{},
-		amh:      map[uint16]AMHandler{},
 		kick:     make(chan struct{}, 1),
 		loopDone: make(chan struct{}),
 	}
 	t.log = opts.Log.With(zap.Int("rank", t.rank))
+	t.amh.Store(&map[uint16]AMHandler{})
 	// Shared-memory transports serve endpoints with peer-failure handling
 	// only when asked to; without it UCX would refuse them for troupe's
 	// endpoints and fall back to TCP (or fail with UCX_TLS=sm).
@@ -1055,6 +1059,7 @@ func (t *Transport) Close() error {
 		e.Discard(t.w)
 	}
 	t.amq = nil
+	t.postFailed = t.w.PostFailed()
 	t.w.Close()
 	t.ctx.Close()
 	t.w = nil

@@ -297,6 +297,58 @@ ucs_status_ptr_t troupe_am_send(ucp_ep_h ep, uint16_t id, const void *hdr, size_
     return ucp_am_send_nbx(ep, id, hdr, hdr_len, buf, len, &p);
 }
 
+/* A posted active message: its header and data, copied into one block that
+ * lives until UCX is done with it. */
+typedef struct {
+    troupe_queue_t *q;
+    size_t hdr_len;
+} post_block_t;
+
+static void post_cb(void *req, ucs_status_t status, void *user) {
+    post_block_t *b = user;
+    if (status != UCS_OK) b->q->post_failed++;
+    free(b);
+    ucp_request_free(req);
+}
+
+ucs_status_t troupe_am_post(ucp_ep_h ep, uint16_t id, const void *hdr, size_t hdr_len,
+                            const void *buf, size_t len, uint32_t flags, troupe_queue_t *q) {
+    post_block_t *b = malloc(sizeof(*b) + hdr_len + len);
+    if (b == NULL) return UCS_ERR_NO_MEMORY;
+    b->q = q;
+    b->hdr_len = hdr_len;
+    char *h = (char *)(b + 1), *d = h + hdr_len;
+    if (hdr_len > 0) memcpy(h, hdr, hdr_len);
+    if (len > 0) memcpy(d, buf, len);
+    ucp_request_param_t p;
+    memset(&p, 0, sizeof(p));
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                     UCP_OP_ATTR_FIELD_FLAGS;
+    p.cb.send = post_cb;
+    p.user_data = b;
+    p.flags = flags;
+    ucs_status_ptr_t r = ucp_am_send_nbx(ep, id, hdr_len > 0 ? h : NULL, hdr_len,
+                                         len > 0 ? d : NULL, len, &p);
+    if (UCS_PTR_IS_PTR(r)) return UCS_INPROGRESS; /* post_cb frees the block */
+    free(b);
+    return UCS_PTR_STATUS(r);
+}
+
+void troupe_am_release(ucp_worker_h w, troupe_ev_t *ev, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        troupe_ev_t *e = &ev[i];
+        free(e->header);
+        e->header = NULL;
+        if (e->data == NULL) continue;
+        if (e->am_flags & (UCP_AM_RECV_ATTR_FLAG_DATA | UCP_AM_RECV_ATTR_FLAG_RNDV)) {
+            ucp_am_data_release(w, e->data);
+        } else {
+            free(e->data);
+        }
+        e->data = NULL;
+    }
+}
+
 ucs_status_ptr_t troupe_am_recv_data(ucp_worker_h w, void *desc, void *buf, size_t len,
                                      int iov, troupe_queue_t *q, size_t *imm_len) {
     ucp_request_param_t p;

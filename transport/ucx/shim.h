@@ -43,6 +43,7 @@ typedef struct {
     int oom;             /* set if an event could not be queued */
     unsigned progressed; /* last ucp_worker_progress result */
     void *peek_free;     /* recycled troupe_tag_recv_peek arguments */
+    uint64_t post_failed; /* troupe_am_post sends that failed after they started */
 } troupe_queue_t;
 
 troupe_queue_t *troupe_queue_new(void);
@@ -87,6 +88,29 @@ ucs_status_ptr_t troupe_tag_msg_recv(ucp_worker_h w, void *buf, size_t len, int 
 ucs_status_ptr_t troupe_am_send(ucp_ep_h ep, uint16_t id, const void *hdr, size_t hdr_len,
                                 const void *buf, size_t len, int iov, uint32_t flags,
                                 troupe_queue_t *q);
+/* troupe_am_post sends an active message from a copy of header and data
+ * (one malloc'd block), so that the caller's memory is free again when it
+ * returns. No request comes back and no event is queued: the block is freed
+ * at once when the send completes immediately (UCS_OK), else in the send's
+ * callback (UCS_INPROGRESS), which counts a failure in q->post_failed. Any
+ * other status is an error and nothing was sent. */
+ucs_status_t troupe_am_post(ucp_ep_h ep, uint16_t id, const void *hdr, size_t hdr_len,
+                            const void *buf, size_t len, uint32_t flags, troupe_queue_t *q);
+/* troupe_am_release frees what n AM events hold: their header copies and
+ * their eager data (held by UCX or copied). Rendezvous descriptors are
+ * dropped (ucp_am_data_release). */
+void troupe_am_release(ucp_worker_h w, troupe_ev_t *ev, size_t n);
+/* The two calls with their pointers passed as integers (see troupe_drain_u):
+ * the header, data and events may be Go memory without Go pointers, read
+ * or written only during the call. */
+static inline int troupe_am_post_u(uintptr_t ep, uint16_t id, uintptr_t hdr, size_t hdr_len,
+                                   uintptr_t buf, size_t len, uint32_t flags, uintptr_t q) {
+    return (int)troupe_am_post((ucp_ep_h)ep, id, (const void *)hdr, hdr_len, (const void *)buf,
+                               len, flags, (troupe_queue_t *)q);
+}
+static inline void troupe_am_release_u(uintptr_t w, uintptr_t ev, size_t n) {
+    troupe_am_release((ucp_worker_h)w, (troupe_ev_t *)ev, n);
+}
 ucs_status_ptr_t troupe_am_recv_data(ucp_worker_h w, void *desc, void *buf, size_t len,
                                      int iov, troupe_queue_t *q, size_t *imm_len);
 ucs_status_ptr_t troupe_put(ucp_ep_h ep, const void *buf, size_t len, uint64_t raddr,

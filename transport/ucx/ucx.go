@@ -21,6 +21,7 @@ import "C"
 import (
 	"errors"
 	"fmt"
+	"runtime"
 	"unsafe"
 )
 
@@ -561,6 +562,49 @@ func (w *Worker) AMSend(ep *Endpoint, id uint16, header []byte, b Buffer, flags 
 	}
 	p, n, iov := b.args()
 	return result("ucp_am_send_nbx", C.troupe_am_send(ep.h, C.uint16_t(id), hp, C.size_t(len(header)), p, n, iov, C.uint32_t(flags), w.q))
+}
+
+// AMPost sends an active message from a copy of header and data made in C
+// memory, so both may be reused as soon as it returns (troupe_am_post). No
+// request comes back and no event is queued: the caller never hears of the
+// send again, except as a count of sends that failed after they had
+// started (PostFailed). It returns whether the send completed at once.
+func (w *Worker) AMPost(ep *Endpoint, id uint16, header, data []byte, flags uint32) (bool, error) {
+	var hp, dp uintptr
+	if len(header) > 0 {
+		hp = uintptr(unsafe.Pointer(&header[0]))
+	}
+	if len(data) > 0 {
+		dp = uintptr(unsafe.Pointer(&data[0]))
+	}
+	// The pointers go as integers: cgo would otherwise check both for Go
+	// pointers on every message. The memory is only read during the call
+	// (the goroutine's stack cannot move while it is in C), and the slices
+	// stay alive until the call returns.
+	st := C.troupe_am_post_u(C.uintptr_t(uintptr(unsafe.Pointer(ep.h))), C.uint16_t(id), C.uintptr_t(hp), C.size_t(len(header)), C.uintptr_t(dp), C.size_t(len(data)), C.uint32_t(flags), C.uintptr_t(uintptr(unsafe.Pointer(w.q))))
+	runtime.KeepAlive(header)
+	runtime.KeepAlive(data)
+	switch Status(st) {
+	case StatusOK:
+		return true, nil
+	case StatusInProgress:
+		return false, nil
+	}
+	return false, &Error{Op: "ucp_am_send_nbx", Status: Status(st)}
+}
+
+// PostFailed is the number of AMPost sends that failed after they had
+// started (their completion reported an error).
+func (w *Worker) PostFailed() uint64 { return uint64(w.q.post_failed) }
+
+// AMRelease frees what the AM events hold (header copies, eager data,
+// rendezvous descriptors), in one call for the lot.
+func (w *Worker) AMRelease(evs []Event) {
+	if len(evs) == 0 {
+		return
+	}
+	C.troupe_am_release_u(C.uintptr_t(uintptr(unsafe.Pointer(w.h))), C.uintptr_t(uintptr(unsafe.Pointer(&evs[0]))), C.size_t(len(evs)))
+	runtime.KeepAlive(evs)
 }
 
 // AMRecvData receives rendezvous AM data described by desc into b

@@ -1,0 +1,144 @@
+package transport
+
+import (
+	"bytes"
+	"errors"
+	"strconv"
+	"sync"
+	"testing"
+)
+
+// amArrival is one active message as its handler saw it.
+type amArrival struct {
+	header string
+	data   []byte
+	req    *Request // RecvData's request for data that had not arrived yet
+	err    error
+}
+
+// TestPostAMOrderAndCopies mixes PostAM (copied, no request) and SendAM
+// (eager, rendezvous and, above the CMA threshold, CMA) sends from one
+// goroutine to one rank: they arrive in send order with the right bytes,
+// although the buffer of every posted message is overwritten as soon as
+// PostAM returns. Handlers leave most messages to the batched release and
+// receive the others' data themselves.
+func TestPostAMOrderAndCopies(t *testing.T) {
+	forModes(t, func(t *testing.T, mode ProgressMode) {
+		t.Setenv("TROUPE_CMA_THRESHOLD", "65536")
+		ts := localJob(t, 2, mode)
+		ctx := testCtx(t)
+		const id = 11
+		var mu sync.Mutex
+		var got []amArrival
+		arrived := make(chan struct{}, 1)
+		if err := ts[1].SetAMHandler(id, func(m *AMMessage) {
+			a := amArrival{header: string(m.Header)}
+			if m.Rendezvous || m.Size%2 == 1 {
+				// Received by the handler (odd sizes, and data not here yet).
+				a.data = make([]byte, m.Size)
+				a.req, a.err = m.RecvData(a.data)
+			} else {
+				a.data = bytes.Clone(m.Data()) // released with its batch
+			}
+			mu.Lock()
+			got = append(got, a)
+			mu.Unlock()
+			select {
+			case arrived <- struct{}{}:
+			default:
+			}
+		}); err != nil {
+			t.Fatal(err)
+		}
+		sizes := []int{0, 8, 64, 101, 4096, MaxPostAM - 8, 20 << 10, 200 << 10}
+		const n = 400
+		buf := make([]byte, MaxPostAM)
+		var reqs []*Request
+		want := make([][]byte, n)
+		for i := 0; i < n; i++ {
+			size := sizes[i%len(sizes)]
+			hdr := []byte(strconv.Itoa(i))
+			want[i] = pattern(size, i)
+			if len(hdr)+size <= MaxPostAM {
+				data := buf[:size]
+				copy(data, want[i])
+				if err := ts[0].PostAM(1, id, hdr, data); err != nil {
+					t.Fatalf("PostAM %d: %v", i, err)
+				}
+				for j := range data {
+					data[j] = 0xee // the transport copied it: scribble
+				}
+				copy(hdr, "xxxxxxxx")
+				continue
+			}
+			r, err := ts[0].SendAM(1, id, hdr, want[i], AMAuto)
+			if err != nil {
+				t.Fatalf("SendAM %d: %v", i, err)
+			}
+			reqs = append(reqs, r)
+		}
+		for _, r := range reqs {
+			if _, err := r.Wait(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for {
+			mu.Lock()
+			k := len(got)
+			mu.Unlock()
+			if k == n {
+				break
+			}
+			select {
+			case <-arrived:
+			case <-ctx.Done():
+				t.Fatalf("%d of %d active messages arrived", k, n)
+			}
+		}
+		for i, a := range got {
+			if a.header != strconv.Itoa(i) {
+				t.Fatalf("message %d arrived as number %s", i, a.header)
+			}
+			if a.err == nil && a.req != nil {
+				_, a.err = a.req.Wait(ctx)
+			}
+			if a.err != nil {
+				t.Fatalf("message %d: %v", i, a.err)
+			}
+			if !bytes.Equal(a.data, want[i]) {
+				t.Fatalf("message %d (%d bytes): data differs", i, len(want[i]))
+			}
+		}
+		if f := ts[0].PostFailed(); f != 0 {
+			t.Fatalf("%d posted sends failed", f)
+		}
+	})
+}
+
+// TestPostAMErrors: what PostAM cannot send fails at once, with the reason.
+func TestPostAMErrors(t *testing.T) {
+	forModes(t, func(t *testing.T, mode ProgressMode) {
+		ts := localJob(t, 3, mode)
+		if err := ts[0].PostAM(3, 1, nil, nil); !errors.Is(err, ErrInvalid) {
+			t.Fatalf("PostAM to rank 3 of 3: %v", err)
+		}
+		if err := ts[0].PostAM(1, 1, []byte("h"), make([]byte, MaxPostAM)); !errors.Is(err, ErrInvalid) {
+			t.Fatalf("PostAM over MaxPostAM: %v", err)
+		}
+		ts[0].mu.Lock()
+		if _, err := ts[0].peerLocked(2, "test"); err != nil {
+			t.Fatal(err)
+		}
+		ts[0].peerFailed(2, "killed by the test")
+		ts[0].mu.Unlock()
+		if err := ts[0].PostAM(2, 1, []byte("h"), nil); !errors.Is(err, ErrPeerLost) {
+			t.Fatalf("PostAM to a lost rank: %v", err)
+		}
+		if err := ts[1].Close(); err != nil {
+			t.Fatal(err)
+		}
+		if err := ts[1].PostAM(0, 1, []byte("h"), []byte("data")); !errors.Is(err, ErrClosed) {
+			t.Fatalf("PostAM after Close: %v", err)
+		}
+	})
+}
