@@ -42,6 +42,7 @@ test: deps
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeEnvelope$$' -fuzztime 10s ./actor/
 	$(GO) test -run '^$$' -fuzz '^FuzzValidateMsgpack$$' -fuzztime 5s ./actor/
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeBody$$' -fuzztime 5s ./actor/
+	$(GO) test -run '^$$' -fuzz '^FuzzFastDecode$$' -fuzztime 5s ./actor/
 	UCX_LOG_LEVEL=error $(GO) test -count=1 -run '^TestActorFlood$$' ./integration/
 	UCX_LOG_LEVEL=error $(GO) test -race -count=1 -timeout 20m $(RACE_PKGS)
 

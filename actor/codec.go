@@ -7,6 +7,7 @@ import (
 	"hash/fnv"
 	"reflect"
 	"sync"
+	"sync/atomic"
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/vmihailenco/msgpack/v5"
@@ -37,13 +38,26 @@ type codecType struct {
 	payload int          // index of the Payload field, or -1
 	device  int          // index of the gpu.Buffer field, or -1
 	typed   int          // index of the Typed field, or -1
+	fast    *fastCodec   // the reflection-free plan, or nil (fastcodec.go)
 }
 
-var registry = struct {
-	sync.RWMutex
-	byID   map[uint32]*codecType
-	byType map[reflect.Type]*codecType
-}{byID: map[uint32]*codecType{}, byType: map[reflect.Type]*codecType{}}
+// registry holds the registered types. Lookups, one per message sent and
+// received, read immutable maps without a lock; Register (rare) replaces
+// them under mu.
+var registry = newRegistry() // set before any init function runs
+
+type typeRegistry struct {
+	mu     sync.Mutex
+	byID   atomic.Pointer[map[uint32]*codecType]
+	byType atomic.Pointer[map[reflect.Type]*codecType]
+}
+
+func newRegistry() *typeRegistry {
+	r := &typeRegistry{}
+	r.byID.Store(&map[uint32]*codecType{})
+	r.byType.Store(&map[reflect.Type]*codecType{})
+	return r
+}
 
 // typeName is the stable name a type id is derived from: the import path
 // and name for named types, the type's spelling otherwise.
@@ -105,16 +119,28 @@ func registerType(t reflect.Type) error {
 			}
 		}
 	}
-	registry.Lock()
-	defer registry.Unlock()
-	if old, ok := registry.byID[ct.id]; ok {
+	ct.fast = newFastCodec(ct)
+	registry.mu.Lock()
+	defer registry.mu.Unlock()
+	byID, byType := *registry.byID.Load(), *registry.byType.Load()
+	if old, ok := byID[ct.id]; ok {
 		if old.typ == t {
 			return nil
 		}
 		return fmt.Errorf("%w: %s and %s both hash to 0x%08x", ErrTypeCollision, old.name, ct.name, ct.id)
 	}
-	registry.byID[ct.id] = ct
-	registry.byType[t] = ct
+	newID := make(map[uint32]*codecType, len(byID)+1)
+	for k, v := range byID {
+		newID[k] = v
+	}
+	newID[ct.id] = ct
+	newType := make(map[reflect.Type]*codecType, len(byType)+1)
+	for k, v := range byType {
+		newType[k] = v
+	}
+	newType[t] = ct
+	registry.byType.Store(&newType)
+	registry.byID.Store(&newID)
 	return nil
 }
 
@@ -131,9 +157,7 @@ func lookupType(msg any) (*codecType, bool, error) {
 	if t.Kind() == reflect.Pointer {
 		t, ptr = t.Elem(), true
 	}
-	registry.RLock()
-	ct := registry.byType[t]
-	registry.RUnlock()
+	ct := (*registry.byType.Load())[t]
 	if ct == nil {
 		return nil, false, fmt.Errorf("%w: %s (call actor.Register[%s]() on every rank)", ErrUnregistered, typeName(t), t.Name())
 	}
@@ -144,9 +168,7 @@ func lookupType(msg any) (*codecType, bool, error) {
 }
 
 func lookupID(id uint32) *codecType {
-	registry.RLock()
-	defer registry.RUnlock()
-	return registry.byID[id]
+	return (*registry.byID.Load())[id]
 }
 
 var encoderPool = sync.Pool{New: func() any {
@@ -163,6 +185,25 @@ type pooledEncoder struct {
 // encodeBody encodes msg (of registered type ct) as msgpack and returns the
 // body and, if the type has a Payload field, its bytes (not in the body).
 func encodeBody(ct *codecType, msg any) (body []byte, payload []byte, err error) {
+	if ct.fast != nil {
+		body, payload = ct.fast.appendBody(nil, msg, reflect.TypeOf(msg).Kind() == reflect.Pointer)
+		return body, payload, nil
+	}
+	return encodeBodySlow(ct, msg)
+}
+
+// appendBody is encodeBody appending the body to b; ptr says msg is a *T.
+func appendBody(b []byte, ct *codecType, msg any, ptr bool) (body []byte, payload []byte, err error) {
+	if ct.fast != nil {
+		body, payload = ct.fast.appendBody(b, msg, ptr)
+		return body, payload, nil
+	}
+	body, payload, err = encodeBodySlow(ct, msg)
+	return append(b, body...), payload, err
+}
+
+// encodeBodySlow is encodeBody by msgpack's reflection.
+func encodeBodySlow(ct *codecType, msg any) (body []byte, payload []byte, err error) {
 	v := reflect.ValueOf(msg)
 	if v.Kind() == reflect.Pointer {
 		v = v.Elem()
@@ -206,6 +247,17 @@ func decodeBody(ct *codecType, body []byte, ptr bool, payload []byte) (any, erro
 
 // decodeBodyDevice is decodeBody that also sets the gpu.Buffer field to dev.
 func decodeBodyDevice(ct *codecType, body []byte, ptr bool, payload []byte, dev gpu.Buffer) (any, error) {
+	if ct.fast != nil && dev.IsZero() {
+		if msg, ok := ct.fast.decode(ct, body, ptr, payload); ok {
+			return msg, nil
+		}
+	}
+	return decodeBodySlow(ct, body, ptr, payload, dev)
+}
+
+// decodeBodySlow is decodeBodyDevice by msgpack's reflection, the body
+// validated first.
+func decodeBodySlow(ct *codecType, body []byte, ptr bool, payload []byte, dev gpu.Buffer) (any, error) {
 	if err := validateMsgpack(body); err != nil {
 		return nil, fmt.Errorf("actor: body of %s: %w", ct.name, err)
 	}

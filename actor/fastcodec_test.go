@@ -1,0 +1,279 @@
+package actor
+
+import (
+	"bytes"
+	"math"
+	"reflect"
+	"testing"
+	"time"
+
+	"github.com/troupe-hpc/troupe/gpu"
+	"pgregory.net/rapid"
+)
+
+// fastAll has a field of every shape the fast codec carries, a renamed
+// one, a skipped one, an unexported one and the Payload.
+type fastAll struct {
+	B       bool
+	I       int
+	I8      int8
+	I16     int16
+	I32     int32
+	I64     int64
+	U       uint
+	U8      uint8
+	U16     uint16
+	U32     uint32
+	U64     uint64
+	F32     float32
+	F64     float64
+	S       string `msgpack:"str"`
+	Bs      []byte
+	Fs      []float64
+	Is      []int32
+	Skipped int `msgpack:"-"`
+	hidden  int
+	Data    Payload
+}
+
+// Types the fast codec must leave to msgpack.
+type (
+	fastOmit struct {
+		A int `msgpack:"a,omitempty"`
+	}
+	fastNamed   struct{ C celsius }
+	celsius     float64
+	fastNested  struct{ In fastSmall }
+	fastSmall   struct{ A, B int }
+	fastEmbed   struct{ fastSmall }
+	fastPtr     struct{ P *int }
+	fastMap     struct{ M map[string]int }
+	fastStrings struct{ S []string }
+	fastTime    struct{ T time.Time }
+	fastHidden  struct{ p *int }
+	fastCustom  struct{ A int }
+	fastMany    struct {
+		A0, A1, A2, A3, A4, A5, A6, A7, A8, A9, A10, A11, A12, A13, A14, A15 int
+	}
+	fastTooMany struct {
+		A0, A1, A2, A3, A4, A5, A6, A7, A8, A9, A10, A11, A12, A13, A14, A15, A16, A17, A18, A19 int
+		B0, B1, B2, B3, A4b, A5b, A6b, A7b, A8b, A9b, A10b, A11b, A12b, A13b, A14b, A15b         int
+		C0, C1, C2, C3, C4, C5, C6, C7, C8, C9, C10, C11, C12, C13, C14, C15, C16, C17, C18      int
+		D0, D1, D2, D3, D4, D5, D6, D7, D8, D9                                                   int
+	}
+	fastArray struct{ A [2]int }
+)
+
+func (fastCustom) MarshalText() ([]byte, error) { return []byte("x"), nil }
+
+func init() {
+	MustRegister[fastAll]()
+	MustRegister[fastSmall]()
+	for _, r := range []func() error{
+		Register[fastOmit], Register[fastNamed], Register[fastNested], Register[fastEmbed],
+		Register[fastPtr], Register[fastMap], Register[fastStrings], Register[fastTime],
+		Register[fastHidden], Register[fastCustom], Register[fastMany], Register[fastTooMany], Register[fastArray],
+		Register[[]int], Register[celsius], Register[int8], Register[uint], Register[float32],
+	} {
+		if err := r(); err != nil {
+			panic(err)
+		}
+	}
+}
+
+func codecOf(t testing.TB, v any) *codecType {
+	t.Helper()
+	ct, _, err := lookupType(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ct
+}
+
+// TestFastCodecPlans: which registered types get the fast path.
+func TestFastCodecPlans(t *testing.T) {
+	for _, v := range []any{fastAll{}, fastSmall{}, fastMany{}, UndeliverableError{}, ping{}, pong{}, 0, int64(0), uint64(0), int8(0), uint(0), float32(0), 1.5, true, "", []byte{}, []int64{}, []float64{}, []int{}} {
+		if codecOf(t, v).fast == nil {
+			t.Errorf("%T has no fast plan", v)
+		}
+	}
+	for _, v := range []any{fastOmit{}, fastNamed{}, celsius(0), fastNested{}, fastEmbed{}, fastPtr{}, fastMap{}, fastStrings{}, fastTime{}, fastHidden{}, fastCustom{}, fastArray{}, fastTooMany{}, propMsg{}, benchDevMsg{}} {
+		if codecOf(t, v).fast != nil {
+			t.Errorf("%T has a fast plan; msgpack must encode it", v)
+		}
+	}
+}
+
+// benchDevMsg has a device buffer: never on the fast path.
+type benchDevMsg struct {
+	N   int
+	Buf gpu.Buffer
+}
+
+func init() { MustRegister[benchDevMsg]() }
+
+var genFastAll = rapid.Custom(func(t *rapid.T) *fastAll {
+	return &fastAll{
+		B: rapid.Bool().Draw(t, "b"), I: rapid.Int().Draw(t, "i"), I8: rapid.Int8().Draw(t, "i8"),
+		I16: rapid.Int16().Draw(t, "i16"), I32: rapid.Int32().Draw(t, "i32"), I64: rapid.Int64().Draw(t, "i64"),
+		U: rapid.Uint().Draw(t, "u"), U8: rapid.Uint8().Draw(t, "u8"), U16: rapid.Uint16().Draw(t, "u16"),
+		U32: rapid.Uint32().Draw(t, "u32"), U64: rapid.Uint64().Draw(t, "u64"),
+		F32: rapid.Float32().Draw(t, "f32"), F64: rapid.Float64().Draw(t, "f64"),
+		S:    rapid.StringN(0, 300, -1).Draw(t, "s"),
+		Bs:   nilIfEmpty(rapid.SliceOfN(rapid.Byte(), 0, 300).Draw(t, "bs")),
+		Fs:   nilIfEmpty(rapid.SliceOfN(rapid.Float64(), 0, 20).Draw(t, "fs")),
+		Is:   nilIfEmpty(rapid.SliceOfN(rapid.Int32(), 0, 20).Draw(t, "is")),
+		Data: nilIfEmpty(rapid.SliceOfN(rapid.Byte(), 0, 10).Draw(t, "data")),
+	}
+})
+
+// sameValue is reflect.DeepEqual that takes NaNs with the same bits as
+// equal.
+func sameValue(a, b any) bool {
+	return reflect.DeepEqual(a, b) || bytes.Equal(fastBytes(a), fastBytes(b))
+}
+
+func fastBytes(v any) []byte {
+	ct, ptr, err := lookupType(v)
+	if err != nil || ct.fast == nil {
+		return nil
+	}
+	b, _ := ct.fast.appendBody(nil, v, ptr)
+	return b
+}
+
+// TestFastCodecSameBytes: the fast encoder writes exactly msgpack's bytes,
+// the fast decoder reads them back to what msgpack's decoder makes of
+// them, as *T and as T, for structs and top-level values.
+func TestFastCodecSameBytes(t *testing.T) {
+	check := func(t *rapid.T, v any) {
+		ct, ptr, err := lookupType(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ct.fast == nil {
+			t.Fatalf("%T: no fast plan", v)
+		}
+		slow, slowPay, err := encodeBodySlow(ct, v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fast, fastPay, err := appendBody([]byte{0xff}, ct, v, ptr) // after a byte already there
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(fast[1:], slow) {
+			t.Fatalf("%T %+v:\nfast    %x\nmsgpack %x", v, v, fast[1:], slow)
+		}
+		if !bytes.Equal(fastPay, slowPay) || (fastPay == nil) != (slowPay == nil) {
+			t.Fatalf("payload %x, msgpack's %x", fastPay, slowPay)
+		}
+		want, err := decodeBodySlow(ct, slow, ptr, slowPay, gpu.Buffer{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, ok := ct.fast.decode(ct, slow, ptr, slowPay)
+		if !ok {
+			t.Fatalf("fast decoder refused its own %x", slow)
+		}
+		if !sameValue(got, want) {
+			t.Fatalf("fast decode %#v, msgpack %#v", got, want)
+		}
+		if !sameValue(got, v) {
+			t.Fatalf("round trip of %#v gave %#v", v, got)
+		}
+	}
+	rapid.Check(t, func(t *rapid.T) {
+		m := genFastAll.Draw(t, "msg")
+		check(t, m)
+		check(t, *m)
+		check(t, &fastSmall{A: rapid.Int().Draw(t, "a"), B: rapid.Int().Draw(t, "b")})
+		check(t, fastMany{A3: rapid.Int().Draw(t, "a3"), A15: rapid.Int().Draw(t, "a15")})
+		check(t, &ping{N: rapid.Int().Draw(t, "n"), Text: rapid.String().Draw(t, "text")})
+		check(t, rapid.Int().Draw(t, "int"))
+		check(t, rapid.Int64().Draw(t, "int64"))
+		check(t, rapid.Int8().Draw(t, "int8"))
+		check(t, rapid.Uint().Draw(t, "uint"))
+		check(t, rapid.Uint64().Draw(t, "uint64"))
+		check(t, rapid.Float64().Draw(t, "float64"))
+		check(t, rapid.Float32().Draw(t, "float32"))
+		check(t, rapid.Bool().Draw(t, "bool"))
+		check(t, rapid.String().Draw(t, "string"))
+		check(t, rapid.SliceOfN(rapid.Byte(), 0, 70000).Draw(t, "bytes"))
+		check(t, nilIfEmpty(rapid.SliceOfN(rapid.Int64(), 0, 40).Draw(t, "int64s")))
+		check(t, nilIfEmpty(rapid.SliceOfN(rapid.Float64(), 0, 40).Draw(t, "float64s")))
+		check(t, nilIfEmpty(rapid.SliceOfN(rapid.Int(), 0, 40).Draw(t, "ints")))
+	})
+	// Edges of the compact integer forms, and empty (not nil) slices.
+	for _, n := range []int{0, 127, 128, 255, 256, 65535, 65536, math.MaxUint32, math.MaxUint32 + 1, math.MaxInt64, -1, -32, -33, -128, -129, -32768, -32769, math.MinInt32, math.MinInt32 - 1, math.MinInt64} {
+		rapid.Check(t, func(t *rapid.T) { check(t, &fastAll{I: n, Bs: []byte{}, Fs: []float64{}}) })
+	}
+}
+
+// TestFastDecodeDefers: bodies the fast decoder did not write (other
+// integer widths, a map with an unknown or repeated key, a field in another
+// form, trailing bytes, truncation) go to msgpack, so what comes out, value
+// or error, is what msgpack alone gives.
+func TestFastDecodeDefers(t *testing.T) {
+	ct := codecOf(t, fastSmall{})
+	for _, b := range [][]byte{
+		{0x82, 0xa1, 'A', 0xd3, 0, 0, 0, 0, 0, 0, 0, 5, 0xa1, 'B', 0x01},        // int64 form: fast
+		{0x82, 0xa1, 'B', 0x02, 0xa1, 'A', 0x01},                                // other order: fast
+		{0x81, 0xa1, 'A', 0xcb, 0x40, 0x14, 0, 0, 0, 0, 0, 0},                   // a float for an int
+		{0x82, 0xa1, 'A', 0x01, 0xa1, 'A', 0x02},                                // repeated key
+		{0x82, 0xa1, 'A', 0x01, 0xa1, 'C', 0x02},                                // unknown key
+		{0x82, 0xa1, 'A', 0x01, 0xa1, 'B', 0xc0},                                // nil for an int
+		{0x92, 0x01, 0x02},                                                      // as an array
+		{0x82, 0xa1, 'A', 0x01, 0xa1, 'B', 0x02, 0x00},                          // trailing byte
+		{0x82, 0xa1, 'A', 0x01, 0xa1, 'B'},                                      // truncated
+		{0x82, 0xa1, 'A', 0xcf, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, // uint64 over MaxInt64
+		{0xc0},
+		{},
+	} {
+		for _, ptr := range []bool{true, false} {
+			got, gerr := decodeBody(ct, b, ptr, nil)
+			want, werr := decodeBodySlow(ct, b, ptr, nil, gpu.Buffer{})
+			if (gerr == nil) != (werr == nil) || (gerr != nil && gerr.Error() != werr.Error()) {
+				t.Fatalf("%x: error %v, msgpack alone %v", b, gerr, werr)
+			}
+			if !reflect.DeepEqual(got, want) {
+				t.Fatalf("%x: %#v, msgpack alone %#v", b, got, want)
+			}
+		}
+	}
+	// The Payload field travels as the data: a body that carries bytes in
+	// it is msgpack's to decode, and the data then wins as before.
+	all := codecOf(t, fastAll{})
+	body := []byte{0x81, 0xa4, 'D', 'a', 't', 'a', 0xc4, 0x01, 0x07}
+	if _, ok := all.fast.decode(all, body, true, Payload{1}); ok {
+		t.Fatal("fast decoder took a body with bytes in the Payload field")
+	}
+	got, err := decodeBody(all, body, true, Payload{1})
+	if err != nil || !bytes.Equal(got.(*fastAll).Data, []byte{1}) {
+		t.Fatalf("payload field: %v %v", got, err)
+	}
+}
+
+// FuzzFastDecode: whatever the fast decoder accepts, msgpack decodes to
+// the same value (and the fast decoder never panics).
+func FuzzFastDecode(f *testing.F) {
+	types := []*codecType{codecOf(f, fastAll{}), codecOf(f, ping{}), codecOf(f, fastSmall{}), codecOf(f, 0), codecOf(f, ""), codecOf(f, []float64{}), codecOf(f, []byte{})}
+	for i, v := range []any{&fastAll{I: -3, S: "x", Bs: []byte{1}, Fs: []float64{2}, Data: Payload{4}}, &ping{N: 5, Text: "hi"}, &fastSmall{A: 1, B: -200}, 7, "seven", []float64{1, 2}, []byte{9}} {
+		f.Add(uint8(i), fastBytes(v))
+	}
+	f.Fuzz(func(t *testing.T, which uint8, b []byte) {
+		ct := types[int(which)%len(types)]
+		ptr := which&0x80 != 0
+		got, ok := ct.fast.decode(ct, b, ptr, nil)
+		if !ok {
+			return
+		}
+		want, err := decodeBodySlow(ct, b, ptr, nil, gpu.Buffer{})
+		if err != nil {
+			t.Fatalf("fast decoder accepted %x as %s, msgpack refuses it: %v", b, ct.name, err)
+		}
+		if !sameValue(got, want) {
+			t.Fatalf("%x as %s: fast %#v, msgpack %#v", b, ct.name, got, want)
+		}
+	})
+}
