@@ -1,6 +1,10 @@
 package actor
 
-import "fmt"
+import (
+	"fmt"
+
+	pa "github.com/asynkron/protoactor-go/actor"
+)
 
 // wireVersion is the envelope protocol version.
 const wireVersion = 1
@@ -58,8 +62,46 @@ func appendEnvelope(b []byte, e *envelope) []byte {
 // of ranks, to check the source. Every failure is a *DecodeError.
 func decodeEnvelope(b []byte, size int) (envelope, error) {
 	var e envelope
+	err := decodeEnvelopeInto(&e, b, size, nil)
+	return e, err
+}
+
+// targetCache keeps the PIDs of the local actors messages were sent to,
+// so that a message to a known target allocates neither its id nor its
+// PID. Only the goroutine delivering active messages uses it.
+type targetCache struct {
+	addr string
+	m    map[string]*pa.PID
+	last *pa.PID // the PID of the target decodeEnvelopeInto saw last
+}
+
+// maxTargets bounds targetCache: it starts over when full.
+const maxTargets = 4096
+
+// maxTargetLen is the longest actor id targetCache keeps.
+const maxTargetLen = 64
+
+func (c *targetCache) pid(raw []byte) *pa.PID {
+	if p, ok := c.m[string(raw)]; ok {
+		return p
+	}
+	p := pa.NewPID(c.addr, string(raw))
+	if len(raw) > maxTargetLen {
+		return p
+	}
+	if len(c.m) >= maxTargets {
+		clear(c.m)
+	}
+	c.m[p.Id] = p
+	return p
+}
+
+// decodeEnvelopeInto is decodeEnvelope into *e; with targets set, the
+// target id comes from (and goes into) that cache, and targets.last is its
+// PID.
+func decodeEnvelopeInto(e *envelope, b []byte, size int, targets *targetCache) error {
 	if len(b) > maxEnvelope {
-		return e, &DecodeError{Reason: fmt.Sprintf("envelope of %d bytes exceeds %d", len(b), maxEnvelope)}
+		return &DecodeError{Reason: fmt.Sprintf("envelope of %d bytes exceeds %d", len(b), maxEnvelope)}
 	}
 	r := &wireReader{b: b}
 	if n := r.arrayLen(); r.err == nil && n != envelopeFields {
@@ -70,7 +112,14 @@ func decodeEnvelope(b []byte, size int) (envelope, error) {
 	}
 	flags := r.uint()
 	src := r.uint()
-	e.Target = r.string()
+	if targets != nil {
+		if raw := r.stringRaw(); r.err == nil {
+			targets.last = targets.pid(raw)
+			e.Target = targets.last.Id
+		}
+	} else {
+		e.Target = r.string()
+	}
 	treq := r.uint()
 	e.Sender = r.string()
 	typ := r.uint()
@@ -94,11 +143,12 @@ func decodeEnvelope(b []byte, size int) (envelope, error) {
 		r.fail("body or payload length without the body-in-header flag")
 	}
 	if r.err != nil {
-		return envelope{}, r.err
+		*e = envelope{}
+		return r.err
 	}
 	e.Flags, e.Source, e.TargetReq, e.Type, e.PayloadLen = uint32(flags), int(src), uint32(treq), uint32(typ), int(plen)
 	e.SenderRank = int(srank)
-	return e, nil
+	return nil
 }
 
 // DecodeError reports malformed wire data.

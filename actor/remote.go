@@ -1,6 +1,7 @@
 package actor
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"math/bits"
@@ -8,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"unsafe"
 
 	pa "github.com/asynkron/protoactor-go/actor"
 	"go.uber.org/zap"
@@ -98,10 +100,17 @@ func (rt *Runtime) send(r int, target *pa.PID, msg any, sender *pa.PID, flags ui
 	if err != nil {
 		return err
 	}
-	body, payload, err := encodeBody(ct, msg)
+	// The body, then the envelope, go into one pooled buffer: a message
+	// small enough to be posted is copied by the transport before PostAM
+	// returns, so the buffer serves the next message.
+	sb := sendBufs.Get().(*[]byte)
+	defer putSendBuf(sb)
+	b, payload, err := appendBody((*sb)[:0], ct, msg, ptr)
+	*sb = b
 	if err != nil {
 		return err
 	}
+	body := b[:len(b):len(b)]
 	e := envelope{Flags: flags, Source: rt.rank, Target: target.Id, TargetReq: target.RequestId, Type: ct.id}
 	if ptr {
 		e.Flags |= flagPointer
@@ -118,7 +127,9 @@ func (rt *Runtime) send(r int, target *pa.PID, msg any, sender *pa.PID, flags ui
 		e.Flags |= flagBodyHdr
 		e.Body, e.PayloadLen, data = body, len(payload), payload
 	}
-	hdr := appendEnvelope(make([]byte, 0, 48+len(e.Target)+len(e.Sender)+len(e.Body)), &e)
+	b = appendEnvelope(b, &e)
+	*sb = b
+	hdr := b[len(body):]
 	out := rt.out[r]
 	cost := rt.cost(len(body) + len(payload))
 	if e.Flags&flagNoCredit == 0 {
@@ -127,10 +138,23 @@ func (rt *Runtime) send(r int, target *pa.PID, msg any, sender *pa.PID, flags ui
 		}
 	}
 	out.used.Store(true)
-	req, err := rt.t.SendAM(r, amActor, hdr, data, transport.AMAuto)
-	if err == nil {
-		if done, rerr := req.Finished(); done && rerr != nil {
-			err = rerr
+	if len(hdr)+len(data) <= transport.MaxPostAM {
+		// Small messages are copied as they are posted: no request to
+		// track, nothing to pin.
+		err = rt.t.PostAM(r, amActor, hdr, data)
+	} else {
+		// The transport reads header and data until the send completes:
+		// they must not be the pooled buffer.
+		hdr = bytes.Clone(hdr)
+		if payload == nil {
+			data = bytes.Clone(body)
+		}
+		var req *transport.Request
+		req, err = rt.t.SendAM(r, amActor, hdr, data, transport.AMAuto)
+		if err == nil {
+			if done, rerr := req.Finished(); done && rerr != nil {
+				err = rerr
+			}
 		}
 	}
 	if err != nil {
@@ -141,6 +165,18 @@ func (rt *Runtime) send(r int, target *pa.PID, msg any, sender *pa.PID, flags ui
 	}
 	rt.stats.Sent.Add(1)
 	return nil
+}
+
+// sendBufs holds the buffers send encodes into.
+var sendBufs = sync.Pool{New: func() any { b := make([]byte, 0, 512); return &b }}
+
+// putSendBuf returns a buffer to sendBufs, unless it grew big.
+func putSendBuf(b *[]byte) {
+	if cap(*b) > transport.MaxPostAM {
+		return
+	}
+	*b = (*b)[:0]
+	sendBufs.Put(b)
 }
 
 // cost is a message's price in credit units: 1 plus 1 per CreditBytes,
@@ -257,6 +293,7 @@ const headerCost = "troupe.cost"
 // inItem is one received message on its way to delivery.
 type inItem struct {
 	e        envelope
+	target   *pa.PID // the target's PID, when it has no request id (shared: read only)
 	msg      any
 	err      string // why it cannot be delivered
 	ready    bool
@@ -310,47 +347,68 @@ func (in *inPeer) credit(n int) {
 
 // onMessage receives one actor message.
 func (rt *Runtime) onMessage(m *transport.AMMessage) {
-	e, err := decodeEnvelope(m.Header, rt.size)
-	if err != nil {
+	var it inItem // on the stack unless it must wait in the queue
+	if err := decodeEnvelopeInto(&it.e, m.Header, rt.size, &rt.targets); err != nil {
 		rt.stats.DecodeErrors.Add(1)
 		rt.log.Warn("malformed actor message dropped", zap.Error(err))
 		return
 	}
+	e := &it.e
 	rt.stats.Received.Add(1)
 	in := rt.in[e.Source]
-	it := &inItem{e: e, cost: rt.cost(m.Size + len(e.Body))}
+	if e.TargetReq == 0 {
+		it.target = rt.targets.last
+	}
+	it.cost = rt.cost(m.Size + len(e.Body))
 	if e.Flags&flagNoCredit != 0 {
 		it.cost = 0
 	}
 	ct := lookupID(e.Type)
-	if e.Flags&flagBodyHdr == 0 && !m.Rendezvous {
-		// The common case: an eager message, the body is the AM data.
-		it.e.Body = nil
-		rt.decode(it, ct, m.Data(), nil)
+	if !m.Rendezvous {
+		// Eager: header and data are here until we return, so the message
+		// is decoded now, straight from them.
+		if e.Flags&flagBodyHdr == 0 {
+			rt.decode(&it, ct, m.Data(), nil)
+		} else {
+			if e.PayloadLen != m.Size {
+				it.err = fmt.Sprintf("payload of %d bytes announced, %d arrived", e.PayloadLen, m.Size)
+			}
+			dst := rt.landing(&it, ct, m.Size)
+			copy(dst, m.Data())
+			rt.landed(&it, ct, dst, nil)
+		}
+		e.Body = nil // the header's memory goes back to the transport
 		in.mu.Lock()
-		in.push(it)
+		if len(in.q) == 0 {
+			rt.deliver(&it)
+		} else {
+			// Behind a message still waiting for its data.
+			q := new(inItem)
+			*q = it
+			in.q = append(in.q, q)
+			in.drain()
+		}
 		in.mu.Unlock()
 		return
 	}
-	if e.Flags&flagBodyHdr != 0 {
-		it.e.Body = append([]byte(nil), e.Body...) // the header dies with RecvData
-		if e.PayloadLen != m.Size {
-			it.err = fmt.Sprintf("payload of %d bytes announced, %d arrived", e.PayloadLen, m.Size)
+	rt.stats.Rendezvous.Add(1)
+	q := new(inItem)
+	*q = it
+	rt.receiveData(in, m, q, ct)
+}
+
+// receiveData fetches a rendezvous message's data and delivers it in its
+// turn.
+func (rt *Runtime) receiveData(in *inPeer, m *transport.AMMessage, it *inItem, ct *codecType) {
+	if it.e.Flags&flagBodyHdr != 0 {
+		it.e.Body = append([]byte(nil), it.e.Body...) // the header dies with RecvData
+		if it.e.PayloadLen != m.Size {
+			it.err = fmt.Sprintf("payload of %d bytes announced, %d arrived", it.e.PayloadLen, m.Size)
 		}
-	}
-	if m.Rendezvous {
-		rt.stats.Rendezvous.Add(1)
+	} else {
+		it.e.Body = nil
 	}
 	dst := rt.landing(it, ct, m.Size)
-	if !m.Rendezvous {
-		// Eager data is here: copy it without a transport request.
-		copy(dst, m.Data())
-		rt.landed(it, ct, dst, nil)
-		in.mu.Lock()
-		in.push(it)
-		in.mu.Unlock()
-		return
-	}
 	if rt.planData(m, in, it, ct, dst) {
 		return
 	}
@@ -479,8 +537,11 @@ func (rt *Runtime) decodeDevice(it *inItem, ct *codecType, host []byte) {
 func (rt *Runtime) deliver(it *inItem) {
 	e := &it.e
 	in := rt.in[e.Source]
-	target := pa.NewPID(rt.addrs[rt.rank], e.Target)
-	target.RequestId = e.TargetReq
+	target := it.target
+	if target == nil {
+		target = pa.NewPID(rt.addrs[rt.rank], e.Target)
+		target.RequestId = e.TargetReq
+	}
 	var sender *pa.PID
 	if e.Sender != "" {
 		sender = pa.NewPID(rt.addrs[e.SenderRank], e.Sender)
@@ -535,9 +596,16 @@ func (rt *Runtime) deliver(it *inItem) {
 	proc.SendUserMessage(target, &pa.MessageEnvelope{Header: hdr, Message: msg, Sender: sender})
 }
 
-// Buffer pool for landing data: power-of-two classes from 4 KiB.
+// Buffer pool for landing data: power-of-two classes from 4 KiB. Smaller
+// sizes are plain allocations, cheaper than a pooled 4 KiB buffer
+// (ReleasePayload ignores them).
 const minBufShift = 12
 
+// minPooled is the smallest size getBuf takes from the pool.
+const minPooled = 1 << 10
+
+// The pools hold a pointer to each buffer's first byte: Put(&b) would
+// allocate a slice header per call.
 var bufPools [40]sync.Pool
 
 func bufClass(n int) int {
@@ -547,14 +615,17 @@ func bufClass(n int) int {
 	return bits.Len(uint(n-1)) - minBufShift
 }
 
-// getBuf returns a pooled buffer of exactly n bytes.
+// getBuf returns a buffer of exactly n bytes, pooled from minPooled up.
 func getBuf(n int) []byte {
+	if n < minPooled {
+		return make([]byte, n)
+	}
 	c := bufClass(n)
 	if c >= len(bufPools) {
 		return make([]byte, n)
 	}
-	if p, ok := bufPools[c].Get().(*[]byte); ok {
-		return (*p)[:n]
+	if p, ok := bufPools[c].Get().(*byte); ok {
+		return unsafe.Slice(p, 1<<(c+minBufShift))[:n]
 	}
 	return make([]byte, n, 1<<(c+minBufShift))
 }
@@ -565,8 +636,7 @@ func putBuf(b []byte) {
 	if c >= len(bufPools) || cap(b) != 1<<(c+minBufShift) {
 		return
 	}
-	b = b[:cap(b)]
-	bufPools[c].Put(&b)
+	bufPools[c].Put(unsafe.SliceData(b))
 }
 
 // ReleasePayload gives a payload the runtime allocated (when the receiving

@@ -85,6 +85,7 @@ type Runtime struct {
 	out     []*outPeer
 	in      []*inPeer
 	local   sync.Map // actor id -> *localActor, for actors spawned with Props
+	targets targetCache
 
 	reqMu sync.Mutex
 	reqs  map[string]int // pending remote requests: future id -> target rank
@@ -250,6 +251,7 @@ func start(ctx context.Context, t *transport.Transport, opts Options) (*Runtime,
 		return slog.New(zapslog.NewHandler(core, zapslog.WithName("protoactor")))
 	}))
 	rt.sys.ProcessRegistry.Address = Address(rt.rank)
+	rt.targets = targetCache{addr: Address(rt.rank), m: map[string]*pa.PID{}}
 	rt.addrs = make([]string, rt.size)
 	rt.remotes = make([]*remoteProcess, rt.size)
 	rt.out = make([]*outPeer, rt.size)

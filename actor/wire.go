@@ -205,12 +205,15 @@ func (r *wireReader) raw(n int) []byte {
 	return p
 }
 
-func (r *wireReader) string() string {
+func (r *wireReader) string() string { return string(r.stringRaw()) }
+
+// stringRaw reads a string; the result aliases the input.
+func (r *wireReader) stringRaw() []byte {
 	c := r.byte()
 	var n int
 	switch {
 	case r.err != nil:
-		return ""
+		return nil
 	case c&0xe0 == 0xa0:
 		n = r.length(uint64(c & 0x1f))
 	case c == 0xd9:
@@ -221,9 +224,9 @@ func (r *wireReader) string() string {
 		n = r.length(r.canonicalLen(r.be(4), math.MaxUint16+1, c))
 	default:
 		r.fail("want a string, found type byte 0x%02x", c)
-		return ""
+		return nil
 	}
-	return string(r.raw(n))
+	return r.raw(n)
 }
 
 // bin reads binary data or nil; the result aliases the input.
