@@ -273,7 +273,10 @@ func start(ctx context.Context, t *transport.Transport, opts Options) (*Runtime,
 	if err := t.SetAMHandler(amActor, rt.onMessage); err != nil {
 		return nil, fmt.Errorf("actor: %w", err)
 	}
-	if err := t.SetAMHandler(amCredit, rt.onCredit); err != nil {
+	// Credits may be taken by a sending goroutine that progresses the
+	// worker itself (transport.PostAM): onCredit only takes outPeer.mu,
+	// which no sender holds while it sends.
+	if err := t.SetInlineAMHandler(amCredit, rt.onCredit); err != nil {
 		return nil, fmt.Errorf("actor: %w", err)
 	}
 	lost := t.PeerLost()

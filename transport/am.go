@@ -3,6 +3,7 @@ package transport
 import (
 	"bytes"
 	"fmt"
+	"time"
 
 	"go.uber.org/zap"
 
@@ -10,9 +11,10 @@ import (
 )
 
 // AMHandler handles an active message. It runs on whichever goroutine
-// progressed the worker, one message at a time and in arrival order, without
-// the worker lock: it may call the transport. The message's header and eager
-// data are valid only until the handler returns, unless it calls Keep.
+// progressed the worker (the progress goroutine, or a waiter), one message
+// at a time and in arrival order, without the worker lock: it may call the
+// transport. The message's header and eager data are valid only until the
+// handler returns, unless it calls Keep.
 type AMHandler func(m *AMMessage)
 
 // AMMessage is an arrived active message.
@@ -123,6 +125,25 @@ func (m *AMMessage) Release() {
 // SetAMHandler installs h for active messages with id. Install handlers
 // before peers may send them: a message without a handler is dropped by UCX.
 func (t *Transport) SetAMHandler(id uint16, h AMHandler) error {
+	return t.setAMHandler(id, amHandler{h: h})
+}
+
+// SetInlineAMHandler is SetAMHandler for a handler that is quick, never
+// blocks and takes no lock a sending goroutine may hold while it sends: it
+// may also run on a goroutine inside PostAM (when nothing but such
+// messages waits for delivery), sparing the progress goroutine a wake-up.
+// The actor runtime's credit messages are handled this way.
+func (t *Transport) SetInlineAMHandler(id uint16, h AMHandler) error {
+	return t.setAMHandler(id, amHandler{h: h, inline: true})
+}
+
+// amHandler is an installed handler.
+type amHandler struct {
+	h      AMHandler
+	inline bool // may run inside PostAM (SetInlineAMHandler)
+}
+
+func (t *Transport) setAMHandler(id uint16, h amHandler) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed {
@@ -136,7 +157,7 @@ func (t *Transport) SetAMHandler(id uint16, h AMHandler) error {
 	}
 	// Handlers are read on every message without a lock: the map is
 	// replaced, never changed.
-	m := make(map[uint16]AMHandler, len(old)+1)
+	m := make(map[uint16]amHandler, len(old)+1)
 	for k, v := range old {
 		m[k] = v
 	}
@@ -187,6 +208,13 @@ const MaxPostAM = 16 << 10
 // only counted (PostFailed). Sends from one goroutine to one rank,
 // by PostAM and SendAM alike, leave in call order. len(header)+len(data)
 // must be at most MaxPostAM.
+//
+// When UCX has to queue the send (the peer's receive queue is full: it is
+// not keeping up), PostAM progresses the worker once itself, and the
+// progress goroutine stands aside while sends keep coming that way: the
+// queue moves on the sender's own thread instead of a second spinning one
+// (docs/actor.md, Measurements). PostAM never runs handlers: what arrived
+// meanwhile is left to the progress goroutine.
 func (t *Transport) PostAM(dst int, id uint16, header, data []byte) error {
 	if err := t.checkRank(dst, "am-send"); err != nil {
 		return err
@@ -222,8 +250,22 @@ func (t *Transport) PostAM(dst int, id uint16, header, data []byte) error {
 	t.callers.Add(-1)
 	p, err := t.peerLocked(dst, "am-send")
 	if err == nil {
-		if _, perr := t.w.AMPost(p.ep, id, header, data, AMAuto); perr != nil {
+		done, perr := t.w.AMPost(p.ep, id, header, data, AMAuto)
+		switch {
+		case perr != nil:
 			err = fmt.Errorf("transport: am-send rank %d: %w", dst, perr)
+		case !done:
+			t.postsQueued.Add(1)
+			switch t.postProgress() {
+			case postWake:
+				t.mu.Unlock()
+				t.wake()
+				return nil
+			case postInline:
+				t.mu.Unlock()
+				t.deliverInline()
+				return nil
+			}
 		}
 	}
 	handOff := t.ov != nil && (len(t.cma.jobs) > 0 || len(t.amq) > 0)
@@ -245,6 +287,88 @@ func (t *Transport) PostFailed() uint64 {
 	return t.w.PostFailed()
 }
 
+// asidePosting is how long the progress goroutine stands aside after a
+// PostAM found the peer's queue full and progressed the worker itself.
+const asidePosting = 50 * time.Microsecond
+
+// posting reports whether a PostAM progressed the worker within
+// asidePosting.
+func (t *Transport) posting() bool {
+	at := t.postPendingAt.Load()
+	return at != 0 && time.Now().UnixNano()-at < int64(asidePosting)
+}
+
+// What postProgress leaves to do once the worker lock is released.
+const (
+	postDone   = iota // nothing
+	postWake          // wake the progress goroutine: work only it may do
+	postInline        // deliver the active messages that arrived, all inline handlers'
+)
+
+// postProgress runs when UCX queued a posted send (the peer is not keeping
+// up): only progress moves the queue, and the posting goroutine is here
+// with the worker lock, so it progresses the worker once and, while sends
+// keep coming this way, the progress goroutine stands aside (posting).
+// Completions are handled here. Active messages for inline handlers are
+// delivered by the caller (postInline); anything else that must run
+// outside the lock (other active messages, which may run any handler, CMA
+// jobs, a parked Probe, the overlap engine's work) is left to the progress
+// goroutine, which is then not asked to stand aside (postWake). The worker
+// lock is held.
+func (t *Transport) postProgress() int {
+	evs, progressed := t.w.Progress()
+	for len(evs) > 0 {
+		t.handle(evs)
+		evs = t.w.Drain()
+	}
+	t.postsInFlight.Store(int64(t.w.PostsInFlight()))
+	if len(t.cma.jobs) > 0 || (progressed && t.arrival != nil) || t.ov != nil || (len(t.amq) > 0 && !t.amqInline()) {
+		t.postPendingAt.Store(0)
+		return postWake
+	}
+	t.postPendingAt.Store(time.Now().UnixNano())
+	if len(t.amq) > 0 {
+		return postInline
+	}
+	return postDone
+}
+
+// amqInline reports whether every queued active message has an inline
+// handler; the worker lock is held.
+func (t *Transport) amqInline() bool {
+	hs := *t.amh.Load()
+	for i := range t.amq {
+		if id := t.amq[i].AMID(); id == amCMAData || !hs[id].inline {
+			return false
+		}
+	}
+	return true
+}
+
+// deliverInline delivers the queued active messages on the calling
+// goroutine if they all have inline handlers and no delivery is under way
+// (which would deliver them, in order); else it leaves them to the
+// progress goroutine.
+func (t *Transport) deliverInline() {
+	if !t.amMu.TryLock() {
+		t.wake()
+		return
+	}
+	defer t.amMu.Unlock()
+	t.mu.Lock()
+	if !t.amqInline() {
+		t.mu.Unlock()
+		t.wake()
+		return
+	}
+	q := t.amq
+	t.amq = t.amSpare[:0]
+	t.amSpare = nil
+	t.mu.Unlock()
+	t.inlineDelivered.Add(int64(len(q)))
+	t.deliverBatch(q)
+}
+
 // deliverAM runs handlers for queued active messages, in arrival order.
 // What the handlers leave behind (header copies, eager data) is released in
 // one call per batch, under one worker lock, rather than one per message.
@@ -261,21 +385,28 @@ func (t *Transport) deliverAM() {
 			t.amSpare = q
 			return
 		}
-		done := q[:0] // the events handled and left for release, in place
-		for i := range q {
-			if t.deliverOne(&q[i]) {
-				done = append(done, q[i])
-			}
-		}
-		t.mu.Lock()
-		if t.w != nil {
-			t.w.AMRelease(done)
-		}
-		if t.amSpare == nil {
-			t.amSpare = q[:0]
-		}
-		t.mu.Unlock()
+		t.deliverBatch(q)
 	}
+}
+
+// deliverBatch runs the handlers of the messages taken from amq, then
+// releases what they left and keeps q's memory as amq's spare; amMu is
+// held.
+func (t *Transport) deliverBatch(q []ucx.Event) {
+	done := q[:0] // the events handled and left for release, in place
+	for i := range q {
+		if t.deliverOne(&q[i]) {
+			done = append(done, q[i])
+		}
+	}
+	t.mu.Lock()
+	if t.w != nil {
+		t.w.AMRelease(done)
+	}
+	if t.amSpare == nil {
+		t.amSpare = q[:0]
+	}
+	t.mu.Unlock()
 }
 
 // deliverOne runs the handler of one active message. It reports whether the
@@ -304,7 +435,7 @@ func (t *Transport) deliverOne(ev *ucx.Event) bool {
 		m.cma, m.Size, m.Rendezvous, id = c, int(c.d.n), true, c.amID
 	}
 	m.id = id
-	if h := (*t.amh.Load())[id]; h != nil {
+	if h := (*t.amh.Load())[id].h; h != nil {
 		h(m)
 	}
 	if m.kept || m.ov != nil {

@@ -158,9 +158,14 @@ type Transport struct {
 	amMu    sync.Mutex  // orders active-message delivery; guards the two below
 	amSpare []ucx.Event // the other of amq's two buffers (also under mu)
 	amMsg   *AMMessage  // reused for messages their handlers do not keep
-	amh     atomic.Pointer[map[uint16]AMHandler]
+	amh     atomic.Pointer[map[uint16]amHandler]
 
-	postFailed uint64 // PostFailed's count once the worker is gone
+	postFailed    uint64       // PostFailed's count once the worker is gone
+	postPendingAt atomic.Int64 // when a PostAM last progressed the worker itself (unix ns)
+	postsInFlight atomic.Int64 // PostAM sends UCX had not completed at the last look
+	postsQueued   atomic.Int64 // PostAM sends UCX queued (the peer's queue was full)
+
+	inlineDelivered atomic.Int64 // active messages delivered inside PostAM
 
 	spinners atomic.Int32 // waiters progressing the worker themselves
 	callers  atomic.Int32 // direct-mode calls waiting for the worker lock
@@ -237,7 +242,7 @@ func New(ctx context.Context, opts Options) (*Transport, error) {
 		loopDone: make(chan struct{}),
 	}
 	t.log = opts.Log.With(zap.Int("rank", t.rank))
-	t.amh.Store(&map[uint16]AMHandler{})
+	t.amh.Store(&map[uint16]amHandler{})
 	// Shared-memory transports serve endpoints with peer-failure handling
 	// only when asked to; without it UCX would refuse them for troupe's
 	// endpoints and fall back to TCP (or fail with UCX_TLS=sm).
@@ -427,6 +432,7 @@ func (t *Transport) progressHandled() (active, handed bool) {
 		t.handle(evs)
 		evs = t.w.Drain()
 	}
+	t.postsInFlight.Store(int64(t.w.PostsInFlight()))
 	if progressed {
 		active = true
 		if t.arrival != nil {
@@ -475,7 +481,7 @@ func (t *Transport) loop() {
 	var idle time.Time
 	polls := 0
 	for !t.stopping.Load() {
-		if direct && t.spinners.Load() > 0 {
+		if direct && (t.spinners.Load() > 0 || t.posting()) {
 			// A waiter is progressing the worker itself; competing for the
 			// worker lock would only slow it down. Come back when it parks
 			// (it kicks us), or after asideInFlight while operations are in
@@ -523,10 +529,11 @@ func (t *Transport) loop() {
 			continue
 		}
 		spin := t.opts.Spin
-		if t.parked.Load() > 0 {
+		if t.parked.Load() > 0 || t.postsInFlight.Load() > 0 {
 			// Somebody waits for an operation in flight (a long rendezvous,
-			// say): keep it moving without an event-fd round trip per step,
-			// but not forever if the peer is simply slow.
+			// say), or posted sends wait in UCX's queue for a slow peer to
+			// make room: keep them moving without an event-fd round trip
+			// per step, but not forever if the peer is simply slow.
 			spin = max(spin, parkedSpin)
 		}
 		if now.Sub(idle) < spin || (!direct && t.spinners.Load() > 0) {
@@ -723,7 +730,7 @@ func (t *Transport) spinWait(done func() bool) bool {
 func (t *Transport) inFlight() bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return len(t.ops) > 0 || len(t.cma.sends) > 0 || (t.ov != nil && len(t.ov.posted) > 0)
+	return len(t.ops) > 0 || len(t.cma.sends) > 0 || (t.ov != nil && len(t.ov.posted) > 0) || (t.w != nil && t.w.PostsInFlight() > 0)
 }
 
 // Await blocks until done is closed or ctx ends. In direct mode the caller

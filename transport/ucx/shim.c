@@ -307,6 +307,7 @@ typedef struct {
 static void post_cb(void *req, ucs_status_t status, void *user) {
     post_block_t *b = user;
     if (status != UCS_OK) b->q->post_failed++;
+    b->q->post_inflight--;
     free(b);
     ucp_request_free(req);
 }
@@ -329,7 +330,10 @@ ucs_status_t troupe_am_post(ucp_ep_h ep, uint16_t id, const void *hdr, size_t hd
     p.flags = flags;
     ucs_status_ptr_t r = ucp_am_send_nbx(ep, id, hdr_len > 0 ? h : NULL, hdr_len,
                                          len > 0 ? d : NULL, len, &p);
-    if (UCS_PTR_IS_PTR(r)) return UCS_INPROGRESS; /* post_cb frees the block */
+    if (UCS_PTR_IS_PTR(r)) { /* post_cb frees the block */
+        q->post_inflight++;
+        return UCS_INPROGRESS;
+    }
     free(b);
     return UCS_PTR_STATUS(r);
 }

@@ -44,6 +44,7 @@ typedef struct {
     unsigned progressed; /* last ucp_worker_progress result */
     void *peek_free;     /* recycled troupe_tag_recv_peek arguments */
     uint64_t post_failed; /* troupe_am_post sends that failed after they started */
+    uint64_t post_inflight; /* troupe_am_post sends not completed yet */
 } troupe_queue_t;
 
 troupe_queue_t *troupe_queue_new(void);

@@ -593,6 +593,9 @@ func (w *Worker) AMPost(ep *Endpoint, id uint16, header, data []byte, flags uint
 	return false, &Error{Op: "ucp_am_send_nbx", Status: Status(st)}
 }
 
+// PostsInFlight is the number of AMPost sends UCX has not completed yet.
+func (w *Worker) PostsInFlight() int { return int(w.q.post_inflight) }
+
 // PostFailed is the number of AMPost sends that failed after they had
 // started (their completion reported an error).
 func (w *Worker) PostFailed() uint64 { return uint64(w.q.post_failed) }
