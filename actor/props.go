@@ -44,6 +44,7 @@ func (rt *Runtime) Props(producer pa.Producer, opts ...pa.PropsOption) *pa.Props
 	mw := &creditMiddleware{rt: rt}
 	opts = append([]pa.PropsOption{
 		pa.WithMailbox(pa.Unbounded(mw)),
+		pa.WithDispatcher(rt.dispatcher),
 		pa.WithReceiverMiddleware(rt.trackMiddleware, deferredMiddleware),
 		// Known from the spawn on, before Started is processed: a message
 		// arriving at once must find the actor's hooks.

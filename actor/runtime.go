@@ -45,6 +45,10 @@ const CreditBytes = 8 << 10
 // event-fd wake-up path, and an idle rank still sleeps.
 const DefaultSpin = 200 * time.Microsecond
 
+// defaultThroughput is how many messages a mailbox processes before it
+// yields, protoactor's default.
+const defaultThroughput = 300
+
 // EnvSpin overrides DefaultSpin (a Go duration, for example "500us").
 const EnvSpin = "TROUPE_SPIN"
 
@@ -81,11 +85,12 @@ type Runtime struct {
 	addrs   []string
 	credits int
 
-	remotes []*remoteProcess
-	out     []*outPeer
-	in      []*inPeer
-	local   sync.Map // actor id -> *localActor, for actors spawned with Props
-	targets targetCache
+	remotes    []*remoteProcess
+	out        []*outPeer
+	in         []*inPeer
+	local      sync.Map // actor id -> *localActor, for actors spawned with Props
+	targets    targetCache
+	dispatcher *poolDispatcher // runs the mailboxes of actors spawned with Props
 
 	reqMu sync.Mutex
 	reqs  map[string]int // pending remote requests: future id -> target rank
@@ -252,6 +257,7 @@ func start(ctx context.Context, t *transport.Transport, opts Options) (*Runtime,
 	}))
 	rt.sys.ProcessRegistry.Address = Address(rt.rank)
 	rt.targets = targetCache{addr: Address(rt.rank), m: map[string]*pa.PID{}}
+	rt.dispatcher = newPoolDispatcher(defaultThroughput, rt.stop)
 	rt.addrs = make([]string, rt.size)
 	rt.remotes = make([]*remoteProcess, rt.size)
 	rt.out = make([]*outPeer, rt.size)
