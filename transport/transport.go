@@ -488,8 +488,10 @@ func (t *Transport) loop() {
 			// flight (the waiter may have left to compute while a receive it
 			// posted is still to come: its message must not wait for the
 			// caller's next call), else after a millisecond.
+			// A poster (PostAM) has sends in flight by definition, and
+			// holds the worker lock often: do not queue up for it.
 			aside := time.Millisecond
-			if t.inFlight() {
+			if t.posting() || t.inFlight() {
 				aside = asideInFlight
 			}
 			timer.Reset(aside)
