@@ -48,9 +48,21 @@ size_t troupe_drain(troupe_queue_t *q, troupe_ev_t *out, size_t max) {
     return k;
 }
 
+/* progressRounds bounds the ucp_worker_progress calls of one
+ * troupe_progress_drain: a shared-memory transport hands over at most
+ * UCX_*_FIFO_MAX_POLL (16) messages per call, and each return to Go hands
+ * what arrived to other goroutines (a wake-up each time). */
+enum { progressRounds = 8 };
+
 size_t troupe_progress_drain(ucp_worker_h w, troupe_queue_t *q, troupe_ev_t *out,
                              size_t max) {
-    q->progressed = ucp_worker_progress(w);
+    unsigned total = 0;
+    for (int i = 0; i < progressRounds; i++) {
+        unsigned n = ucp_worker_progress(w);
+        total += n;
+        if (n == 0 || q->n >= max) break;
+    }
+    q->progressed = total;
     return troupe_drain(q, out, max);
 }
 

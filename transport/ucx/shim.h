@@ -50,7 +50,8 @@ typedef struct {
 troupe_queue_t *troupe_queue_new(void);
 void troupe_queue_free(troupe_queue_t *q);
 
-/* Progress the worker once and move up to max queued events to out.
+/* Progress the worker (again while it makes progress and the queue has
+ * room, up to 8 times) and move up to max queued events to out.
  * Requests of completion events are freed as they are moved.
  * *progressed receives ucp_worker_progress's return value. Returns the number
  * of events copied. */

@@ -220,8 +220,9 @@ func (w *Worker) Arm() error { return check("ucp_worker_arm", C.ucp_worker_arm(w
 // the one call that is safe without serialisation.
 func (w *Worker) Signal() error { return check("ucp_worker_signal", C.ucp_worker_signal(w.h)) }
 
-// Progress calls ucp_worker_progress once and returns up to eventBatch queued
-// events, and whether UCX reported progress. The events live in the worker's
+// Progress calls ucp_worker_progress (again while it makes progress and
+// fewer than eventBatch events are queued, up to 8 times) and returns up to
+// eventBatch queued events, and whether UCX reported progress. The events live in the worker's
 // C memory: they are valid until the next Progress or Drain call.
 func (w *Worker) Progress() ([]Event, bool) {
 	n := C.troupe_progress_drain_u(C.uintptr_t(uintptr(unsafe.Pointer(w.h))), C.uintptr_t(uintptr(unsafe.Pointer(w.q))), C.uintptr_t(uintptr(unsafe.Pointer(w.ev))), C.size_t(w.nev))
