@@ -14,6 +14,7 @@ import (
 	pa "github.com/asynkron/protoactor-go/actor"
 	"go.uber.org/zap"
 
+	"github.com/troupe-hpc/troupe/datatype"
 	"github.com/troupe-hpc/troupe/gpu"
 	"github.com/troupe-hpc/troupe/transport"
 )
@@ -100,6 +101,12 @@ func (rt *Runtime) send(r int, target *pa.PID, msg any, sender *pa.PID, flags ui
 	if err != nil {
 		return err
 	}
+	// A large Typed field follows the message by the typed-transfer
+	// protocol: the body carries the field zeroed.
+	direct, msg, err := rt.typedDirect(ct, msg, ptr)
+	if err != nil {
+		return err
+	}
 	// The body, then the envelope, go into one pooled buffer: a message
 	// small enough to be posted is copied by the transport before PostAM
 	// returns, so the buffer serves the next message.
@@ -123,7 +130,11 @@ func (rt *Runtime) send(r int, target *pa.PID, msg any, sender *pa.PID, flags ui
 		e.SenderRank, e.Sender = sr, sender.Id
 	}
 	data := body
-	if payload != nil {
+	switch {
+	case direct != nil:
+		e.Flags |= flagBodyHdr | flagTypedXfer
+		e.Body, e.PayloadLen, data = body, int(direct.bytes), nil
+	case payload != nil:
 		e.Flags |= flagBodyHdr
 		e.Body, e.PayloadLen, data = body, len(payload), payload
 	}
@@ -131,31 +142,34 @@ func (rt *Runtime) send(r int, target *pa.PID, msg any, sender *pa.PID, flags ui
 	*sb = b
 	hdr := b[len(body):]
 	out := rt.out[r]
-	cost := rt.cost(len(body) + len(payload))
+	cost := rt.cost(len(body) + e.PayloadLen)
 	if e.Flags&flagNoCredit == 0 {
 		if err := out.acquire(rt.t, cost, &rt.stats); err != nil {
 			return err
 		}
 	}
 	out.used.Store(true)
-	if len(hdr)+len(data) <= transport.MaxPostAM {
-		// Small messages are copied as they are posted: no request to
-		// track, nothing to pin.
-		err = rt.t.PostAM(r, amActor, hdr, data)
-	} else {
-		// The transport reads header and data until the send completes:
-		// they must not be the pooled buffer.
-		hdr = bytes.Clone(hdr)
-		if payload == nil {
-			data = bytes.Clone(body)
-		}
-		var req *transport.Request
-		req, err = rt.t.SendAM(r, amActor, hdr, data, transport.AMAuto)
-		if err == nil {
-			if done, rerr := req.Finished(); done && rerr != nil {
-				err = rerr
+	var req *transport.Request
+	pooled := payload == nil && direct == nil // data is body, in the pooled buffer
+	if direct != nil {
+		// The receiver posts its typed receives in the order the messages
+		// arrive, and each takes the next sequence number: the message
+		// and its transfer's sequence number go out under one lock.
+		out.typedMu.Lock()
+		if err = rt.postAM(r, hdr, data, pooled); err == nil {
+			f := direct.f
+			req, err = rt.t.IsendTypedWith(r, 0, f.Buf, f.Type, int(f.Count), transport.TypedOptions{Base: int(f.Base), Runtime: true})
+			if err != nil {
+				// The message is out: keep the receiver's sequence in step
+				// with an empty transfer, which it rejects as short.
+				_, _ = rt.t.IsendTypedWith(r, 0, nil, datatype.Byte, 0, transport.TypedOptions{Runtime: true})
+				out.typedMu.Unlock()
+				return fmt.Errorf("actor: sending %s to %s: its Typed field: %w", ct.name, target, err)
 			}
 		}
+		out.typedMu.Unlock()
+	} else {
+		err = rt.postAM(r, hdr, data, pooled)
 	}
 	if err != nil {
 		if e.Flags&flagNoCredit == 0 {
@@ -163,8 +177,40 @@ func (rt *Runtime) send(r int, target *pa.PID, msg any, sender *pa.PID, flags ui
 		}
 		return fmt.Errorf("actor: sending %s to %s: %w", ct.name, target, err)
 	}
+	if req != nil {
+		// Send returns when the elements have been read (Typed's
+		// contract); the message itself is sent, so its credits come back
+		// from the receiver whatever the transfer's outcome.
+		if _, err := req.Wait(context.Background()); err != nil {
+			return fmt.Errorf("actor: sending %s to %s: its Typed field: %w", ct.name, target, err)
+		}
+		rt.stats.TypedSent.Add(1)
+	}
 	rt.stats.Sent.Add(1)
 	return nil
+}
+
+// postAM sends one actor message's header and data; pooled says data is in
+// the pooled buffer, as hdr is.
+func (rt *Runtime) postAM(r int, hdr, data []byte, pooled bool) error {
+	if len(hdr)+len(data) <= transport.MaxPostAM {
+		// Small messages are copied as they are posted: no request to
+		// track, nothing to pin.
+		return rt.t.PostAM(r, amActor, hdr, data)
+	}
+	// The transport reads header and data until the send completes: they
+	// must not be the pooled buffer.
+	hdr = bytes.Clone(hdr)
+	if pooled {
+		data = bytes.Clone(data)
+	}
+	req, err := rt.t.SendAM(r, amActor, hdr, data, transport.AMAuto)
+	if err == nil {
+		if done, rerr := req.Finished(); done && rerr != nil {
+			err = rerr
+		}
+	}
+	return err
 }
 
 // sendBufs holds the buffers send encodes into.
@@ -187,6 +233,7 @@ func (rt *Runtime) cost(n int) int {
 
 // outPeer holds the eager credits for sending to one rank.
 type outPeer struct {
+	typedMu sync.Mutex // orders messages with Typed transfers (send)
 	mu      sync.Mutex
 	avail   int
 	err     error         // set when sends to the rank can no longer succeed
@@ -360,10 +407,19 @@ func (rt *Runtime) onMessage(m *transport.AMMessage) {
 		it.target = rt.targets.last
 	}
 	it.cost = rt.cost(m.Size + len(e.Body))
+	if e.Flags&flagTypedXfer != 0 {
+		it.cost = rt.cost(e.PayloadLen + len(e.Body))
+	}
 	if e.Flags&flagNoCredit != 0 {
 		it.cost = 0
 	}
 	ct := lookupID(e.Type)
+	if e.Flags&flagTypedXfer != 0 {
+		q := new(inItem)
+		*q = it
+		rt.receiveTyped(in, m, q, ct)
+		return
+	}
 	if !m.Rendezvous {
 		// Eager: header and data are here until we return, so the message
 		// is decoded now, straight from them.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
 	"strconv"
 	"strings"
@@ -70,7 +71,16 @@ type Options struct {
 	// Device is where gpu.Buffer message fields land when the receiving
 	// actor names no buffer (nil: device 0 of gpu.Default()).
 	Device *gpu.Device
+	// TypedDirectMin is the packed size from which a message's Typed field
+	// goes through the transport's typed-transfer protocol (pipelined pack,
+	// scatter-gather or zero-copy windows, chosen per layout) instead of
+	// being packed into the active message (0: DefaultTypedDirectMin;
+	// negative: never). See Typed.
+	TypedDirectMin int
 }
+
+// DefaultTypedDirectMin is the default Options.TypedDirectMin.
+const DefaultTypedDirectMin = 64 << 10
 
 // Runtime is one rank's actor system: a protoactor-go ActorSystem whose
 // address names the rank, with every other rank's actors reachable through
@@ -84,6 +94,8 @@ type Runtime struct {
 	log     *zap.Logger
 	addrs   []string
 	credits int
+	// typedMin is Options.TypedDirectMin resolved (math.MaxInt: never).
+	typedMin int
 
 	remotes    []*remoteProcess
 	out        []*outPeer
@@ -121,6 +133,8 @@ type Stats struct {
 	HookLanded     atomic.Uint64 // payloads landed in hook-provided memory
 	DeviceLanded   atomic.Uint64 // gpu.Buffer fields landed in device memory
 	TypedUnpacked  atomic.Uint64 // Typed fields unpacked into PostReceiveTyped buffers
+	TypedSent      atomic.Uint64 // Typed fields sent by the typed-transfer protocol
+	TypedReceived  atomic.Uint64 // Typed fields received by the typed-transfer protocol
 	DeadLetters    atomic.Uint64 // undeliverable received messages
 	CreditWaits    atomic.Uint64 // sends that waited for credits
 	CreditsBack    atomic.Uint64 // credit messages sent back to senders
@@ -249,6 +263,12 @@ func start(ctx context.Context, t *transport.Transport, opts Options) (*Runtime,
 	}
 	if rt.credits <= 0 {
 		rt.credits = DefaultCredits
+	}
+	switch rt.typedMin = opts.TypedDirectMin; {
+	case rt.typedMin == 0:
+		rt.typedMin = DefaultTypedDirectMin
+	case rt.typedMin < 0:
+		rt.typedMin = math.MaxInt
 	}
 	rt.credits = max(rt.credits, 4)
 	core := rt.log.Core()

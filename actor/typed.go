@@ -1,11 +1,15 @@
 package actor
 
 import (
+	"context"
 	"encoding/binary"
 	"fmt"
 	"reflect"
 
+	"go.uber.org/zap"
+
 	"github.com/troupe-hpc/troupe/datatype"
+	"github.com/troupe-hpc/troupe/transport"
 )
 
 // Typed is a noncontiguous message field: Count elements of the derived
@@ -86,6 +90,27 @@ func getSignature(b []byte) datatype.Signature {
 	}
 }
 
+// typedHook asks the target actor's PostReceiveTyped hook where a Typed
+// field of size packed bytes goes; a nil Type means it named nothing.
+func (rt *Runtime) typedHook(it *inItem, size int) Typed {
+	la, ok := rt.local.Load(it.e.Target)
+	if !ok {
+		return Typed{}
+	}
+	h, ok := la.(*localActor).actor.(TypedPostReceiver)
+	if !ok {
+		return Typed{}
+	}
+	in := &Incoming{Target: rt.PID(rt.rank, it.e.Target), Size: size}
+	if it.e.Sender != "" {
+		in.Sender = rt.PID(it.e.SenderRank, it.e.Sender)
+	}
+	if ct := lookupID(it.e.Type); ct != nil {
+		in.Type = ct.name
+	}
+	return h.PostReceiveTyped(in)
+}
+
 // typedLanding unpacks a landed Typed field (signature and packed bytes, in
 // pooled memory) where the target actor's hook says, or copies the packed
 // bytes out, and returns the field's value.
@@ -97,19 +122,7 @@ func (rt *Runtime) typedLanding(it *inItem, data []byte) (Typed, error) {
 		return Typed{}, fmt.Errorf("Typed field of %d bytes, shorter than its signature", len(data))
 	}
 	sig, packed := getSignature(data), data[typedSigSize:]
-	var dst Typed
-	if la, ok := rt.local.Load(it.e.Target); ok {
-		if h, ok := la.(*localActor).actor.(TypedPostReceiver); ok {
-			in := &Incoming{Target: rt.PID(rt.rank, it.e.Target), Size: len(packed)}
-			if it.e.Sender != "" {
-				in.Sender = rt.PID(it.e.SenderRank, it.e.Sender)
-			}
-			if ct := lookupID(it.e.Type); ct != nil {
-				in.Type = ct.name
-			}
-			dst = h.PostReceiveTyped(in)
-		}
-	}
+	dst := rt.typedHook(it, len(packed))
 	if dst.Type == nil {
 		return Typed{Buf: append([]byte(nil), packed...), Type: datatype.Byte, Count: int64(len(packed))}, nil
 	}
@@ -139,6 +152,11 @@ func (rt *Runtime) decodeTyped(it *inItem, ct *codecType, data []byte) {
 		it.err = "Typed field: " + err.Error()
 		return
 	}
+	rt.setTyped(it, ct, field)
+}
+
+// setTyped decodes it's body and sets its Typed field to field.
+func (rt *Runtime) setTyped(it *inItem, ct *codecType, field Typed) {
 	msg, err := decodeBody(ct, it.e.Body, it.e.Flags&flagPointer != 0, nil)
 	if err != nil {
 		rt.stats.DecodeErrors.Add(1)
@@ -155,4 +173,145 @@ func (rt *Runtime) decodeTyped(it *inItem, ct *codecType, data []byte) {
 		msg = c.Interface()
 	}
 	it.msg = msg
+}
+
+// Large Typed fields (packed size >= Options.TypedDirectMin) do not travel
+// in the active message. The sender sends the message with the field
+// zeroed, flagged flagTypedXfer with the packed size in PayloadLen, and
+// then the field's elements by the transport's typed-transfer protocol
+// (TypedOptions.Runtime, tag 0), which picks pipelined pack, scatter-gather
+// or zero-copy windows per layout (docs/noncontig.md). The receiving rank
+// posts the matching typed receive when the message arrives, into the
+// PostReceiveTyped hook's layout or, without one, a packed receive into
+// fresh memory. Each side numbers these transfers per peer in message
+// order, so no identifier travels: the sender sends a message and its
+// transfer's RTS under one per-peer lock, and the receiver posts receives
+// in arrival order.
+
+// directTyped is a Typed field that goes by the typed-transfer protocol.
+type directTyped struct {
+	f     Typed
+	bytes int64 // packed size
+}
+
+// maxTypedLanding bounds the fresh memory a hook-less receive of a large
+// Typed field allocates on the sender's word.
+const maxTypedLanding = 1 << 34
+
+// typedDirect returns the message's Typed field when it goes by the
+// typed-transfer protocol, and msg with that field zeroed; otherwise nil
+// and msg unchanged.
+func (rt *Runtime) typedDirect(ct *codecType, msg any, ptr bool) (*directTyped, any, error) {
+	if ct.typed < 0 {
+		return nil, msg, nil
+	}
+	v := reflect.ValueOf(msg)
+	if ptr {
+		v = v.Elem()
+	}
+	f := v.Field(ct.typed).Interface().(Typed)
+	if f.Type == nil {
+		return nil, msg, nil
+	}
+	n, err := f.Type.PackedSize(f.Count)
+	if err != nil || n < int64(rt.typedMin) {
+		return nil, msg, nil // packed into the message (packTyped reports errors)
+	}
+	if n > maxTypedLanding {
+		return nil, nil, fmt.Errorf("actor: %s: Typed field of %d packed bytes, more than %d", ct.name, n, int64(maxTypedLanding))
+	}
+	lo, hi, err := f.Type.DataBounds(f.Count)
+	switch {
+	case err != nil:
+		return nil, nil, fmt.Errorf("actor: %s: Typed field: %w", ct.name, err)
+	case f.Base < 0 || f.Base+lo < 0 || f.Base+hi > int64(len(f.Buf)):
+		return nil, nil, fmt.Errorf("actor: %s: Typed field: data at [%d, %d) relative to base %d outside a buffer of %d bytes",
+			ct.name, lo, hi, f.Base, len(f.Buf))
+	}
+	c := reflect.New(ct.typ)
+	c.Elem().Set(v)
+	c.Elem().Field(ct.typed).SetZero()
+	if ptr {
+		return &directTyped{f, n}, c.Interface(), nil
+	}
+	return &directTyped{f, n}, c.Elem().Interface(), nil
+}
+
+// receiveTyped posts the typed receive of a message whose Typed field
+// follows by the typed-transfer protocol (it arrived eager, carrying no
+// data), and delivers the message in its turn once the field is in. Every
+// such message gets its receive, even one that cannot be delivered, so the
+// sender's transfer completes and the sequence stays in step.
+func (rt *Runtime) receiveTyped(in *inPeer, m *transport.AMMessage, it *inItem, ct *codecType) {
+	it.e.Body = append([]byte(nil), it.e.Body...) // the header dies when we return
+	n := it.e.PayloadLen
+	undeliverable := func() {
+		it.ready = true
+		in.mu.Lock()
+		in.push(it)
+		in.mu.Unlock()
+	}
+	switch {
+	case m.Size != 0:
+		it.err = fmt.Sprintf("typed-transfer message with %d bytes of data", m.Size)
+	case n > maxTypedLanding:
+		it.err = fmt.Sprintf("Typed field of %d bytes announced, more than %d", n, maxTypedLanding)
+		rt.log.Warn("typed transfer not received", zap.Int("peer", it.e.Source), zap.Int("bytes", n))
+		undeliverable()
+		return
+	case ct == nil:
+		it.err = fmt.Sprintf("unknown message type id 0x%08x (not registered on rank %d)", it.e.Type, rt.rank)
+	case ct.typed < 0:
+		it.err = fmt.Sprintf("typed transfer for %s, which has no Typed field", ct.name)
+	}
+	var dst Typed
+	if it.err == "" {
+		dst = rt.typedHook(it, n)
+	}
+	hooked := dst.Type != nil
+	var req *transport.Request
+	if hooked {
+		var err error
+		req, err = rt.t.IrecvTypedWith(it.e.Source, 0, dst.Buf, dst.Type, int(dst.Count), transport.TypedOptions{Base: int(dst.Base), Runtime: true})
+		if err != nil {
+			it.err = "Typed field: PostReceiveTyped: " + err.Error()
+			hooked = false
+		}
+	}
+	if req == nil {
+		// No hook (or a broken one): the packed stream, in fresh memory.
+		dst = Typed{Buf: make([]byte, n), Type: datatype.Byte, Count: int64(n)}
+		var err error
+		req, err = rt.t.IrecvTypedWith(it.e.Source, 0, dst.Buf, datatype.Byte, n, transport.TypedOptions{Runtime: true, Packed: true})
+		if err != nil {
+			it.err = "receiving Typed field: " + err.Error()
+			undeliverable()
+			return
+		}
+	}
+	in.mu.Lock()
+	in.q = append(in.q, it)
+	in.mu.Unlock()
+	in.pending.Add(1)
+	go func() {
+		defer in.pending.Done()
+		st, werr := req.Wait(context.Background())
+		in.mu.Lock()
+		defer in.mu.Unlock()
+		it.ready = true
+		switch {
+		case it.err != "":
+		case werr != nil:
+			it.err = "receiving Typed field: " + werr.Error()
+		case st.Size != n:
+			it.err = fmt.Sprintf("Typed field of %d bytes announced, %d arrived", n, st.Size)
+		default:
+			if hooked {
+				rt.stats.TypedUnpacked.Add(1)
+			}
+			rt.stats.TypedReceived.Add(1)
+			rt.setTyped(it, ct, dst)
+		}
+		in.drain()
+	}()
 }

@@ -2,6 +2,7 @@ package actor
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"testing"
 	"time"
@@ -9,6 +10,7 @@ import (
 	pa "github.com/asynkron/protoactor-go/actor"
 
 	"github.com/troupe-hpc/troupe/datatype"
+	"github.com/troupe-hpc/troupe/transport"
 )
 
 // face is a column of a row-major grid: a noncontiguous message field.
@@ -37,12 +39,45 @@ func (s *faceSink) Receive(c pa.Context) {
 	}
 }
 
-// A column of a 512x300 float64 grid (a vector of 512 blocks, rendezvous
-// sized) is sent as a Typed field: unpacked into a column of another grid
-// of a different width by the hook (same signature, different layout), kept
-// packed without a type, refused with a reason when the signatures differ.
+// typedPaths are the two ways a Typed field travels: packed into the active
+// message, and by the transport's typed-transfer protocol.
+var typedPaths = []struct {
+	name   string
+	min    int  // Options.TypedDirectMin
+	direct bool // the field goes by the protocol
+}{
+	{"packed", -1, false},
+	{"protocol", 1, true},
+}
+
+func startLocalWith(t *testing.T, n int, o Options) []*Runtime {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	rts, stop, err := StartLocal(ctx, n, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(stop)
+	return rts
+}
+
+// A column of a 512x300 float64 grid (a vector of 512 blocks) is sent as a
+// Typed field, along both paths: unpacked into a column of another grid of
+// a different width by the hook (same signature, different layout), kept
+// packed without a type, refused with a reason when the signatures differ
+// (by the sender's Send too when the field goes by the protocol, which
+// checks signatures before moving data).
 func TestTypedFields(t *testing.T) {
-	rts := startLocal(t, 2)
+	for _, path := range typedPaths {
+		t.Run(path.name, func(t *testing.T) {
+			testTypedFields(t, path.min, path.direct)
+		})
+	}
+}
+
+func testTypedFields(t *testing.T, min int, direct bool) {
+	rts := startLocalWith(t, 2, Options{TypedDirectMin: min})
 	const rows = 512
 	colOf := func(width int64) *datatype.Type {
 		ty, err := datatype.Vector(rows, 1, width, datatype.Float64)
@@ -93,20 +128,45 @@ func TestTypedFields(t *testing.T) {
 	if f.Col.Type != datatype.Byte || !bytes.Equal(f.Col.Buf, want) {
 		t.Fatalf("packed landing: type %v, %d bytes, equal %v", f.Col.Type, len(f.Col.Buf), bytes.Equal(f.Col.Buf, want))
 	}
-	// A hook whose type signature differs (float32 elements): the requester
-	// hears why, and the message is not delivered.
-	f32, err := datatype.Vector(rows, 1, 100, datatype.Float32)
+	// A hook whose type signature differs (as many bytes, but float32
+	// elements): the requester hears why, and the message is not delivered.
+	f32, err := datatype.Vector(rows, 2, 200, datatype.Float32)
 	if err != nil {
 		t.Fatal(err)
 	}
 	sink.dst = Typed{Buf: dstGrid, Type: f32, Count: 1}
+	dead := rts[1].Stats().DeadLetters.Load()
 	_, err = rts[0].Request(target, msg, 10*time.Second)
-	var ue *UndeliverableError
-	if !errors.As(err, &ue) || !bytes.Contains([]byte(ue.Reason), []byte("signature")) {
-		t.Fatalf("signature mismatch: got %v, want an UndeliverableError about the signature", err)
+	if direct {
+		if !errors.Is(err, transport.ErrTypeMismatch) {
+			t.Fatalf("signature mismatch: got %v, want the sender's Send to fail with ErrTypeMismatch", err)
+		}
+	} else {
+		var ue *UndeliverableError
+		if !errors.As(err, &ue) || !bytes.Contains([]byte(ue.Reason), []byte("signature")) {
+			t.Fatalf("signature mismatch: got %v, want an UndeliverableError about the signature", err)
+		}
 	}
 	if n := rts[1].Stats().TypedUnpacked.Load(); n != 1 {
 		t.Fatalf("TypedUnpacked = %d, want 1", n)
+	}
+	sent, recvd := rts[0].Stats().TypedSent.Load(), rts[1].Stats().TypedReceived.Load()
+	if want := map[bool]uint64{false: 0, true: 2}[direct]; sent != want || recvd != want {
+		t.Fatalf("TypedSent %d, TypedReceived %d, want %d by the protocol", sent, recvd, want)
+	}
+	// The message after a refused one still arrives (the transfers' sequence
+	// stays in step).
+	sink.dst = Typed{}
+	if _, err := rts[0].Request(target, msg, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	f = <-sink.seen
+	if !bytes.Equal(f.Col.Buf, want) {
+		t.Fatal("the message after a refused one arrived damaged")
+	}
+	// Delivered in order, so the refused message was handled before it.
+	if n := rts[1].Stats().DeadLetters.Load(); n != dead+1 {
+		t.Fatalf("dead letters %d, want %d (the refused message)", n, dead+1)
 	}
 	select {
 	case f := <-sink.seen:
@@ -120,22 +180,149 @@ type twoSpecial struct {
 	T Typed
 }
 
-// Bad Typed fields fail at the sender's Send, and a type may not carry two
-// out-of-body fields.
+// Bad Typed fields fail at the sender's Send, on both paths, and a type may
+// not carry two out-of-body fields.
 func TestTypedFieldErrors(t *testing.T) {
-	rts := startLocal(t, 2)
-	target := rts[0].PID(1, "nobody")
-	if err := rts[0].Send(target, &face{Col: Typed{Buf: make([]byte, 8), Count: 1}}); err == nil {
-		t.Fatal("a Typed field with data and no type was sent")
-	}
-	col, err := datatype.Vector(512, 1, 300, datatype.Float64)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := rts[0].Send(target, &face{Col: Typed{Buf: make([]byte, 100), Type: col, Count: 1}}); err == nil {
-		t.Fatal("a Typed field whose buffer is too small for its type was sent")
+	for _, path := range typedPaths {
+		t.Run(path.name, func(t *testing.T) {
+			rts := startLocalWith(t, 2, Options{TypedDirectMin: path.min})
+			target := rts[0].PID(1, "nobody")
+			if err := rts[0].Send(target, &face{Col: Typed{Buf: make([]byte, 8), Count: 1}}); err == nil {
+				t.Fatal("a Typed field with data and no type was sent")
+			}
+			col, err := datatype.Vector(512, 1, 300, datatype.Float64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := rts[0].Send(target, &face{Col: Typed{Buf: make([]byte, 100), Type: col, Count: 1}}); err == nil {
+				t.Fatal("a Typed field whose buffer is too small for its type was sent")
+			}
+			if err := rts[0].Send(target, &face{Col: Typed{Buf: make([]byte, 512*300*8), Type: col, Base: -8, Count: 1}}); err == nil {
+				t.Fatal("a Typed field with a negative base was sent")
+			}
+			if n := rts[0].Stats().Sent.Load(); n != 0 {
+				t.Fatalf("%d messages went out for refused sends", n)
+			}
+		})
 	}
 	if err := Register[twoSpecial](); err == nil {
 		t.Fatal("a type with a Payload and a Typed field was registered")
+	}
+}
+
+// stripe is a message with a Typed field, numbered per sender.
+type stripe struct {
+	From, Step int
+	Data       Typed
+}
+
+func init() { MustRegister[stripe]() }
+
+// stripeOf fills ty, a 64 x 2 KiB block vector of stride 4 KiB (128 KiB
+// packed, large blocks), with a pattern of (from, step) and returns it with
+// its packed form.
+func stripeOf(ty *datatype.Type, from, step int) (Typed, []byte) {
+	buf := make([]byte, 64*4096)
+	var packed []byte
+	for i := range buf {
+		buf[i] = byte(i*31 + from*7 + step*13)
+		if i%4096 < 2048 {
+			packed = append(packed, buf[i])
+		}
+	}
+	return Typed{Buf: buf, Type: ty, Count: 1}, packed
+}
+
+// Typed fields by the protocol under every scheme: two goroutines of one
+// rank each send 12 stripes to one actor, interleaved with small messages;
+// each sender's messages arrive in order with their bytes intact, and the
+// receiving transport counts every transfer under the scheme forced on both
+// sides (the adaptive default may use any).
+func TestTypedFieldSchemes(t *testing.T) {
+	schemes := []datatype.Scheme{datatype.SchemePack, datatype.SchemeSGL, datatype.SchemeZCopy, datatype.SchemeAuto}
+	for _, scheme := range schemes {
+		t.Run(scheme.String(), func(t *testing.T) {
+			ty, err := datatype.Vector(64, 2048, 4096, datatype.Byte)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rts := startLocalWith(t, 2, Options{})
+			for _, rt := range rts {
+				if err := rt.Transport().SetNoncontigOptions(transport.NoncontigOptions{Scheme: scheme}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			const senders, steps = 2, 12
+			got := make(chan stripe, senders*steps)
+			pings := make(chan int, senders*steps)
+			props := rts[1].PropsFromFunc(func(c pa.Context) {
+				switch m := c.Message().(type) {
+				case *stripe:
+					got <- *m
+				case *ping:
+					pings <- m.N
+				}
+			})
+			if _, err := rts[1].Root().SpawnNamed(props, "stripes"); err != nil {
+				t.Fatal(err)
+			}
+			target := rts[0].PID(1, "stripes")
+			errs := make(chan error, senders)
+			for from := range senders {
+				go func() {
+					for step := range steps {
+						f, _ := stripeOf(ty, from, step)
+						if err := rts[0].Send(target, &stripe{From: from, Step: step, Data: f}); err != nil {
+							errs <- err
+							return
+						}
+						if err := rts[0].Send(target, &ping{N: from*steps + step}); err != nil {
+							errs <- err
+							return
+						}
+					}
+					errs <- nil
+				}()
+			}
+			for range senders {
+				if err := <-errs; err != nil {
+					t.Fatal(err)
+				}
+			}
+			next := make([]int, senders)
+			for range senders * steps {
+				m := <-got
+				if m.Step != next[m.From] {
+					t.Fatalf("sender %d: step %d arrived, want %d", m.From, m.Step, next[m.From])
+				}
+				next[m.From]++
+				_, want := stripeOf(ty, m.From, m.Step)
+				if m.Data.Type != datatype.Byte || !bytes.Equal(m.Data.Buf, want) {
+					t.Fatalf("sender %d step %d: field damaged (%d bytes)", m.From, m.Step, len(m.Data.Buf))
+				}
+			}
+			for range senders * steps {
+				<-pings
+			}
+			rs := rts[1].Transport().NoncontigStats().Received
+			total := rs.Pack + rs.SGL + rs.ZCopy
+			var forced int64
+			switch scheme {
+			case datatype.SchemePack:
+				forced = rs.Pack
+			case datatype.SchemeSGL:
+				forced = rs.SGL
+			case datatype.SchemeZCopy:
+				forced = rs.ZCopy
+			default:
+				forced = total
+			}
+			if total != senders*steps || forced != total {
+				t.Fatalf("receiver's schemes %+v, want all %d as %v", rs, senders*steps, scheme)
+			}
+			if n := rts[1].Stats().TypedReceived.Load(); n != senders*steps {
+				t.Fatalf("TypedReceived %d, want %d", n, senders*steps)
+			}
+		})
 	}
 }

@@ -261,6 +261,14 @@ type TypedOptions struct {
 	// Base is the index of the datatype's origin in the buffer (MPI's buf
 	// pointer), so that types with negative displacements can be used.
 	Base int
+	// Runtime puts the call in the tag space reserved for runtimes built on
+	// the transport (the actor runtime's Typed fields): its messages never
+	// match the MPI-style API's, and the two number their sequences apart.
+	Runtime bool
+	// Packed, on a receive, accepts a message of any type signature and
+	// leaves its packed stream in the receive layout (MPI_PACKED); the
+	// message must still fit. Sends ignore it.
+	Packed bool
 }
 
 // noncontigs holds each transport's typed-transfer state, created on first
@@ -352,10 +360,25 @@ type typedCall struct {
 	scheme    datatype.Scheme
 	bytes     int64 // packed size
 	origin    uintptr
+	space     Kind // KindTyped, or KindDDT for TypedOptions.Runtime
+	packed    bool // TypedOptions.Packed (receives)
+}
+
+// seqKey numbers a call's sequence: runtime-space tags count apart from
+// the application's (as negative tags, which the API never accepts).
+func (c typedCall) seqKey() seqKey {
+	if c.space == KindDDT {
+		return seqKey{c.peer, -1 - c.tag}
+	}
+	return seqKey{c.peer, c.tag}
 }
 
 func (t *Transport) typedCall(op string, peer, tag int, buf []byte, dt *datatype.Type, count int, o TypedOptions) (*noncontig, typedCall, error) {
-	c := typedCall{peer: peer, tag: tag, buf: buf, dt: dt, count: int64(count), base: int64(o.Base), scheme: o.Scheme}
+	c := typedCall{peer: peer, tag: tag, buf: buf, dt: dt, count: int64(count), base: int64(o.Base), scheme: o.Scheme,
+		space: KindTyped, packed: o.Packed}
+	if o.Runtime {
+		c.space = KindDDT
+	}
 	if err := t.checkRank(peer, op); err != nil {
 		return nil, c, err
 	}
@@ -410,7 +433,7 @@ func (t *Transport) IsendTypedWith(dst, tag int, buf []byte, dt *datatype.Type, 
 		return nil, err
 	}
 	r := t.newRequest("typed send", dst, tag, len(buf))
-	seq := nc.nextSendSeq(dst, tag)
+	seq := nc.nextSendSeq(c.seqKey())
 	go func() {
 		st, err := nc.send(context.Background(), c, seq)
 		t.ncComplete(r, st, err)
@@ -432,7 +455,7 @@ func (t *Transport) SendTypedWith(ctx context.Context, dst, tag int, buf []byte,
 	if err != nil {
 		return err
 	}
-	_, err = nc.send(ctx, c, nc.nextSendSeq(dst, tag))
+	_, err = nc.send(ctx, c, nc.nextSendSeq(c.seqKey()))
 	return err
 }
 
@@ -454,7 +477,7 @@ func (t *Transport) IrecvTypedWith(src, tag int, buf []byte, dt *datatype.Type, 
 		return nil, err
 	}
 	r := t.newRequest("typed recv", src, tag, len(buf))
-	seq := nc.takeRecvSeq(src, tag)
+	seq := nc.takeRecvSeq(c.seqKey())
 	go func() {
 		st, err := nc.recv(context.Background(), c, seq)
 		t.ncComplete(r, st, err)
@@ -476,7 +499,7 @@ func (t *Transport) RecvTypedWith(ctx context.Context, src, tag int, buf []byte,
 	if err != nil {
 		return Status{}, err
 	}
-	return nc.recv(ctx, c, nc.takeRecvSeq(src, tag))
+	return nc.recv(ctx, c, nc.takeRecvSeq(c.seqKey()))
 }
 
 // ncComplete completes a typed request from its protocol goroutine.

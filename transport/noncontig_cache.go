@@ -161,19 +161,17 @@ func (nc *noncontig) start() {
 
 // Sequence numbers and transfer ids.
 
-func (nc *noncontig) nextSendSeq(peer, tag int) uint32 {
+func (nc *noncontig) nextSendSeq(k seqKey) uint32 {
 	nc.mu.Lock()
 	defer nc.mu.Unlock()
-	k := seqKey{peer, tag}
 	s := nc.sendSeq[k]
 	nc.sendSeq[k] = (s + 1) & ncSeqMask
 	return s
 }
 
-func (nc *noncontig) takeRecvSeq(peer, tag int) uint32 {
+func (nc *noncontig) takeRecvSeq(k seqKey) uint32 {
 	nc.mu.Lock()
 	defer nc.mu.Unlock()
-	k := seqKey{peer, tag}
 	c := nc.recvSeq[k]
 	if c == nil {
 		c = &recvCounter{}
@@ -190,10 +188,10 @@ func (nc *noncontig) takeRecvSeq(peer, tag int) uint32 {
 }
 
 // freeRecvSeq gives a cancelled receive's sequence number back.
-func (nc *noncontig) freeRecvSeq(peer, tag int, seq uint32) {
+func (nc *noncontig) freeRecvSeq(k seqKey, seq uint32) {
 	nc.mu.Lock()
 	defer nc.mu.Unlock()
-	c := nc.recvSeq[seqKey{peer, tag}]
+	c := nc.recvSeq[k]
 	c.freed = append(c.freed, seq)
 }
 

@@ -96,7 +96,7 @@ func (nc *noncontig) send(ctx context.Context, c typedCall, seq uint32) (Status,
 	}
 	reply := make([]byte, ctsLen)
 	rr := t.ncRecv(c.peer, ncXferTag(dirReply, uint32(c.peer), h.xid, replyIdx), bufOf(reply), nil)
-	sr := t.ncSend(c.peer, ncRTSTag(me, uint16(c.tag), seq), bufOf(msg), nil)
+	sr := t.ncSend(c.peer, ncRTSTag(c.space, me, uint16(c.tag), seq), bufOf(msg), nil)
 	final := proposal
 	if proposal == datatype.SchemePack {
 		if inline {
@@ -446,11 +446,11 @@ func (nc *noncontig) recv(ctx context.Context, c typedCall, seq uint32) (Status,
 	bp := nc.rtsBufs.Get().(*[]byte)
 	defer nc.rtsBufs.Put(bp)
 	hbuf := *bp
-	rr := t.ncRecv(c.peer, ncRTSTag(uint32(c.peer), uint16(c.tag), seq), ucx.Buffer{Ptr: bytesPtr(hbuf), Len: len(hbuf)}, nil)
+	rr := t.ncRecv(c.peer, ncRTSTag(c.space, uint32(c.peer), uint16(c.tag), seq), ucx.Buffer{Ptr: bytesPtr(hbuf), Len: len(hbuf)}, nil)
 	st, err := rr.Wait(ctx)
 	if err != nil {
 		if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
-			nc.freeRecvSeq(c.peer, c.tag, seq)
+			nc.freeRecvSeq(c.seqKey(), seq)
 		}
 		return Status{}, err
 	}
@@ -597,6 +597,9 @@ func (nc *noncontig) zcopyRecv(ctx context.Context, c typedCall, ls *layoutState
 func (nc *noncontig) check(c typedCall, h rts) (uint8, datatype.Signature, error) {
 	if h.bytes > c.bytes {
 		return stTooSmall, datatype.Signature{}, nil
+	}
+	if c.packed {
+		return stOK, h.sig, nil // MPI_PACKED: any signature lands as its packed stream
 	}
 	k := c.count
 	if h.bytes < c.bytes {

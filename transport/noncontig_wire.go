@@ -39,8 +39,10 @@ const (
 	idxFin  = 0 // dirData: zero-copy completion
 )
 
-func ncRTSTag(src uint32, tag uint16, seq uint32) uint64 {
-	return uint64(KindTyped)<<kindShift | uint64(src&ncRankMask)<<(UserTagBits+ncSeqBits) |
+// ncRTSTag builds an RTS tag in space KindTyped (the MPI-style API) or
+// KindDDT (runtimes' typed transfers, TypedOptions.Runtime).
+func ncRTSTag(space Kind, src uint32, tag uint16, seq uint32) uint64 {
+	return uint64(space)<<kindShift | uint64(src&ncRankMask)<<(UserTagBits+ncSeqBits) |
 		uint64(tag)<<ncSeqBits | uint64(seq&ncSeqMask)
 }
 

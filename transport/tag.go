@@ -10,7 +10,7 @@ type Kind uint8
 const (
 	KindDevice  Kind = 1 // device (GPU) payloads of actor messages
 	KindChannel Kind = 2 // channel traffic (per-channel counters)
-	KindDDT     Kind = 3 // derived-datatype payloads
+	KindDDT     Kind = 3 // derived-datatype fields of runtimes' messages (TypedOptions.Runtime): RTS tags laid out as KindTyped's
 	KindCtrl    Kind = 4 // runtime control traffic
 	KindUser    Kind = 5 // the MPI-style tagged API
 	KindTyped   Kind = 6 // typed (datatype) transfers of the MPI-style API; layout in noncontig_wire.go
