@@ -1,0 +1,222 @@
+package integration
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+
+	pa "github.com/asynkron/protoactor-go/actor"
+
+	"github.com/troupe-hpc/troupe/actor"
+	dt "github.com/troupe-hpc/troupe/datatype"
+	"github.com/troupe-hpc/troupe/datatype/layouts"
+	"github.com/troupe-hpc/troupe/transport"
+)
+
+// Typed fields of actor messages between real processes (issue 5, "as fields
+// of actor messages"): every layout of shared/ddt-layouts.md goes from rank 0
+// to an actor on rank 1 that lands it in the same layout, in a contiguous
+// array of the same signature (through its PostReceiveTyped hook), or keeps
+// the packed stream (no hook). Along both paths: packed into the active
+// message, and by the transport's typed-transfer protocol with the adaptive
+// default (each message three times, so that it sees layouts registered)
+// and with SGL and zero-copy windows forced (TROUPE_NC_SCHEME).
+
+func init() {
+	actor.MustRegister[expectTyped]()
+	actor.MustRegister[typedLayoutMsg]()
+	actor.MustRegister[typedVerdict]()
+	scenarios["actor-typed/packed"] = actorTyped(-1)
+	scenarios["actor-typed/protocol"] = actorTyped(1)
+}
+
+// expectTyped tells the sink how to land the next Typed message.
+type expectTyped struct{ Layout, Variant string }
+
+// typedLayoutMsg carries one layout's elements.
+type typedLayoutMsg struct {
+	Layout, Variant string
+	Data            actor.Typed
+}
+
+// typedVerdict is the sink's answer: "" or what was wrong.
+type typedVerdict struct{ Err string }
+
+// typedSink lands each message where the last expectTyped said and checks
+// it. The hook runs on the progress goroutine, Receive on the actor's.
+type typedSink struct {
+	mu   sync.Mutex
+	dst  actor.Typed // where the next message lands (nil Type: packed)
+	want []byte      // dst.Buf as it must be afterwards, or the packed bytes
+}
+
+func (s *typedSink) PostReceiveTyped(*actor.Incoming) actor.Typed {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.dst
+}
+
+func (s *typedSink) Receive(c pa.Context) {
+	switch m := c.Message().(type) {
+	case *expectTyped:
+		c.Respond(&typedVerdict{Err: s.expect(m)})
+	case *typedLayoutMsg:
+		c.Respond(&typedVerdict{Err: s.check(m)})
+	}
+}
+
+func (s *typedSink) expect(m *expectTyped) string {
+	l, err := layouts.Build(m.Layout)
+	if err != nil {
+		return err.Error()
+	}
+	packed := make([]byte, l.Packed)
+	src := make([]byte, l.Alloc)
+	layouts.Fill(src, l.Base)
+	if _, err := l.Type.Pack(packed, src, l.Base, 1); err != nil {
+		return err.Error()
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if m.Variant == "packed" {
+		s.dst, s.want = actor.Typed{}, packed
+		return ""
+	}
+	rt, alloc, base, err := recvLayout(l, m.Variant)
+	if err != nil {
+		return err.Error()
+	}
+	want := bytes.Repeat([]byte{ncSentinel}, int(alloc))
+	if _, err := rt.Unpack(want, packed, base, 1); err != nil {
+		return fmt.Sprintf("reference unpack: %v", err)
+	}
+	buf := make([]byte, alloc)
+	fillSentinel(buf)
+	s.dst, s.want = actor.Typed{Buf: buf, Type: rt, Base: base, Count: 1}, want
+	return ""
+}
+
+func (s *typedSink) check(m *typedLayoutMsg) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	what := m.Layout + "/" + m.Variant
+	if s.dst.Type == nil {
+		if m.Data.Type != dt.Byte || m.Data.Count != int64(len(s.want)) {
+			return fmt.Sprintf("%s: packed field of type %v, count %d, want %d bytes", what, m.Data.Type, m.Data.Count, len(s.want))
+		}
+		if d := diff(m.Data.Buf, s.want); d != "" {
+			return what + ": " + d
+		}
+		return ""
+	}
+	if len(m.Data.Buf) == 0 || &m.Data.Buf[0] != &s.dst.Buf[0] {
+		return what + ": the field is not the hook's buffer"
+	}
+	if d := diff(s.dst.Buf, s.want); d != "" {
+		return what + ": " + d
+	}
+	return ""
+}
+
+// actorTyped sends every layout in every landing variant from rank 0 to
+// rank 1's sink, Typed fields going by the protocol from typedMin bytes.
+func actorTyped(typedMin int) scenario {
+	return func(ctx context.Context, r *rank) error {
+		return withActors(ctx, r, actor.Options{TypedDirectMin: typedMin}, func(rt *actor.Runtime) error {
+			if r.id() == 1 {
+				props := rt.Props(func() pa.Actor { return &typedSink{} })
+				if _, err := rt.Root().SpawnNamed(props, "typedsink"); err != nil {
+					return err
+				}
+			}
+			if err := r.b.Barrier(ctx, "actor-typed.spawned"); err != nil {
+				return err
+			}
+			o, err := transport.NoncontigOptionsFromEnv(transport.DefaultNoncontigOptions())
+			if err != nil {
+				return err
+			}
+			n, reps := 0, 1
+			if typedMin > 0 && o.Scheme == dt.SchemeAuto {
+				reps = 3
+			}
+			if r.id() == 0 {
+				sink := rt.PID(1, "typedsink")
+				ask := func(msg any) error {
+					res, err := rt.Request(sink, msg, actorTimeout)
+					if err != nil {
+						return err
+					}
+					if v, ok := res.(*typedVerdict); !ok || v.Err != "" {
+						return fmt.Errorf("sink: %#v", res)
+					}
+					return nil
+				}
+				for _, name := range layouts.Names {
+					l, err := layouts.Build(name)
+					if err != nil {
+						return err
+					}
+					src := make([]byte, l.Alloc)
+					layouts.Fill(src, l.Base)
+					for _, v := range []string{"same", "contig", "packed"} {
+						if err := ask(&expectTyped{Layout: name, Variant: v}); err != nil {
+							return fmt.Errorf("%s/%s: %w", name, v, err)
+						}
+						msg := &typedLayoutMsg{Layout: name, Variant: v, Data: actor.Typed{Buf: src, Type: l.Type, Base: l.Base, Count: 1}}
+						for range reps {
+							if err := ask(msg); err != nil {
+								return fmt.Errorf("%s/%s: %w", name, v, err)
+							}
+							n++
+						}
+					}
+				}
+			}
+			if err := r.b.Barrier(ctx, "actor-typed.sent"); err != nil {
+				return err
+			}
+			st := rt.Stats()
+			nc := rt.Transport().NoncontigStats()
+			switch {
+			case r.id() == 0:
+				r.logf("%d Typed messages delivered intact; %d by the protocol, schemes %+v", n, st.TypedSent.Load(), nc.Sent)
+				if typedMin > 0 && st.TypedSent.Load() != uint64(n) {
+					return fmt.Errorf("%d of %d Typed fields went by the protocol", st.TypedSent.Load(), n)
+				}
+				forced := map[dt.Scheme]int64{dt.SchemePack: nc.Sent.Pack, dt.SchemeSGL: nc.Sent.SGL, dt.SchemeZCopy: nc.Sent.ZCopy}
+				if c, ok := forced[o.Scheme]; ok && typedMin > 0 && c != int64(n) {
+					return fmt.Errorf("%d of %d transfers used the forced scheme %v: %+v", c, n, o.Scheme, nc.Sent)
+				}
+			case r.id() == 1 && typedMin < 0 && st.TypedReceived.Load() != 0:
+				return fmt.Errorf("%d Typed fields went by the protocol with it off", st.TypedReceived.Load())
+			}
+			return nil
+		})
+	}
+}
+
+func TestActorTypedFields(t *testing.T) {
+	for _, path := range []struct{ name, scenario, scheme string }{
+		{"packed", "packed", ""},
+		{"protocol", "protocol", ""},
+		{"protocol-sgl", "protocol", "sgl"},
+		{"protocol-zcopy", "protocol", "zcopy"},
+	} {
+		t.Run(path.name, func(t *testing.T) {
+			if path.scheme != "" {
+				t.Setenv("TROUPE_NC_SCHEME", path.scheme)
+			}
+			forActorTLS(t, func(t *testing.T, c cfg) {
+				res := runJob(t, "actor-typed/"+path.scenario, 2, c)
+				n := len(layouts.Names) * 3
+				if path.name == "protocol" {
+					n *= 3 // the adaptive default sees each layout three times
+				}
+				requireLine(t, res, fmt.Sprintf("[0] rank 0: %d Typed messages delivered intact", n))
+			})
+		})
+	}
+}
