@@ -11,11 +11,11 @@ const wireVersion = 1
 
 // Envelope flags.
 const (
-	flagPointer  = 1 << iota // the body was sent as *T (else T)
-	flagSystem               // a system message (watch, unwatch, terminated, stop)
-	flagBodyHdr              // the body travels in the header; the AM data is the payload
-	flagNoCredit             // runtime traffic that bypasses eager credits
-	flagTypedXfer            // with flagBodyHdr: the Typed field follows by the typed-transfer protocol, PayloadLen packed bytes
+	flagPointer   = 1 << iota // the body was sent as *T (else T)
+	flagSystem                // a system message (watch, unwatch, terminated, stop)
+	flagBodyHdr               // the body travels in the header; the AM data is the payload
+	flagNoCredit              // runtime traffic that bypasses eager credits
+	flagTypedXfer             // with flagBodyHdr: the Typed field follows by the typed-transfer protocol, PayloadLen packed bytes
 )
 
 // envelope is the header of every actor message on the wire (DESIGN 5.1):

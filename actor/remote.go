@@ -158,7 +158,7 @@ func (rt *Runtime) send(r int, target *pa.PID, msg any, sender *pa.PID, flags ui
 		out.typedMu.Lock()
 		if err = rt.postAM(r, hdr, data, pooled); err == nil {
 			f := direct.f
-			req, err = rt.t.IsendTypedWith(r, 0, f.Buf, f.Type, int(f.Count), transport.TypedOptions{Base: int(f.Base), Runtime: true})
+			req, err = rt.t.IsendTypedWith(r, 0, f.Buf, f.Type, int(f.Count), rt.typedOptions(f.Base))
 			if err != nil {
 				// The message is out: keep the receiver's sequence in step
 				// with an empty transfer, which it rejects as short.

@@ -17,6 +17,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/exp/zapslog"
 
+	"github.com/troupe-hpc/troupe/datatype"
 	"github.com/troupe-hpc/troupe/gpu"
 	"github.com/troupe-hpc/troupe/transport"
 	"github.com/troupe-hpc/troupe/transport/bootstrap"
@@ -77,6 +78,11 @@ type Options struct {
 	// being packed into the active message (0: DefaultTypedDirectMin;
 	// negative: never). See Typed.
 	TypedDirectMin int
+	// TypedScheme forces the typed-transfer scheme of Typed fields that go
+	// by the protocol, on this rank's side (SchemeAuto: the transport's
+	// default, normally the layout-aware adaptive scheme; the receiver has
+	// the last word, see transport.TypedOptions).
+	TypedScheme datatype.Scheme
 }
 
 // DefaultTypedDirectMin is the default Options.TypedDirectMin.
@@ -94,8 +100,10 @@ type Runtime struct {
 	log     *zap.Logger
 	addrs   []string
 	credits int
-	// typedMin is Options.TypedDirectMin resolved (math.MaxInt: never).
-	typedMin int
+	// typedMin is Options.TypedDirectMin resolved (math.MaxInt64: never),
+	// typedScheme Options.TypedScheme; SetTypedTransfer changes both.
+	typedMin    atomic.Int64
+	typedScheme atomic.Int32
 
 	remotes    []*remoteProcess
 	out        []*outPeer
@@ -158,6 +166,9 @@ func rankOf(addr string) (int, bool) {
 // Init joins the job and starts this rank's runtime. Every rank calls Init;
 // it returns once every rank can receive actor messages.
 func Init(ctx context.Context, opts Options) (*Runtime, error) {
+	if opts.TypedScheme > datatype.SchemeZCopy {
+		return nil, fmt.Errorf("actor: Options.TypedScheme %d", opts.TypedScheme)
+	}
 	t, own := opts.Transport, false
 	if t == nil {
 		to := opts.TransportOptions
@@ -264,12 +275,7 @@ func start(ctx context.Context, t *transport.Transport, opts Options) (*Runtime,
 	if rt.credits <= 0 {
 		rt.credits = DefaultCredits
 	}
-	switch rt.typedMin = opts.TypedDirectMin; {
-	case rt.typedMin == 0:
-		rt.typedMin = DefaultTypedDirectMin
-	case rt.typedMin < 0:
-		rt.typedMin = math.MaxInt
-	}
+	_ = rt.SetTypedTransfer(opts.TypedDirectMin, opts.TypedScheme) // checked above
 	rt.credits = max(rt.credits, 4)
 	core := rt.log.Core()
 	rt.sys = pa.NewActorSystem(pa.WithLoggerFactory(func(*pa.ActorSystem) *slog.Logger {
@@ -316,6 +322,25 @@ func start(ctx context.Context, t *transport.Transport, opts Options) (*Runtime,
 	}
 	rt.log.Debug("actor runtime started", zap.Int("size", rt.size))
 	return rt, nil
+}
+
+// SetTypedTransfer changes Options.TypedDirectMin and Options.TypedScheme
+// for the Typed fields sent and received from now on (for benchmarks that
+// compare them in one job; both ranks of a transfer should agree).
+func (rt *Runtime) SetTypedTransfer(directMin int, scheme datatype.Scheme) error {
+	if scheme > datatype.SchemeZCopy {
+		return fmt.Errorf("actor: Typed scheme %d", scheme)
+	}
+	m := int64(directMin)
+	switch {
+	case m == 0:
+		m = DefaultTypedDirectMin
+	case m < 0:
+		m = math.MaxInt64
+	}
+	rt.typedMin.Store(m)
+	rt.typedScheme.Store(int32(scheme))
+	return nil
 }
 
 // Rank is this rank's number.

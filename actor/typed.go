@@ -214,7 +214,7 @@ func (rt *Runtime) typedDirect(ct *codecType, msg any, ptr bool) (*directTyped, 
 		return nil, msg, nil
 	}
 	n, err := f.Type.PackedSize(f.Count)
-	if err != nil || n < int64(rt.typedMin) {
+	if err != nil || n < rt.typedMin.Load() {
 		return nil, msg, nil // packed into the message (packTyped reports errors)
 	}
 	if n > maxTypedLanding {
@@ -235,6 +235,11 @@ func (rt *Runtime) typedDirect(ct *codecType, msg any, ptr bool) (*directTyped, 
 		return &directTyped{f, n}, c.Interface(), nil
 	}
 	return &directTyped{f, n}, c.Elem().Interface(), nil
+}
+
+// typedOptions are the transport options of a Typed field's transfer.
+func (rt *Runtime) typedOptions(base int64) transport.TypedOptions {
+	return transport.TypedOptions{Base: int(base), Runtime: true, Scheme: datatype.Scheme(rt.typedScheme.Load())}
 }
 
 // receiveTyped posts the typed receive of a message whose Typed field
@@ -272,7 +277,7 @@ func (rt *Runtime) receiveTyped(in *inPeer, m *transport.AMMessage, it *inItem, 
 	var req *transport.Request
 	if hooked {
 		var err error
-		req, err = rt.t.IrecvTypedWith(it.e.Source, 0, dst.Buf, dst.Type, int(dst.Count), transport.TypedOptions{Base: int(dst.Base), Runtime: true})
+		req, err = rt.t.IrecvTypedWith(it.e.Source, 0, dst.Buf, dst.Type, int(dst.Count), rt.typedOptions(dst.Base))
 		if err != nil {
 			it.err = "Typed field: PostReceiveTyped: " + err.Error()
 			hooked = false
@@ -282,7 +287,9 @@ func (rt *Runtime) receiveTyped(in *inPeer, m *transport.AMMessage, it *inItem, 
 		// No hook (or a broken one): the packed stream, in fresh memory.
 		dst = Typed{Buf: make([]byte, n), Type: datatype.Byte, Count: int64(n)}
 		var err error
-		req, err = rt.t.IrecvTypedWith(it.e.Source, 0, dst.Buf, datatype.Byte, n, transport.TypedOptions{Runtime: true, Packed: true})
+		o := rt.typedOptions(0)
+		o.Packed = true
+		req, err = rt.t.IrecvTypedWith(it.e.Source, 0, dst.Buf, datatype.Byte, n, o)
 		if err != nil {
 			it.err = "receiving Typed field: " + err.Error()
 			undeliverable()

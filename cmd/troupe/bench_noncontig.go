@@ -36,6 +36,7 @@ type noncontigFlags struct {
 	layouts []string
 	noVec   bool
 	noApp   bool
+	actor   bool
 }
 
 // ncSchemeOrder is the column order of the table.
@@ -70,6 +71,7 @@ vec_<block>x<count>) and the 13 DDTBench layouts. Each scheme is measured in
 	fl.StringSliceVar(&f.layouts, "layout", nil, "only these layouts (vec_<block>x<count> or DDTBench names)")
 	fl.BoolVar(&f.noVec, "no-vectors", false, "skip the vector sweep")
 	fl.BoolVar(&f.noApp, "no-apps", false, "skip the DDTBench layouts")
+	fl.BoolVar(&f.actor, "actor", false, "ping-pong actor messages with a Typed field instead: packed into the active message (am) or by the typed-transfer protocol per scheme")
 	setBenchRun(cmd, func(ctx context.Context) error { return noncontigRank(ctx, f) },
 		func(ctx context.Context, out io.Writer) error {
 			pts, err := runNoncontigJob(ctx, f)
@@ -143,6 +145,9 @@ func runNoncontigJob(ctx context.Context, f noncontigFlags) ([]ncPoint, error) {
 	if f.noApp {
 		args = append(args, "--no-apps")
 	}
+	if f.actor {
+		args = append(args, "--actor")
+	}
 	return runBenchJob[ncPoint](ctx, 2, f.tls, args, nil)
 }
 
@@ -168,6 +173,9 @@ func noncontigRank(ctx context.Context, f noncontigFlags) error {
 	cases, err := noncontigCases(f)
 	if err != nil {
 		return err
+	}
+	if f.actor {
+		return noncontigActorRank(ctx, f, boot, t, cases)
 	}
 	enc, closeOut, err := benchOut(t.Rank())
 	if err != nil {
@@ -269,13 +277,17 @@ func printNoncontig(out io.Writer, f noncontigFlags, pts []ncPoint) error {
 		}
 		r.lat[p.Scheme] = p.LatUs
 	}
-	fmt.Fprintf(out, "# typed ping-pong latency (us, one way), 2 ranks, UCX_TLS=%s, best of %d rounds\n", bootstrap.UCXTLS(f.tls), f.rounds)
+	what, cols := "typed", []string{"pack", "sgl", "zcopy", "adaptive"}
+	if f.actor {
+		what, cols = "actor Typed-field", []string{"am", "pack", "sgl", "zcopy", "adaptive"}
+	}
+	fmt.Fprintf(out, "# %s ping-pong latency (us, one way), 2 ranks, UCX_TLS=%s, best of %d rounds\n", what, bootstrap.UCXTLS(f.tls), f.rounds)
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "layout\tbytes\tblocks\tpack\tsgl\tzcopy\tadaptive\tbest fixed\tadaptive/best\t")
+	fmt.Fprintf(tw, "layout\tbytes\tblocks\t%s\tbest fixed\tadaptive/best\t\n", strings.Join(cols, "\t"))
 	within := 0
 	for _, r := range rows {
 		bestName, bestLat := "", 0.0
-		for _, s := range []string{"pack", "sgl", "zcopy"} {
+		for _, s := range cols[:len(cols)-1] {
 			if l, ok := r.lat[s]; ok && (bestName == "" || l < bestLat) {
 				bestName, bestLat = s, l
 			}
@@ -284,8 +296,11 @@ func printNoncontig(out io.Writer, f noncontigFlags, pts []ncPoint) error {
 		if ratio <= 1.05 {
 			within++
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%.1f\t%.1f\t%.1f\t%.1f\t%s\t%.2f\t\n", r.layout, r.bytes, r.blocks,
-			r.lat["pack"], r.lat["sgl"], r.lat["zcopy"], r.lat["adaptive"], bestName, ratio)
+		fmt.Fprintf(tw, "%s\t%d\t%d\t", r.layout, r.bytes, r.blocks)
+		for _, s := range cols {
+			fmt.Fprintf(tw, "%.1f\t", r.lat[s])
+		}
+		fmt.Fprintf(tw, "%s\t%.2f\t\n", bestName, ratio)
 	}
 	if err := tw.Flush(); err != nil {
 		return err

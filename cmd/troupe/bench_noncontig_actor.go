@@ -1,0 +1,175 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"sync/atomic"
+	"time"
+
+	pa "github.com/asynkron/protoactor-go/actor"
+
+	"github.com/troupe-hpc/troupe/actor"
+	"github.com/troupe-hpc/troupe/datatype"
+	"github.com/troupe-hpc/troupe/datatype/layouts"
+	"github.com/troupe-hpc/troupe/transport"
+	"github.com/troupe-hpc/troupe/transport/bootstrap"
+)
+
+// `troupe bench noncontig --actor`: the same layouts as actor messages with a
+// Typed field, ping-ponged between an actor on each rank that lands every
+// message in its own layout (PostReceiveTyped) and sends it back. Columns:
+// the field packed into the active message ("am"), and by the typed-transfer
+// protocol with each scheme forced on both sides and with the adaptive
+// default.
+
+// ncActorMsg is the benchmark's message.
+type ncActorMsg struct{ Data actor.Typed }
+
+// ncActorStart starts n round trips from rank 0's actor; done hears the end.
+type ncActorStart struct {
+	n    int
+	done chan error
+}
+
+func init() { actor.MustRegister[ncActorMsg]() }
+
+// ncActorWays are the actor columns: the protocol off, then forced schemes.
+var ncActorWays = []struct {
+	name   string
+	min    int // actor.Options.TypedDirectMin
+	scheme datatype.Scheme
+}{
+	{"am", -1, datatype.SchemeAuto},
+	{"pack", 1, datatype.SchemePack},
+	{"sgl", 1, datatype.SchemeSGL},
+	{"zcopy", 1, datatype.SchemeZCopy},
+	{"adaptive", 1, datatype.SchemeAuto},
+}
+
+// ncPinger is the actor on each rank: its layout is where messages land and
+// what it sends back.
+type ncPinger struct {
+	field atomic.Pointer[actor.Typed]
+	peer  *pa.PID
+	left  int
+	done  chan error
+}
+
+func (p *ncPinger) PostReceiveTyped(*actor.Incoming) actor.Typed { return *p.field.Load() }
+
+func (p *ncPinger) Receive(c pa.Context) {
+	switch m := c.Message().(type) {
+	case *ncActorStart:
+		p.left, p.done = m.n, m.done
+		c.Send(p.peer, &ncActorMsg{Data: *p.field.Load()})
+	case *ncActorMsg:
+		if p.done != nil {
+			if p.left--; p.left == 0 {
+				p.done <- nil
+				p.done = nil
+				return
+			}
+		}
+		c.Send(p.peer, &ncActorMsg{Data: *p.field.Load()})
+	}
+}
+
+func noncontigActorRank(ctx context.Context, f noncontigFlags, boot bootstrap.Bootstrapper, t *transport.Transport, cases []ncCase) error {
+	rt, err := actor.Init(ctx, actor.Options{Transport: t})
+	if err != nil {
+		return err
+	}
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		_ = rt.Shutdown(sctx)
+	}()
+	enc, closeOut, err := benchOut(t.Rank())
+	if err != nil {
+		return err
+	}
+	defer closeOut()
+	peer := 1 - t.Rank()
+	p := &ncPinger{peer: rt.PID(peer, "pinger")}
+	p.field.Store(&actor.Typed{})
+	self, err := rt.Root().SpawnNamed(rt.Props(func() pa.Actor { return p }), "pinger")
+	if err != nil {
+		return err
+	}
+	for _, c := range cases {
+		buf := make([]byte, c.alloc)
+		layouts.Fill(buf, c.base)
+		p.field.Store(&actor.Typed{Buf: buf, Type: c.dt, Base: c.base, Count: 1})
+		bytes, err := c.dt.PackedSize(1)
+		if err != nil {
+			return err
+		}
+		lay, err := datatype.Flatten(c.dt, 0, 1)
+		if err != nil {
+			return err
+		}
+		iters, warmup := ncIters(bytes, lay.Stats.Segments, f.scale)
+		best := map[string]float64{}
+		for round := 0; round < f.rounds; round++ {
+			for k := range ncActorWays {
+				w := ncActorWays[(k+round)%len(ncActorWays)]
+				if err := rt.SetTypedTransfer(w.min, w.scheme); err != nil {
+					return err
+				}
+				if err := boot.Barrier(ctx, fmt.Sprintf("nc.%s.%d.%s", c.name, round, w.name)); err != nil {
+					return err
+				}
+				if err := ncActorRun(ctx, t.Rank(), rt, self, w.name, warmup, iters, best); err != nil {
+					return fmt.Errorf("%s %s: %w", c.name, w.name, err)
+				}
+				if err := boot.Barrier(ctx, fmt.Sprintf("nc.%s.%d.%s.end", c.name, round, w.name)); err != nil {
+					return err
+				}
+			}
+		}
+		if enc != nil {
+			for _, w := range ncActorWays {
+				pt := ncPoint{Layout: c.name, Scheme: w.name, LatUs: best[w.name], Bytes: bytes, Blocks: lay.Stats.Segments}
+				if err := enc.Encode(pt); err != nil {
+					return err
+				}
+			}
+		}
+		fmt.Fprintf(os.Stderr, "rank %d: %s done\n", t.Rank(), c.name)
+	}
+	if t.Rank() == 0 {
+		fmt.Fprintf(os.Stderr, "rank 0 counters: %+v; Typed fields sent by the protocol %d\n", t.NoncontigStats(), rt.Stats().TypedSent.Load())
+	}
+	return boot.Barrier(ctx, "bench.noncontig.done")
+}
+
+// ncActorRun runs, on rank 0, warmup and then iters round trips from its
+// actor, and records the one-way latency in best[way] if it is the best.
+func ncActorRun(ctx context.Context, rank int, rt *actor.Runtime, self *pa.PID, way string, warmup, iters int, best map[string]float64) error {
+	if rank != 0 {
+		return nil
+	}
+	run := func(n int) error {
+		done := make(chan error, 1)
+		rt.Root().Send(self, &ncActorStart{n: n, done: done})
+		select {
+		case err := <-done:
+			return err
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	if err := run(warmup); err != nil {
+		return fmt.Errorf("warm-up: %w", err)
+	}
+	start := time.Now()
+	if err := run(iters); err != nil {
+		return err
+	}
+	lat := float64(time.Since(start).Microseconds()) / float64(2*iters)
+	if b, ok := best[way]; !ok || lat < b {
+		best[way] = lat
+	}
+	return nil
+}
