@@ -17,18 +17,26 @@ import (
 // count and datatype). A message type may have one Typed field (or one
 // Payload, or one gpu.Buffer), at the top level of its struct.
 //
-// Nothing of it enters the msgpack body. The sender packs the elements
-// (host-pack scheme: datatype.Pack into one contiguous buffer) and sends
-// them as the active message's data, after their type signature; large
-// data moves by rendezvous or, between processes of one host, by
-// cross-memory attach. The receiving rank lands the bytes in pooled memory
-// and unpacks them into the Typed its target actor's PostReceiveTyped hook
-// returns, which must have the sender's type signature; the message's field
-// is then that Typed. Without the hook the field holds the packed stream as
-// contiguous bytes (Type datatype.Byte, Base 0, Count its length), which
-// the actor may unpack with any type of the same signature. The other
-// noncontiguous schemes (SGL, zero-copy windows, adaptive) exist on the
-// tagged API (transport.SendTyped) only.
+// Nothing of it enters the msgpack body. A field of fewer packed bytes than
+// Options.TypedDirectMin (default 64 KiB) is packed at the sender
+// (datatype.Pack) behind its type signature and travels as the active
+// message's data; the receiving rank unpacks it. A larger one follows the
+// message by the transport's typed-transfer protocol (docs/noncontig.md):
+// pipelined pack, scatter-gather lists or zero-copy windows, chosen per
+// layout by the adaptive scheme (or Options.TypedScheme), straight between
+// the sender's and the receiver's layouts. Either way Send returns once
+// the elements have been read, so Buf may be reused; by the protocol that
+// means Send waits for the receiving rank to take them (which it does as
+// the message arrives, not when the actor runs).
+//
+// The receiving actor's PostReceiveTyped hook names the Typed the field
+// lands in, which must have the sender's type signature (a different
+// layout of it is fine: a column of a grid of another width, say); the
+// message's field is then that Typed. Without the hook the field holds
+// the packed stream as contiguous bytes (Type datatype.Byte, Base 0, Count
+// its length), which the actor may unpack with any type of the same
+// signature. A signature mismatch makes the message undeliverable; by the
+// protocol the sender's Send fails too (transport.ErrTypeMismatch).
 type Typed struct {
 	Buf   []byte
 	Type  *datatype.Type
@@ -37,11 +45,13 @@ type Typed struct {
 }
 
 // TypedPostReceiver is implemented by actors that choose where a message's
-// Typed field is unpacked. It runs once the packed bytes are in: on the
-// runtime's progress goroutine (see PostReceiver), or, for a message whose
-// data the overlap engine deferred (docs/overlap.md, section 7), on the
-// actor's own goroutine just before its Receive. Returning a Typed with a
-// nil Type keeps the packed bytes.
+// Typed field lands. It runs on the runtime's progress goroutine (see
+// PostReceiver): once the packed bytes are in, or, for a field that goes
+// by the typed-transfer protocol, when the message arrives, before its
+// elements move. For a packed field whose data the overlap engine deferred
+// (docs/overlap.md, section 7) it runs on the actor's own goroutine just
+// before its Receive. Returning a Typed with a nil Type keeps the packed
+// bytes.
 type TypedPostReceiver interface {
 	PostReceiveTyped(in *Incoming) Typed
 }
