@@ -405,21 +405,45 @@ func ovlChanRecv(ctx context.Context, t *transport.Transport, c *transport.Chann
 	return nil
 }
 
-// launchOvl runs role over tls with the engine on or off.
-func launchOvl(t *testing.T, role, tls string, on bool, slots int) {
+// ovlConfig is one way of running an overlap scenario: the engine on or
+// off, and the transport's progress mode ("direct" or "queue").
+type ovlConfig struct {
+	engine   bool
+	progress string
+}
+
+func (c ovlConfig) name() string {
+	s := "engine-off"
+	if c.engine {
+		s = "engine-on"
+	}
+	if c.progress != "direct" {
+		s += "-" + c.progress
+	}
+	return s
+}
+
+// ovlConfigs are the configurations every overlap scenario runs in: the
+// engine off and on in direct progress mode, and the engine on in queue
+// mode, where every worker call goes through the progress goroutine.
+var ovlConfigs = []ovlConfig{{false, "direct"}, {true, "direct"}, {true, "queue"}}
+
+// launchOvl runs role over tls in configuration c; slots >= 0 sets the
+// engine's prefetch pool size.
+func launchOvl(t *testing.T, role, tls string, c ovlConfig, slots int) {
 	t.Helper()
 	exe, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
 	}
 	engine := "off"
-	if on {
+	if c.engine {
 		engine = "on"
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), rankTimeout+10*time.Second)
 	defer cancel()
 	var stdout, stderr syncBuffer
-	env := []string{roleEnv + "=" + role, progressEnv + "=direct", transport.OverlapEnv + "=" + engine}
+	env := []string{roleEnv + "=" + role, progressEnv + "=" + c.progress, transport.OverlapEnv + "=" + engine}
 	if slots >= 0 {
 		env = append(env, fmt.Sprintf("%s=%d", transport.OverlapSlotsEnv, slots))
 	}
@@ -439,35 +463,36 @@ func launchOvl(t *testing.T, role, tls string, on bool, slots int) {
 	}
 }
 
-// forOverlap runs f over TCP and shared memory, engine off and on.
-func forOverlap(t *testing.T, f func(t *testing.T, tls string, on bool)) {
+// forOverlap runs f over TCP and shared memory in every configuration of
+// ovlConfigs whose engine setting engineOnly allows (engineOnly: only the
+// configurations with the engine on).
+func forOverlap(t *testing.T, engineOnly bool, f func(t *testing.T, tls string, c ovlConfig)) {
 	for _, tls := range []string{"tcp", "shm"} {
-		for _, on := range []bool{false, true} {
-			name := tls + "/engine-off"
-			if on {
-				name = tls + "/engine-on"
+		for _, c := range ovlConfigs {
+			if engineOnly && !c.engine {
+				continue
 			}
-			t.Run(name, func(t *testing.T) { f(t, tls, on) })
+			t.Run(tls+"/"+c.name(), func(t *testing.T) { f(t, tls, c) })
 		}
 	}
 }
 
 func TestOverlapLateReceiver(t *testing.T) {
-	forOverlap(t, func(t *testing.T, tls string, on bool) { launchOvl(t, "ovl-late-receiver", tls, on, -1) })
+	forOverlap(t, false, func(t *testing.T, tls string, c ovlConfig) { launchOvl(t, "ovl-late-receiver", tls, c, -1) })
 }
 
 func TestOverlapLateSender(t *testing.T) {
-	forOverlap(t, func(t *testing.T, tls string, on bool) { launchOvl(t, "ovl-late-sender", tls, on, -1) })
+	forOverlap(t, false, func(t *testing.T, tls string, c ovlConfig) { launchOvl(t, "ovl-late-sender", tls, c, -1) })
 }
 
 // TestOverlapChannel: channel messages, late receiver and late sender, go
 // through the engine and arrive intact and in order.
 func TestOverlapChannel(t *testing.T) {
-	forOverlap(t, func(t *testing.T, tls string, on bool) { launchOvl(t, "ovl-channel", tls, on, -1) })
+	forOverlap(t, false, func(t *testing.T, tls string, c ovlConfig) { launchOvl(t, "ovl-channel", tls, c, -1) })
 }
 
 // TestOverlapPoolFull: a 2-slot prefetch pool never loses or duplicates a
 // message when more unexpected messages arrive than it holds.
 func TestOverlapPoolFull(t *testing.T) {
-	forOverlap(t, func(t *testing.T, tls string, on bool) { launchOvl(t, "ovl-pool-full", tls, on, 2) })
+	forOverlap(t, false, func(t *testing.T, tls string, c ovlConfig) { launchOvl(t, "ovl-pool-full", tls, c, 2) })
 }

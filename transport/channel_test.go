@@ -52,21 +52,28 @@ var channelSizes = []int{0, 1, 4096, ChannelChunkSize - 1, ChannelChunkSize, 2*C
 
 // channelVariants are the ways two in-process ranks' channels connect: the
 // same-process path, UCX, and UCX with the overlap engine on (channel
-// receives then go through it).
+// receives then go through it), in direct and in queue progress mode.
 var channelVariants = []struct {
 	name          string
 	local, engine bool
-}{{"local", true, false}, {"ucx", false, false}, {"ucx-engine", false, true}}
+	progress      ProgressMode
+}{
+	{"local", true, false, ProgressDirect},
+	{"ucx", false, false, ProgressDirect},
+	{"ucx-engine", false, true, ProgressDirect},
+	{"ucx-engine-queue", false, true, ProgressQueue},
+}
 
-// channelJob starts two in-process ranks, their channels connected by the
-// same-process path (local) or UCX, with the overlap engine on or off.
-func channelJob(t *testing.T, local, engine bool) []*Transport {
+// channelJob starts two in-process ranks in progress mode mode, their
+// channels connected by the same-process path (local) or UCX, with the
+// overlap engine on or off.
+func channelJob(t *testing.T, local, engine bool, mode ProgressMode) []*Transport {
 	noLocalPath = !local
 	t.Cleanup(func() { noLocalPath = false })
 	if engine {
 		t.Setenv(OverlapEnv, "on")
 	}
-	ts := localJob(t, 2, ProgressDirect)
+	ts := localJob(t, 2, mode)
 	if _, on := ts[1].OverlapStats(); on != engine {
 		t.Fatalf("overlap engine on=%v, want %v", on, engine)
 	}
@@ -89,7 +96,7 @@ func TestChannelPaths(t *testing.T) {
 	for _, v := range channelVariants {
 		local := v.local
 		t.Run(v.name, func(t *testing.T) {
-			ts := channelJob(t, v.local, v.engine)
+			ts := channelJob(t, v.local, v.engine, v.progress)
 			ctx := testCtx(t)
 			sys := hostSystem(t)
 			a, err := ts[0].Channel(5, 1)
@@ -156,7 +163,13 @@ func TestChannelPaths(t *testing.T) {
 // channel exists) are taken off UCX's queue by the engine, chunk by chunk,
 // prefetched or held, and still land in order in the right receives.
 func TestChannelLateReceiver(t *testing.T) {
-	ts := channelJob(t, false, true)
+	for _, mode := range []ProgressMode{ProgressDirect, ProgressQueue} {
+		t.Run(mode.String(), func(t *testing.T) { testChannelLateReceiver(t, mode) })
+	}
+}
+
+func testChannelLateReceiver(t *testing.T, mode ProgressMode) {
+	ts := channelJob(t, false, true, mode)
 	ctx := testCtx(t)
 	// Another open channel makes rank 1 take channel messages, so channel
 	// 5's arrive in the engine's table before its end is opened.
@@ -224,7 +237,7 @@ func TestChannelSizeMismatch(t *testing.T) {
 	for _, v := range channelVariants {
 		local := v.local
 		t.Run(v.name, func(t *testing.T) {
-			ts := channelJob(t, v.local, v.engine)
+			ts := channelJob(t, v.local, v.engine, v.progress)
 			ctx := testCtx(t)
 			sys := hostSystem(t)
 			a, _ := ts[0].Channel(9, 1)

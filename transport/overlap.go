@@ -198,11 +198,16 @@ func (t *Transport) receiverIn() bool {
 // spinning in Wait, or at once when engine receives wait for headers, so
 // that a waiter spinning for small messages pays no probe. It also reports
 // the waiting receiver's activity and starts onloaded transfers when the
-// receiver is in the transport.
+// receiver is in the transport, or (queue mode) called Test since the last
+// pass.
 func (t *Transport) ovPoll(active bool) {
 	ov := t.ov
 	if active {
 		ov.dirty = true
+	}
+	if t.entered.Swap(false) {
+		// Queue mode: a Test call entered the transport (Request.Test).
+		t.ovEnter()
 	}
 	spinning := t.spinners.Load() > 0
 	if ov.dirty && (!spinning || len(ov.posted) > 0) {

@@ -170,6 +170,9 @@ type Transport struct {
 	spinners atomic.Int32 // waiters progressing the worker themselves
 	callers  atomic.Int32 // direct-mode calls waiting for the worker lock
 	parked   atomic.Int32 // waiters parked until their request completes
+	// entered: queue mode, the overlap engine on: a Test call asks the
+	// progress goroutine to do what ovEnter does (it cannot itself).
+	entered  atomic.Bool
 	sleeping atomic.Bool
 	stopping atomic.Bool
 	kick     chan struct{}
@@ -668,7 +671,9 @@ func (r *Request) recycle() {
 // Test reports whether the request has completed, without blocking; it makes
 // one progress pass first in direct mode.
 func (r *Request) Test() (bool, Status, error) {
-	if !r.fin.Load() && r.t.opts.Progress == ProgressDirect {
+	switch {
+	case r.fin.Load():
+	case r.t.opts.Progress == ProgressDirect:
 		if r.t.ov != nil {
 			r.t.mu.Lock()
 			if !r.t.closed {
@@ -677,6 +682,13 @@ func (r *Request) Test() (bool, Status, error) {
 			r.t.mu.Unlock()
 		}
 		r.t.progressOnce()
+	case r.t.ov != nil:
+		// Queue mode: the progress goroutine starts what the engine left
+		// for the receiver's next call (ovPoll); a poller must not be left
+		// waiting for a transfer nobody starts.
+		if r.t.entered.CompareAndSwap(false, true) {
+			r.t.wake()
+		}
 	}
 	if !r.fin.Load() {
 		return false, Status{}, nil
