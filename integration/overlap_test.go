@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"runtime"
@@ -20,6 +21,7 @@ func init() {
 	scenarios["ovl-late-sender"] = ovlLateSender
 	scenarios["ovl-pool-full"] = ovlPoolFull
 	scenarios["ovl-channel"] = ovlChannel
+	scenarios["ovl-chan-mismatch"] = ovlChanMismatch
 }
 
 // ovlSizes mixes eager and rendezvous messages of one tag, so the order of
@@ -100,9 +102,20 @@ func ovlEngineBooks(r *rank) error {
 	if !ok {
 		return nil
 	}
+	r.logf("engine: offloaded %d onloaded %d prefetched %d eager %d useful %d useless %d dropped (prefetched/onloaded) %d/%d pool high water %d/%d table %+v",
+		st.Offloaded, st.Onloaded, st.Prefetched, st.Eager, st.PrefetchUseful, st.PrefetchUseless, st.PrefetchDropped, st.OnloadDropped,
+		st.PoolHighWater, st.PoolSlots, r.t.OverlapTable())
+	return ovlEngineBooksQuiet(r)
+}
+
+// ovlEngineBooksQuiet is ovlEngineBooks without the log line.
+func ovlEngineBooksQuiet(r *rank) error {
+	st, ok := r.t.OverlapStats()
+	if !ok {
+		return nil
+	}
 	tab := r.t.OverlapTable()
-	r.logf("engine: offloaded %d onloaded %d prefetched %d eager %d useful %d useless %d pool high water %d/%d table %+v",
-		st.Offloaded, st.Onloaded, st.Prefetched, st.Eager, st.PrefetchUseful, st.PrefetchUseless, st.PoolHighWater, st.PoolSlots, tab)
+	tab.Discarded = 0 // cumulative: leftover chunks of failed channel receives
 	switch {
 	case st.PoolInUse != 0:
 		return fmt.Errorf("%d pool slots still held", st.PoolInUse)
@@ -405,6 +418,158 @@ func ovlChanRecv(ctx context.Context, t *transport.Transport, c *transport.Chann
 	return nil
 }
 
+// ovlMismatchSent is what the sender sends in every mismatched round of
+// ovlChanMismatch: three full chunks and a short tail, so that a receive
+// that fails early leaves up to three chunks (two of them rendezvous)
+// behind.
+const ovlMismatchSent = 3*transport.ChannelChunkSize + 100
+
+// ovlMismatchRounds are the receives of ovlChanMismatch, each of a size
+// other than ovlMismatchSent: more than the engine's 8 pool slots, so that
+// leftover chunks that kept their slots would exhaust the pool.
+var ovlMismatchRounds = func() []struct {
+	size int
+	late bool // posted once the engine has taken every chunk of the message
+} {
+	type round = struct {
+		size int
+		late bool
+	}
+	var rs []round
+	for i := 0; i < 10; i++ {
+		// Chunk 0 fails; chunks 1-3 come later (or were taken already).
+		rs = append(rs, round{100, false})
+	}
+	for i := 0; i < 2; i++ {
+		// Chunks 0 and 1 fit, chunk 2 fails; the tail waits in the table.
+		rs = append(rs, round{2 * transport.ChannelChunkSize, true})
+		// Chunk 0 fails; chunks 1-3 wait in the table.
+		rs = append(rs, round{100, true})
+	}
+	return rs
+}()
+
+// ovlChanMismatch: rank 1 receives every message of ovlMismatchRounds on
+// channel 9 into a buffer of the wrong size, then one message of the right
+// size; rank 0 sends them one at a time, each when told. Every send must
+// complete, every receive must fail with a size mismatch, the last message
+// must arrive intact, and the engine must hold nothing at the end.
+func ovlChanMismatch(ctx context.Context, r *rank) error {
+	t := r.t
+	c, err := t.Channel(9, 1-r.id())
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	ctl := make([]byte, 1)
+	// A transfer that hangs fails the rank with a message, not at its
+	// time limit.
+	wait := func(q *transport.ChannelRequest) error {
+		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		return q.Wait(wctx)
+	}
+	const final = 2*transport.ChannelChunkSize + 777
+	switch r.id() {
+	case 0:
+		for i := 0; i <= len(ovlMismatchRounds); i++ {
+			if _, err := t.Recv(ctx, 1, ovlTagCtl, ctl); err != nil {
+				return err
+			}
+			n := ovlMismatchSent
+			if i == len(ovlMismatchRounds) {
+				n = final
+			}
+			q, err := c.SendBytes(pattern(n, uint32(300+i)))
+			if err != nil {
+				return err
+			}
+			if err := wait(q); err != nil {
+				return fmt.Errorf("send %d (%d B): %w", i, n, err)
+			}
+		}
+		r.logf("all %d sends completed", len(ovlMismatchRounds)+1)
+	case 1:
+		for i, rd := range ovlMismatchRounds {
+			buf := make([]byte, rd.size)
+			var q *transport.ChannelRequest
+			if rd.late {
+				// Earlier rounds' leftovers are gone (or this round's
+				// chunks could not be counted).
+				if err := ovlSettled(ctx, r, false); err != nil {
+					return fmt.Errorf("before round %d: %w", i, err)
+				}
+			} else if q, err = c.RecvBytes(buf); err != nil {
+				return err
+			}
+			if err := t.Send(ctx, 0, ovlTagCtl, ctl); err != nil {
+				return err
+			}
+			if rd.late {
+				if err := waitTaken(ctx, r, 0, ovlTagCtl, 4); err != nil {
+					return fmt.Errorf("round %d: %w", i, err)
+				}
+				if q, err = c.RecvBytes(buf); err != nil {
+					return err
+				}
+			}
+			err := wait(q)
+			var sm *transport.SizeMismatchError
+			if !errors.As(err, &sm) {
+				return fmt.Errorf("round %d: %d B sent, received into %d B: %v, want a size mismatch", i, ovlMismatchSent, rd.size, err)
+			}
+		}
+		buf := make([]byte, final)
+		q, err := c.RecvBytes(buf)
+		if err != nil {
+			return err
+		}
+		if err := t.Send(ctx, 0, ovlTagCtl, ctl); err != nil {
+			return err
+		}
+		if err := wait(q); err != nil {
+			return fmt.Errorf("message after %d mismatches: %w", len(ovlMismatchRounds), err)
+		}
+		if d := diff(buf, pattern(final, uint32(300+len(ovlMismatchRounds)))); d != "" {
+			return fmt.Errorf("message after %d mismatches: %s", len(ovlMismatchRounds), d)
+		}
+		if err := ovlSettled(ctx, r, true); err != nil {
+			return fmt.Errorf("after %d mismatches: %w", len(ovlMismatchRounds), err)
+		}
+		// Every round leaves at least the sender's short last chunk.
+		if n := t.OverlapTable().Discarded; n < uint64(len(ovlMismatchRounds)) {
+			return fmt.Errorf("%d leftover chunks discarded after %d mismatches, want at least one per mismatch", n, len(ovlMismatchRounds))
+		}
+		r.logf("%d size mismatches left nothing behind; the next message arrived intact", len(ovlMismatchRounds))
+	}
+	return nil
+}
+
+// ovlSettled waits (entering the transport, for up to 10 s) until the
+// engine's tables and books are empty: with final, every check of
+// ovlEngineBooks; otherwise the unexpected table only.
+func ovlSettled(ctx context.Context, r *rank, final bool) error {
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var err error
+		if final {
+			err = ovlEngineBooksQuiet(r)
+		} else if n := r.t.OverlapTable().Unexpected; n != 0 {
+			err = fmt.Errorf("%d messages still in the engine's unexpected table", n)
+		}
+		if err == nil || time.Now().After(deadline) || ctx.Err() != nil {
+			if final && err == nil {
+				return ovlEngineBooks(r) // logs the counters
+			}
+			return err
+		}
+		if _, _, err := r.t.Iprobe(0, ovlTagCtl); err != nil {
+			return err
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
 // ovlConfig is one way of running an overlap scenario: the engine on or
 // off, and the transport's progress mode ("direct" or "queue").
 type ovlConfig struct {
@@ -495,4 +660,13 @@ func TestOverlapChannel(t *testing.T) {
 // message when more unexpected messages arrive than it holds.
 func TestOverlapPoolFull(t *testing.T) {
 	forOverlap(t, false, func(t *testing.T, tls string, c ovlConfig) { launchOvl(t, "ovl-pool-full", tls, c, 2) })
+}
+
+// TestOverlapChannelMismatch: repeated channel size mismatches with the
+// engine on leave nothing behind. The sender's leftover chunks of each
+// failed receive are discarded (prefetched ones give their slot back), the
+// sender's transfers complete, and a following message of the right size
+// arrives intact.
+func TestOverlapChannelMismatch(t *testing.T) {
+	forOverlap(t, true, func(t *testing.T, tls string, c ovlConfig) { launchOvl(t, "ovl-chan-mismatch", tls, c, -1) })
 }

@@ -372,10 +372,11 @@ type ChannelRequest struct {
 
 	post func(error) error // direct path: runs once when the chunks are done
 
-	resOnce sync.Once
-	res     chan struct{} // direct path: closed when err is final (Done)
-	finOnce sync.Once
-	err     error
+	resOnce     sync.Once
+	res         chan struct{} // direct path: closed when err is final (Done)
+	discardOnce sync.Once     // a failed receive's leftover chunks are discarded once
+	finOnce     sync.Once
+	err         error
 }
 
 // Path reports how the transfer moves its bytes.
@@ -404,12 +405,9 @@ func (r *ChannelRequest) Wait(ctx context.Context) error {
 		if !q.fin.Load() {
 			return fmt.Errorf("transport: channel %d %s: %w (transfer still in flight)", r.c.id, r.op, ctx.Err())
 		}
-		if r.chunkErr(i, q) != nil {
+		if err := r.chunkErr(i, q); err != nil {
 			// The remaining chunk receives may never match: withdraw them.
-			r.c.t.cancelAll(r.reqs[i+1:])
-			for _, rest := range r.reqs[i+1:] {
-				_, _ = waitRequest(context.Background(), rest)
-			}
+			r.withdrawRest(i, err)
 			break
 		}
 	}
@@ -431,15 +429,28 @@ func (r *ChannelRequest) Test() (bool, error) {
 		if ok, _, _ := q.Test(); !ok {
 			return false, nil
 		}
-		if r.chunkErr(i, q) != nil {
-			r.c.t.cancelAll(r.reqs[i+1:])
-			for _, rest := range r.reqs[i+1:] {
-				_, _ = waitRequest(context.Background(), rest)
-			}
+		if err := r.chunkErr(i, q); err != nil {
+			r.withdrawRest(i, err)
 			break
 		}
 	}
 	return true, r.finalize()
+}
+
+// withdrawRest runs when chunk i of the direct path failed with err: it
+// withdraws the later chunk receives, waits until they have finished, and
+// after a size mismatch has the sender's chunks that no receive took
+// discarded (discardLeftovers).
+func (r *ChannelRequest) withdrawRest(i int, err error) {
+	t := r.c.t
+	rest := r.reqs[i+1:]
+	t.cancelAll(rest)
+	for _, q := range rest {
+		_, _ = waitRequest(context.Background(), q)
+	}
+	if r.op == "recv" && errors.Is(err, ErrSizeMismatch) {
+		r.discardOnce.Do(func() { t.discardLeftovers(r.c.id, r.c.peer, r.counter, r.reqs[i:]) })
+	}
 }
 
 // Done returns a channel closed when the transfer has completed.

@@ -207,6 +207,53 @@ func (t *Transport) cancelAll(rs []*Request) {
 	t.wake()
 }
 
+// discardLeftovers: the receive of message counter on channel chanID (from
+// peer) failed with a size mismatch at the first of rs, and rs, its chunk
+// receives from there on, have all finished. A chunk the sender sent that
+// none of them took would otherwise stay, with the overlap engine on, in the
+// engine's unexpected table for good (a prefetched one holding a pool slot,
+// an onloaded one holding its sender). The sender's last chunk is the only
+// one shorter than ChannelChunkSize (chunkLen), so when one of rs took a
+// short chunk nothing is left; otherwise the engine drops the message's
+// chunks it holds and those still to come, up to the short one
+// (ovDiscardRest). Without the engine leftover chunks stay in UCX's
+// unexpected queue, as before.
+func (t *Transport) discardLeftovers(chanID uint32, peer int, counter uint32, rs []*Request) {
+	if t.ov == nil {
+		return
+	}
+	for _, q := range rs {
+		if n, ok := chunkArrived(q); ok && n < ChannelChunkSize {
+			return
+		}
+	}
+	wire, err := MakeChannelTag(chanID, counter)
+	if err != nil {
+		return
+	}
+	t.exec(func() {
+		if !t.closed {
+			t.ovDiscardRest(wire, peer)
+		}
+	})
+}
+
+// chunkArrived returns the size of the sender's chunk that the finished
+// chunk receive q took, and false when it took none (withdrawn, failed).
+func chunkArrived(q *Request) (int, bool) {
+	if q == nil || !q.fin.Load() {
+		return 0, false
+	}
+	var trunc *TruncatedError
+	switch {
+	case errors.As(q.err, &trunc):
+		return trunc.Size, true
+	case q.err != nil:
+		return 0, false
+	}
+	return q.status.Size, true
+}
+
 // waitRequest waits for r like Request.Wait but never cancels it: when ctx
 // ends first it returns ctx's error and r goes on. Channel transfers cannot be
 // recalled, since their counters are spent.
@@ -657,7 +704,11 @@ func (c *Channel) runStagedRecv(ctr uint32, buf gpu.Buffer, cr *ChannelRequest) 
 	for i := 0; i < k; i++ {
 		_, _ = waitRequest(context.Background(), recvs[i])
 		if e := rq.chunkErr(i, recvs[i]); e != nil {
-			return abort(e)
+			e = abort(e)
+			if errors.Is(e, ErrSizeMismatch) {
+				c.t.discardLeftovers(c.id, c.peer, ctr, recvs[i:])
+			}
+			return e
 		}
 		if l := chunkLen(n, i); l > 0 {
 			dst, err := buf.Slice(i*ChannelChunkSize, l)

@@ -111,8 +111,14 @@ type ovState struct {
 	// copies: receives matched to a prefetched message, waiting for a
 	// goroutine outside the lock to copy the slot into their buffer.
 	copies []*Request
-	errs   uint64
-	dirty  bool // UCX may hold unexpected messages not taken yet
+	// discard: channel messages whose receive failed with a size mismatch
+	// while some of their chunks were still to come, by wire tag, with the
+	// sending rank: ovProbe drops every chunk of such a tag it takes, until
+	// the short last chunk (docs/overlap.md, section 7).
+	discard   map[uint64]int
+	discarded uint64 // channel chunks dropped that way (cumulative)
+	errs      uint64
+	dirty     bool // UCX may hold unexpected messages not taken yet
 }
 
 // ovRecv is the overlap state of a receive (or of an internal prefetch).
@@ -151,6 +157,9 @@ type ovMsg struct {
 	cma         bool
 	desc        cmaDesc
 	descPending bool // the descriptor itself is still being received
+	// drop: a prefetched leftover chunk of a failed channel receive; its
+	// slot is given back when the write into it is done.
+	drop bool
 }
 
 func (o *ovRecv) key() ovKey { return ovKey{o.wire, o.chunk} }
@@ -167,6 +176,7 @@ func newOvState(pol RendezvousPolicy) *ovState {
 		posted:   map[ovKey]*Request{},
 		unexp:    map[ovKey]*ovMsg{},
 		chunks:   map[uint64]uint32{},
+		discard:  map[uint64]int{},
 	}
 }
 
@@ -259,6 +269,15 @@ func (t *Transport) ovProbe() {
 		if !ok {
 			return
 		}
+		if _, ok := t.ov.discard[info.Tag]; ok {
+			// A leftover chunk of a message whose receive failed.
+			t.ovDrain(msg)
+			t.ov.discarded++
+			if info.Length < ChannelChunkSize {
+				delete(t.ov.discard, info.Tag)
+			}
+			continue
+		}
 		// The chunks of one message share its tag and arrive in order;
 		// the last one is shorter than a full chunk.
 		k := ovKey{wire: info.Tag, chunk: t.ov.chunks[info.Tag]}
@@ -342,7 +361,7 @@ func (t *Transport) ovFetch(m *ovMsg) {
 func (t *Transport) ovFetched(m *ovMsg, err error) {
 	m.done, m.err = true, err
 	if m.mode == overlap.Prefetch {
-		if err != nil {
+		if err != nil || m.drop {
 			t.step(overlap.Event{Kind: overlap.PrefetchDropped, ID: m.id})
 			m.mode, m.data, m.tracked = overlap.None, nil, false // slot given back: never read it
 		} else {
@@ -466,7 +485,7 @@ func (t *Transport) ovHasKey(k ovKey) (*ovMsg, bool) {
 // goroutine when the caller computes). The lock is held.
 func (t *Transport) ovDeliver(r *Request, m *ovMsg) {
 	if m.err != nil {
-		delete(t.ov.unexp, m.key())
+		t.ovForget(m)
 		t.fail(r, m.err)
 		return
 	}
@@ -545,7 +564,7 @@ func ovCopy(r *Request, m *ovMsg, lo, hi int) error {
 // ovDelivered completes r after its copy (which failed with copyErr, if
 // not nil) and gives m's slot back; the lock is held.
 func (t *Transport) ovDelivered(r *Request, m *ovMsg, copyErr error) {
-	delete(t.ov.unexp, m.key())
+	t.ovForget(m)
 	if m.mode == overlap.Prefetch {
 		t.step(overlap.Event{Kind: overlap.PrefetchConsumed, ID: m.id})
 		m.mode = overlap.None
@@ -639,10 +658,90 @@ func (t *Transport) ovCancel(r *Request, err error) bool {
 	return true
 }
 
+// ovForget removes m from the unexpected table, unless another message
+// took its key meanwhile (a leftover chunk of a failed channel receive,
+// numbered after the table receives of its message went to UCX); the lock
+// is held.
+func (t *Transport) ovForget(m *ovMsg) {
+	if t.ov.unexp[m.key()] == m {
+		delete(t.ov.unexp, m.key())
+	}
+}
+
+// ovDiscardRest drops the chunks of the channel message with this wire tag
+// (sent by rank peer) that no receive took: its receive failed with a size
+// mismatch, every chunk receive of it has finished, and the chunks it
+// received did not include the short last one, so at least one chunk is
+// left. Chunks already in the unexpected table are dropped now (a
+// prefetched one gives its slot back, an onloaded one is received into
+// nothing, which releases the sender); unless the last chunk was among
+// them, ovProbe drops the ones still to come until the last one. The lock
+// is held.
+func (t *Transport) ovDiscardRest(wire uint64, peer int) {
+	ov := t.ov
+	if ov.dirty {
+		t.ovProbe()
+	}
+	last := false
+	for k, m := range ov.unexp {
+		if k.wire != wire || m.r != nil || m.cma {
+			continue
+		}
+		last = last || m.size < ChannelChunkSize
+		t.ovDrop(m)
+	}
+	delete(ov.chunks, wire)
+	if !last {
+		ov.discard[wire] = peer
+		t.ovProbe()
+	}
+}
+
+// ovDrop drops m, an unmatched message of the unexpected table, and tells
+// the engine; the lock is held.
+func (t *Transport) ovDrop(m *ovMsg) {
+	ov := t.ov
+	delete(ov.unexp, m.key())
+	ov.discarded++
+	switch {
+	case m.mode == overlap.Prefetch && !m.done:
+		m.drop = true // ovFetched gives the slot back
+		return
+	case m.mode == overlap.Prefetch:
+		t.step(overlap.Event{Kind: overlap.PrefetchDropped, ID: m.id})
+	case m.tracked: // onloaded or eager
+		t.step(overlap.Event{Kind: overlap.OnloadDropped, ID: m.id})
+	}
+	if m.mode == overlap.Onload && !m.eager {
+		t.ovDrain(m.msg)
+	}
+	m.mode, m.tracked, m.msg, m.data = overlap.None, false, ucx.Message{}, nil
+}
+
+// ovDrain receives the message whose header is msg into nothing: UCX
+// reports it truncated and releases its sender (a rendezvous sender gets
+// its acknowledgement). The lock is held.
+func (t *Transport) ovDrain(msg ucx.Message) {
+	r := t.newRequest("channel discard", -1, 0, 0)
+	r.probe = func(ucx.Status, int) {} // truncated, as intended
+	ureq, err := t.w.TagMsgRecv(ucx.Buffer{}, msg)
+	switch {
+	case err != nil:
+		t.log.Warn("discarding a leftover channel chunk failed", zap.Error(err))
+	case ureq.Pending():
+		t.track(r, ureq)
+	}
+}
+
 // ovPeerLost fails the engine's receives waiting for rank's messages; the
 // lock is held.
 func (t *Transport) ovPeerLost(rank int, reason string) {
 	ov := t.ov
+	for w, p := range ov.discard {
+		if p == rank { // the rest of its chunks will not come
+			delete(ov.discard, w)
+		}
+	}
 	for k, r := range ov.posted {
 		if r.peer == rank {
 			delete(ov.posted, k)
@@ -696,9 +795,14 @@ func (t *Transport) OverlapStats() (s overlap.Stats, ok bool) {
 // receives waiting for their header, onloaded headers, and messages taken
 // before their receive (prefetched, eager or onloaded). For tests and
 // diagnostics; all zero without a policy.
+//
+// Discarding counts channel messages whose receive failed with a size
+// mismatch and whose remaining chunks are still to come (they are dropped
+// as they arrive); Discarded is the number of such leftover chunks dropped
+// since the transport started (cumulative, like PolicyErrors).
 type OverlapTable struct {
-	Posted, Held, Unexpected, Copies int
-	PolicyErrors                     uint64
+	Posted, Held, Unexpected, Copies, Discarding int
+	PolicyErrors, Discarded                      uint64
 }
 
 // OverlapTable returns the current sizes of the engine's tables.
@@ -709,7 +813,7 @@ func (t *Transport) OverlapTable() OverlapTable {
 		return OverlapTable{}
 	}
 	return OverlapTable{Posted: len(t.ov.posted), Held: len(t.ov.held), Unexpected: len(t.ov.unexp),
-		Copies: len(t.ov.copies), PolicyErrors: t.ov.errs}
+		Copies: len(t.ov.copies), Discarding: len(t.ov.discard), PolicyErrors: t.ov.errs, Discarded: t.ov.discarded}
 }
 
 // peerOf returns rank's peer state, or nil for a rank that is not a peer
