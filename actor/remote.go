@@ -149,20 +149,23 @@ func (rt *Runtime) send(r int, target *pa.PID, msg any, sender *pa.PID, flags ui
 		}
 	}
 	out.used.Store(true)
-	var req *transport.Request
+	var xfer *transport.TypedTransfer
 	pooled := payload == nil && direct == nil // data is body, in the pooled buffer
 	if direct != nil {
-		// The receiver posts its typed receives in the order the messages
-		// arrive, and each takes the next sequence number: the message
-		// and its transfer's sequence number go out under one lock.
+		// The receiver takes its typed receives' places in the order the
+		// messages arrive: the message and its transfer's place go out
+		// under one lock; the transfer itself runs after, in this
+		// goroutine.
 		out.typedMu.Lock()
 		if err = rt.postAM(r, hdr, data, pooled); err == nil {
 			f := direct.f
-			req, err = rt.t.IsendTypedWith(r, 0, f.Buf, f.Type, int(f.Count), rt.typedOptions(f.Base))
+			xfer, err = rt.t.PrepareSendTyped(r, 0, f.Buf, f.Type, int(f.Count), rt.typedOptions(f.Base))
 			if err != nil {
 				// The message is out: keep the receiver's sequence in step
 				// with an empty transfer, which it rejects as short.
-				_, _ = rt.t.IsendTypedWith(r, 0, nil, datatype.Byte, 0, transport.TypedOptions{Runtime: true})
+				if x, ferr := rt.t.PrepareSendTyped(r, 0, nil, datatype.Byte, 0, rt.typedOptions(0)); ferr == nil {
+					go func() { _, _ = x.Run(context.Background()) }()
+				}
 				out.typedMu.Unlock()
 				return fmt.Errorf("actor: sending %s to %s: its Typed field: %w", ct.name, target, err)
 			}
@@ -177,11 +180,11 @@ func (rt *Runtime) send(r int, target *pa.PID, msg any, sender *pa.PID, flags ui
 		}
 		return fmt.Errorf("actor: sending %s to %s: %w", ct.name, target, err)
 	}
-	if req != nil {
+	if xfer != nil {
 		// Send returns when the elements have been read (Typed's
 		// contract); the message itself is sent, so its credits come back
 		// from the receiver whatever the transfer's outcome.
-		if _, err := req.Wait(context.Background()); err != nil {
+		if _, err := xfer.Run(context.Background()); err != nil {
 			return fmt.Errorf("actor: sending %s to %s: its Typed field: %w", ct.name, target, err)
 		}
 		rt.stats.TypedSent.Add(1)

@@ -18,7 +18,7 @@ import (
 // Payload, or one gpu.Buffer), at the top level of its struct.
 //
 // Nothing of it enters the msgpack body. A field of fewer packed bytes than
-// Options.TypedDirectMin (default 64 KiB) is packed at the sender
+// Options.TypedDirectMin (default 1 MiB) is packed at the sender
 // (datatype.Pack) behind its type signature and travels as the active
 // message's data; the receiving rank unpacks it. A larger one follows the
 // message by the transport's typed-transfer protocol (docs/noncontig.md):
@@ -284,22 +284,22 @@ func (rt *Runtime) receiveTyped(in *inPeer, m *transport.AMMessage, it *inItem, 
 		dst = rt.typedHook(it, n)
 	}
 	hooked := dst.Type != nil
-	var req *transport.Request
+	var xfer *transport.TypedTransfer
 	if hooked {
 		var err error
-		req, err = rt.t.IrecvTypedWith(it.e.Source, 0, dst.Buf, dst.Type, int(dst.Count), rt.typedOptions(dst.Base))
+		xfer, err = rt.t.PrepareRecvTyped(it.e.Source, 0, dst.Buf, dst.Type, int(dst.Count), rt.typedOptions(dst.Base))
 		if err != nil {
 			it.err = "Typed field: PostReceiveTyped: " + err.Error()
 			hooked = false
 		}
 	}
-	if req == nil {
+	if xfer == nil {
 		// No hook (or a broken one): the packed stream, in fresh memory.
 		dst = Typed{Buf: make([]byte, n), Type: datatype.Byte, Count: int64(n)}
-		var err error
 		o := rt.typedOptions(0)
 		o.Packed = true
-		req, err = rt.t.IrecvTypedWith(it.e.Source, 0, dst.Buf, datatype.Byte, n, o)
+		var err error
+		xfer, err = rt.t.PrepareRecvTyped(it.e.Source, 0, dst.Buf, datatype.Byte, n, o)
 		if err != nil {
 			it.err = "receiving Typed field: " + err.Error()
 			undeliverable()
@@ -312,7 +312,7 @@ func (rt *Runtime) receiveTyped(in *inPeer, m *transport.AMMessage, it *inItem, 
 	in.pending.Add(1)
 	go func() {
 		defer in.pending.Done()
-		st, werr := req.Wait(context.Background())
+		st, werr := xfer.Run(context.Background())
 		in.mu.Lock()
 		defer in.mu.Unlock()
 		it.ready = true

@@ -246,7 +246,7 @@ func TestTypedFieldSchemes(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			rts := startLocalWith(t, 2, Options{})
+			rts := startLocalWith(t, 2, Options{TypedDirectMin: 1})
 			for _, rt := range rts {
 				if err := rt.Transport().SetNoncontigOptions(transport.NoncontigOptions{Scheme: scheme}); err != nil {
 					t.Fatal(err)

@@ -502,6 +502,52 @@ func (t *Transport) RecvTypedWith(ctx context.Context, src, tag int, buf []byte,
 	return nc.recv(ctx, c, nc.takeRecvSeq(c.seqKey()))
 }
 
+// TypedTransfer is a typed send or receive that has taken its place in its
+// (peer, tag) sequence but not run yet: a runtime that must order its
+// transfers with other messages (the actor runtime's Typed fields) takes
+// the place where the order is known and runs the transfer elsewhere, in
+// a goroutine that waits for it anyway (no protocol goroutine beside it).
+type TypedTransfer struct {
+	nc   *noncontig
+	c    typedCall
+	seq  uint32
+	send bool
+	ran  atomic.Bool
+}
+
+// PrepareSendTyped is SendTypedWith split in two: the send takes its
+// sequence number now; Run sends.
+func (t *Transport) PrepareSendTyped(dst, tag int, buf []byte, dt *datatype.Type, count int, o TypedOptions) (*TypedTransfer, error) {
+	nc, c, err := t.typedCall("typed send", dst, tag, buf, dt, count, o)
+	if err != nil {
+		return nil, err
+	}
+	return &TypedTransfer{nc: nc, c: c, seq: nc.nextSendSeq(c.seqKey()), send: true}, nil
+}
+
+// PrepareRecvTyped is RecvTypedWith split in two: the receive takes its
+// sequence number now; Run receives.
+func (t *Transport) PrepareRecvTyped(src, tag int, buf []byte, dt *datatype.Type, count int, o TypedOptions) (*TypedTransfer, error) {
+	nc, c, err := t.typedCall("typed recv", src, tag, buf, dt, count, o)
+	if err != nil {
+		return nil, err
+	}
+	return &TypedTransfer{nc: nc, c: c, seq: nc.takeRecvSeq(c.seqKey())}, nil
+}
+
+// Run carries the transfer out in the calling goroutine, as SendTypedWith
+// or RecvTypedWith would; it may be called once. Until Run, the peer's
+// transfers with later sequence numbers wait for this one.
+func (x *TypedTransfer) Run(ctx context.Context) (Status, error) {
+	if x.ran.Swap(true) {
+		return Status{}, fmt.Errorf("%w: typed transfer run twice", ErrInvalid)
+	}
+	if x.send {
+		return x.nc.send(ctx, x.c, x.seq)
+	}
+	return x.nc.recv(ctx, x.c, x.seq)
+}
+
 // ncComplete completes a typed request from its protocol goroutine.
 func (t *Transport) ncComplete(r *Request, st Status, err error) {
 	t.mu.Lock()

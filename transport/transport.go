@@ -728,7 +728,10 @@ func (t *Transport) spinWait(done func() bool) bool {
 	for i := 0; !done(); i++ {
 		if t.opts.Progress == ProgressDirect {
 			t.progressOnce()
-		} else if i&63 == 63 {
+		}
+		if i&63 == 63 {
+			// Goroutines made runnable on this P (the one an Isend started,
+			// say) would otherwise wait for the spin to end.
 			runtime.Gosched()
 		}
 		if i&15 == 15 && time.Now().After(deadline) {
