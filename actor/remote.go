@@ -487,16 +487,23 @@ func (rt *Runtime) receiveData(in *inPeer, m *transport.AMMessage, it *inItem, c
 		in.mu.Unlock()
 		return
 	}
+	in.await(it, req.Wait, func(_ transport.Status, werr error) { rt.landed(it, ct, dst, werr) })
+}
+
+// await queues it behind the messages before it and, in a goroutine, waits
+// for its data (wait), lands it (land, with in.mu held) and delivers what
+// is ready.
+func (in *inPeer) await(it *inItem, wait func(context.Context) (transport.Status, error), land func(transport.Status, error)) {
 	in.mu.Lock()
 	in.q = append(in.q, it)
 	in.mu.Unlock()
 	in.pending.Add(1)
 	go func() {
 		defer in.pending.Done()
-		_, werr := req.Wait(context.Background())
+		st, err := wait(context.Background())
 		in.mu.Lock()
 		defer in.mu.Unlock()
-		rt.landed(it, ct, dst, werr)
+		land(st, err)
 		in.drain()
 	}()
 }

@@ -1,7 +1,6 @@
 package actor
 
 import (
-	"context"
 	"encoding/binary"
 	"fmt"
 	"reflect"
@@ -306,15 +305,7 @@ func (rt *Runtime) receiveTyped(in *inPeer, m *transport.AMMessage, it *inItem, 
 			return
 		}
 	}
-	in.mu.Lock()
-	in.q = append(in.q, it)
-	in.mu.Unlock()
-	in.pending.Add(1)
-	go func() {
-		defer in.pending.Done()
-		st, werr := xfer.Run(context.Background())
-		in.mu.Lock()
-		defer in.mu.Unlock()
+	in.await(it, xfer.Run, func(st transport.Status, werr error) {
 		it.ready = true
 		switch {
 		case it.err != "":
@@ -329,6 +320,5 @@ func (rt *Runtime) receiveTyped(in *inPeer, m *transport.AMMessage, it *inItem, 
 			rt.stats.TypedReceived.Add(1)
 			rt.setTyped(it, ct, dst)
 		}
-		in.drain()
-	}()
+	})
 }
