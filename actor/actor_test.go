@@ -25,9 +25,14 @@ func init() {
 
 func startLocal(t *testing.T, n int) []*Runtime {
 	t.Helper()
+	return startLocalWith(t, n, Options{})
+}
+
+func startLocalWith(t *testing.T, n int, o Options) []*Runtime {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	rts, stop, err := StartLocal(ctx, n, Options{})
+	rts, stop, err := StartLocal(ctx, n, o)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,7 +2,6 @@ package actor
 
 import (
 	"bytes"
-	"context"
 	"errors"
 	"testing"
 	"time"
@@ -48,18 +47,6 @@ var typedPaths = []struct {
 }{
 	{"packed", -1, false},
 	{"protocol", 1, true},
-}
-
-func startLocalWith(t *testing.T, n int, o Options) []*Runtime {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	rts, stop, err := StartLocal(ctx, n, o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(stop)
-	return rts
 }
 
 // A column of a 512x300 float64 grid (a vector of 512 blocks) is sent as a

@@ -133,6 +133,30 @@ func noncontigCases(f noncontigFlags) ([]ncCase, error) {
 	return cs, nil
 }
 
+// ncRun is one case made ready to measure: its buffer filled with the
+// layouts pattern, its packed size and segment count, and its iterations.
+type ncRun struct {
+	buf             []byte
+	bytes, segments int64
+	iters, warmup   int
+}
+
+func (c ncCase) prepare(scale float64) (ncRun, error) {
+	r := ncRun{buf: make([]byte, c.alloc)}
+	layouts.Fill(r.buf, c.base)
+	var err error
+	if r.bytes, err = c.dt.PackedSize(1); err != nil {
+		return r, err
+	}
+	lay, err := datatype.Flatten(c.dt, 0, 1)
+	if err != nil {
+		return r, err
+	}
+	r.segments = lay.Stats.Segments
+	r.iters, r.warmup = ncIters(r.bytes, r.segments, scale)
+	return r, nil
+}
+
 func runNoncontigJob(ctx context.Context, f noncontigFlags) ([]ncPoint, error) {
 	args := []string{"bench", "noncontig", "--as-rank", "--scale", strconv.FormatFloat(f.scale, 'g', -1, 64),
 		"--rounds", strconv.Itoa(f.rounds)}
@@ -184,17 +208,11 @@ func noncontigRank(ctx context.Context, f noncontigFlags) error {
 	defer closeOut()
 	peer := 1 - t.Rank()
 	for ci, c := range cases {
-		buf := make([]byte, c.alloc)
-		layouts.Fill(buf, c.base)
-		bytes, err := c.dt.PackedSize(1)
+		r, err := c.prepare(f.scale)
 		if err != nil {
 			return err
 		}
-		lay, err := datatype.Flatten(c.dt, 0, 1)
-		if err != nil {
-			return err
-		}
-		iters, warmup := ncIters(bytes, lay.Stats.Segments, f.scale)
+		buf, bytes, iters, warmup := r.buf, r.bytes, r.iters, r.warmup
 		best := map[datatype.Scheme]float64{}
 		for round := 0; round < f.rounds; round++ {
 			// Rotate the order each round: a scheme that leaves work behind
@@ -236,7 +254,7 @@ func noncontigRank(ctx context.Context, f noncontigFlags) error {
 		}
 		if enc != nil {
 			for _, s := range ncSchemeOrder {
-				p := ncPoint{Layout: c.name, Scheme: s.String(), LatUs: best[s], Bytes: bytes, Blocks: lay.Stats.Segments}
+				p := ncPoint{Layout: c.name, Scheme: s.String(), LatUs: best[s], Bytes: bytes, Blocks: r.segments}
 				if err := enc.Encode(p); err != nil {
 					return err
 				}

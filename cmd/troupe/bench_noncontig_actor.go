@@ -11,7 +11,6 @@ import (
 
 	"github.com/troupe-hpc/troupe/actor"
 	"github.com/troupe-hpc/troupe/datatype"
-	"github.com/troupe-hpc/troupe/datatype/layouts"
 	"github.com/troupe-hpc/troupe/transport"
 	"github.com/troupe-hpc/troupe/transport/bootstrap"
 )
@@ -98,18 +97,12 @@ func noncontigActorRank(ctx context.Context, f noncontigFlags, boot bootstrap.Bo
 		return err
 	}
 	for _, c := range cases {
-		buf := make([]byte, c.alloc)
-		layouts.Fill(buf, c.base)
-		p.field.Store(&actor.Typed{Buf: buf, Type: c.dt, Base: c.base, Count: 1})
-		bytes, err := c.dt.PackedSize(1)
+		r, err := c.prepare(f.scale)
 		if err != nil {
 			return err
 		}
-		lay, err := datatype.Flatten(c.dt, 0, 1)
-		if err != nil {
-			return err
-		}
-		iters, warmup := ncIters(bytes, lay.Stats.Segments, f.scale)
+		p.field.Store(&actor.Typed{Buf: r.buf, Type: c.dt, Base: c.base, Count: 1})
+		iters, warmup := r.iters, r.warmup
 		best := map[string]float64{}
 		for round := 0; round < f.rounds; round++ {
 			for k := range ncActorWays {
@@ -130,7 +123,7 @@ func noncontigActorRank(ctx context.Context, f noncontigFlags, boot bootstrap.Bo
 		}
 		if enc != nil {
 			for _, w := range ncActorWays {
-				pt := ncPoint{Layout: c.name, Scheme: w.name, LatUs: best[w.name], Bytes: bytes, Blocks: lay.Stats.Segments}
+				pt := ncPoint{Layout: c.name, Scheme: w.name, LatUs: best[w.name], Bytes: r.bytes, Blocks: r.segments}
 				if err := enc.Encode(pt); err != nil {
 					return err
 				}
