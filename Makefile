@@ -36,13 +36,16 @@ run: build
 # processes for the transport and integration packages), then the actor flood
 # at full size (1,000,000 messages) without the race detector, where it judges
 # the receiving rank's RSS, and a short run of each fuzz target on top of its
-# committed seed corpus (actor/testdata/fuzz).
+# committed seed corpus (actor/testdata/fuzz). The fuzz runs are bounded by an
+# execution count, not a duration: a duration races Go's fuzz coordinator on a
+# loaded machine and fails with "context deadline exceeded" and no crasher
+# (golang/go#75804).
 test: deps
 	$(GO) vet ./...
-	$(GO) test -run '^$$' -fuzz '^FuzzDecodeEnvelope$$' -fuzztime 10s ./actor/
-	$(GO) test -run '^$$' -fuzz '^FuzzValidateMsgpack$$' -fuzztime 5s ./actor/
-	$(GO) test -run '^$$' -fuzz '^FuzzDecodeBody$$' -fuzztime 5s ./actor/
-	$(GO) test -run '^$$' -fuzz '^FuzzFastDecode$$' -fuzztime 5s ./actor/
+	$(GO) test -run '^$$' -fuzz '^FuzzDecodeEnvelope$$' -fuzztime 50000x ./actor/
+	$(GO) test -run '^$$' -fuzz '^FuzzValidateMsgpack$$' -fuzztime 30000x ./actor/
+	$(GO) test -run '^$$' -fuzz '^FuzzDecodeBody$$' -fuzztime 20000x ./actor/
+	$(GO) test -run '^$$' -fuzz '^FuzzFastDecode$$' -fuzztime 20000x ./actor/
 	UCX_LOG_LEVEL=error $(GO) test -count=1 -run '^TestActorFlood$$' ./integration/
 	UCX_LOG_LEVEL=error $(GO) test -race -count=1 -timeout 20m $(RACE_PKGS)
 
