@@ -5,7 +5,7 @@ GO      ?= go
 BIN     := bin
 RACE_PKGS := ./...
 
-.PHONY: deps build run test bench bench-mpi clean
+.PHONY: deps build run test bench bench-mpi ptx clean
 
 # deps installs UCX (headers, library, ucx_perftest), pkg-config and, if no Go
 # toolchain is on PATH, Debian's Go (which fetches the go.mod toolchain).
@@ -64,6 +64,13 @@ bench-mpi: build
 	mpicc.openmpi -O2 -o $(BIN)/mpi_pack-openmpi $(MPIREF)
 	mpicc.mpich -O2 -o $(BIN)/mpi_pack-mpich $(MPIREF)
 	$(BIN)/troupe bench ddt --repeat 3 --mpi $(BIN)/mpi_pack-openmpi,$(BIN)/mpi_pack-mpich
+
+# ptx regenerates the committed PTX of the CUDA kernels (*.cu next to *.ptx)
+# with clang (installs Debian's clang); the tests check it when clang is
+# there (internal/cudatest).
+ptx: deps
+	@command -v clang >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq clang >/dev/null; }
+	TROUPE_UPDATE_PTX=1 $(GO) test -count=1 -run 'PTXUpToDate' ./gpu/ ./samples/jacobi3d/jacobi/
 
 clean:
 	rm -rf $(BIN)

@@ -34,6 +34,10 @@ type backend interface {
 	// launchHost enqueues a HostKernel over bufs (LaunchHost), or reports
 	// ErrNotSupported.
 	launchHost(s streamImpl, k HostKernel, bufs []Buffer) error
+	// loadModule loads device code (Device.LoadModule), or reports
+	// ErrNotSupported; launch enqueues one of its kernels (Launch).
+	loadModule(ord int, image []byte) (moduleImpl, error)
+	launch(s streamImpl, f funcImpl, dims [6]uint32, p kernelParams) error
 
 	hostWrite64(dst Buffer, v uint64) error
 	hostRead64(src Buffer) (uint64, error)

@@ -153,6 +153,46 @@ func (b *cudaBackend) launchHost(streamImpl, HostKernel, []Buffer) error {
 	return fmt.Errorf("gpu: cuda: launch: %w: %s", ErrNotSupported, errCUDAKernels)
 }
 
+// cudaModule is a loaded module with the context it was loaded in.
+type cudaModule struct {
+	b   *cudaBackend
+	ctx cuContext
+	m   cuModule
+}
+
+type cudaFunc struct {
+	ctx cuContext
+	f   cuFunction
+}
+
+func (b *cudaBackend) loadModule(ord int, image []byte) (moduleImpl, error) {
+	ctx := b.devs[ord].ctx
+	m, err := b.l.moduleLoad(ctx, image)
+	if err != nil {
+		return nil, err
+	}
+	return &cudaModule{b: b, ctx: ctx, m: m}, nil
+}
+
+func (m *cudaModule) function(name string) (funcImpl, error) {
+	f, err := m.b.l.moduleFunction(m.ctx, m.m, name)
+	if err != nil {
+		return nil, err
+	}
+	return cudaFunc{ctx: m.ctx, f: f}, nil
+}
+
+func (m *cudaModule) unload() error { return m.b.l.moduleUnload(m.ctx, m.m) }
+
+func (b *cudaBackend) launch(si streamImpl, fi funcImpl, dims [6]uint32, p kernelParams) error {
+	s := si.(*cudaStream)
+	f := fi.(cudaFunc)
+	s.keep(p.bufs...)
+	err := b.l.launch(f.ctx, f.f, dims, s.s, p.data, p.offs)
+	runtime.KeepAlive(p.bufs)
+	return err
+}
+
 // Cond's values are CUstreamWaitValue_flags' (GEQ 0, EQ 1, AND 2, NOR 3).
 func (b *cudaBackend) waitValue64(si streamImpl, dst Buffer, v uint64, c Cond) error {
 	s := si.(*cudaStream)

@@ -25,6 +25,8 @@ typedef unsigned long long CUdeviceptr;
 typedef struct CUctx_st *CUcontext;
 typedef struct CUstream_st *CUstream;
 typedef struct CUevent_st *CUevent;
+typedef struct CUmod_st *CUmodule;
+typedef struct CUfunc_st *CUfunction;
 typedef struct { char reserved[64]; } CUipcMemHandle;
 
 #define TR_CTX_FAIL 0x40000000
@@ -69,6 +71,11 @@ static struct {
 	CUresult (*cuIpcGetMemHandle)(CUipcMemHandle *, CUdeviceptr);
 	CUresult (*cuIpcOpenMemHandle)(CUdeviceptr *, CUipcMemHandle, unsigned int);
 	CUresult (*cuIpcCloseMemHandle)(CUdeviceptr);
+	CUresult (*cuModuleLoadDataEx)(CUmodule *, const void *, unsigned int, int *, void **);
+	CUresult (*cuModuleGetFunction)(CUfunction *, CUmodule, const char *);
+	CUresult (*cuModuleUnload)(CUmodule);
+	CUresult (*cuLaunchKernel)(CUfunction, unsigned int, unsigned int, unsigned int,
+		unsigned int, unsigned int, unsigned int, unsigned int, CUstream, void **, void **);
 } tr;
 
 // Symbol table: field address, then candidate names (newest first).
@@ -118,6 +125,10 @@ static const char *tr_load(const char *path) {
 		{(void **)&tr.cuIpcGetMemHandle, {"cuIpcGetMemHandle"}, 1},
 		{(void **)&tr.cuIpcOpenMemHandle, {"cuIpcOpenMemHandle_v2", "cuIpcOpenMemHandle"}, 1},
 		{(void **)&tr.cuIpcCloseMemHandle, {"cuIpcCloseMemHandle"}, 1},
+		{(void **)&tr.cuModuleLoadDataEx, {"cuModuleLoadDataEx"}, 1},
+		{(void **)&tr.cuModuleGetFunction, {"cuModuleGetFunction"}, 1},
+		{(void **)&tr.cuModuleUnload, {"cuModuleUnload"}, 1},
+		{(void **)&tr.cuLaunchKernel, {"cuLaunchKernel"}, 1},
 	};
 	dlerror();
 	tr.lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
@@ -145,6 +156,7 @@ static int tr_has(int which) {
 	case 0: return tr.cuStreamWriteValue64 != NULL && tr.cuStreamWaitValue64 != NULL;
 	case 1: return tr.cuIpcGetMemHandle != NULL && tr.cuIpcOpenMemHandle != NULL && tr.cuIpcCloseMemHandle != NULL;
 	case 2: return tr.cuMemAllocManaged != NULL;
+	case 3: return tr.cuModuleLoadDataEx != NULL && tr.cuModuleGetFunction != NULL && tr.cuModuleUnload != NULL && tr.cuLaunchKernel != NULL;
 	}
 	return 0;
 }
@@ -214,6 +226,26 @@ static CUresult tr_ipc_open(CUcontext c, CUdeviceptr *p, const void *in64) {
 	return tr.cuIpcOpenMemHandle(p, h, 0x1);
 }
 static CUresult tr_ipc_close(CUcontext c, CUdeviceptr p) { SETCTX(c); return tr.cuIpcCloseMemHandle(p); }
+// CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES: the JIT
+// compiler's complaints about a PTX image land in log.
+static CUresult tr_module_load(CUcontext c, CUmodule *m, const void *image, char *log, unsigned int logsz) {
+	SETCTX(c);
+	int opts[2] = {5, 6};
+	void *vals[2] = {log, (void *)(size_t)logsz};
+	return tr.cuModuleLoadDataEx(m, image, 2, opts, vals);
+}
+static CUresult tr_module_function(CUcontext c, CUfunction *f, CUmodule m, const char *name) { SETCTX(c); return tr.cuModuleGetFunction(f, m, name); }
+static CUresult tr_module_unload(CUcontext c, CUmodule m) { SETCTX(c); return tr.cuModuleUnload(m); }
+// tr_launch launches f with its n parameters at params + offs[i] (the driver
+// copies them before returning).
+#define TR_MAX_PARAMS 64
+static CUresult tr_launch(CUcontext c, CUfunction f, const unsigned int *dims, CUstream s, char *params, const size_t *offs, int n) {
+	SETCTX(c);
+	void *ptrs[TR_MAX_PARAMS];
+	if (n < 0 || n > TR_MAX_PARAMS) return 1; // CUDA_ERROR_INVALID_VALUE
+	for (int i = 0; i < n; i++) ptrs[i] = params + offs[i];
+	return tr.cuLaunchKernel(f, dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], 0, s, ptrs, NULL);
+}
 */
 import "C"
 
@@ -236,10 +268,12 @@ const (
 )
 
 type (
-	cuDevice  = C.CUdevice
-	cuContext = C.CUcontext
-	cuStream  = C.CUstream
-	cuEvent   = C.CUevent
+	cuDevice   = C.CUdevice
+	cuContext  = C.CUcontext
+	cuStream   = C.CUstream
+	cuEvent    = C.CUevent
+	cuModule   = C.CUmodule
+	cuFunction = C.CUfunction
 )
 
 // cuErr turns a CUresult from a loader helper into an error naming call.
@@ -301,6 +335,7 @@ func loadCUDA() (*cuLib, error) {
 func (l *cuLib) hasMemOps() bool  { return C.tr_has(0) != 0 }
 func (l *cuLib) hasIPC() bool     { return C.tr_has(1) != 0 }
 func (l *cuLib) hasManaged() bool { return C.tr_has(2) != 0 }
+func (l *cuLib) hasModules() bool { return C.tr_has(3) != 0 }
 
 func (l *cuLib) deviceCount() (int, error) {
 	var n C.int
@@ -506,4 +541,55 @@ func (l *cuLib) ipcOpenMemHandle(c cuContext, h [64]byte) (uint64, error) {
 
 func (l *cuLib) ipcCloseMemHandle(c cuContext, p uint64) error {
 	return cuErr("cuIpcCloseMemHandle", C.tr_ipc_close(c, C.CUdeviceptr(p)))
+}
+
+// jitLogSize bounds the JIT error log kept from a failed module load.
+const jitLogSize = 4096
+
+func (l *cuLib) moduleLoad(c cuContext, image []byte) (cuModule, error) {
+	var m C.CUmodule
+	if !l.hasModules() {
+		return m, fmt.Errorf("gpu: cuda: cuModuleLoadDataEx: %w by this driver", ErrNotSupported)
+	}
+	// A PTX image is a NUL-terminated string; the copy adds the NUL.
+	img := C.CBytes(append(image[:len(image):len(image)], 0))
+	defer C.free(img)
+	log := (*C.char)(C.calloc(jitLogSize, 1))
+	defer C.free(unsafe.Pointer(log))
+	err := cuErr("cuModuleLoadDataEx", C.tr_module_load(c, &m, img, log, jitLogSize))
+	if err != nil {
+		if msg := C.GoString(log); msg != "" {
+			err = fmt.Errorf("%w; JIT log: %s", err, msg)
+		}
+	}
+	return m, err
+}
+
+func (l *cuLib) moduleFunction(c cuContext, m cuModule, name string) (cuFunction, error) {
+	var f C.CUfunction
+	cs := C.CString(name)
+	defer C.free(unsafe.Pointer(cs))
+	return f, cuErr("cuModuleGetFunction", C.tr_module_function(c, &f, m, cs))
+}
+
+func (l *cuLib) moduleUnload(c cuContext, m cuModule) error {
+	return cuErr("cuModuleUnload", C.tr_module_unload(c, m))
+}
+
+// launch calls cuLaunchKernel with grid and block dimensions dims (grid x,
+// y, z, then block x, y, z) and the parameters at params[offs[i]:].
+func (l *cuLib) launch(c cuContext, f cuFunction, dims [6]uint32, s cuStream, params []byte, offs []int) error {
+	var cdims [6]C.uint
+	for i, d := range dims {
+		cdims[i] = C.uint(d)
+	}
+	coffs := make([]C.size_t, len(offs)+1) // never empty, so &coffs[0] is valid
+	for i, o := range offs {
+		coffs[i] = C.size_t(o)
+	}
+	var p *C.char
+	if len(params) > 0 {
+		p = (*C.char)(unsafe.Pointer(&params[0]))
+	}
+	return cuErr("cuLaunchKernel", C.tr_launch(c, f, &cdims[0], s, p, &coffs[0], C.int(len(offs))))
 }

@@ -3,6 +3,7 @@
 package gpu
 
 import (
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -10,21 +11,20 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/troupe-hpc/troupe/internal/cudatest"
 )
 
-// buildFakeDriver compiles testdata/fakecuda into a libcuda.so.1 stand-in.
-func buildFakeDriver(t *testing.T, src string) string {
+// buildFakeDriver compiles src (the fake driver, or a stand-in) into a
+// libcuda.so.1 with the given kernel sources compiled in.
+func buildFakeDriver(t *testing.T, src string, kernels ...string) string {
 	t.Helper()
-	cc := os.Getenv("CC")
-	if cc == "" {
-		cc = "cc"
-	}
-	if _, err := exec.LookPath(cc); err != nil {
-		t.Skipf("no C compiler (%s) to build the fake CUDA driver", cc)
-	}
 	lib := filepath.Join(t.TempDir(), "libcuda.so.1")
-	out, err := exec.Command(cc, "-shared", "-fPIC", "-o", lib, src, "-lpthread").CombinedOutput()
-	require.NoError(t, err, "building fake driver: %s", out)
+	err := cudatest.Compile(lib, src, kernels...)
+	if errors.Is(err, cudatest.ErrNoCompiler) {
+		t.Skipf("cannot build the fake CUDA driver: %v", err)
+	}
+	require.NoError(t, err)
 	return lib
 }
 
@@ -49,7 +49,7 @@ func TestCUDABackendOnFakeDriver(t *testing.T) {
 	if _, err := os.Stat(src); err != nil {
 		t.Skipf("fake driver source not found (run from the gpu package directory): %v", err)
 	}
-	lib := buildFakeDriver(t, src)
+	lib := buildFakeDriver(t, src, testKernelSource)
 
 	out := runSelf(t, []string{EnvCUDALibrary + "=" + lib}, "-test.run=^TestSuite$/^cuda$")
 	require.Contains(t, out, "--- PASS: TestSuite/cuda ", out)

@@ -12,7 +12,7 @@ import "fmt"
 type HostKernel func(mem [][]byte) error
 
 // errCUDAKernels is what LaunchHost reports on the cuda backend.
-const errCUDAKernels = "kernels on the cuda backend need compiled device code, not built yet"
+const errCUDAKernels = "the cuda backend runs device code, not Go: load a module (Device.LoadModule) and Launch its kernels"
 
 // LaunchHost enqueues kernel k on s over bufs and returns at once. The
 // kernel runs after all work enqueued on s before it and before all work
@@ -24,8 +24,8 @@ const errCUDAKernels = "kernels on the cuda backend need compiled device code, n
 //
 // Only the host backend runs kernels: there the stream's executor calls k,
 // which makes k the host backend's equivalent of a device kernel. On the
-// cuda backend LaunchHost reports ErrNotSupported, because running code on
-// the GPU needs compiled device code, which this package does not have yet.
+// cuda backend LaunchHost reports ErrNotSupported: code on the GPU is device
+// code, loaded with Device.LoadModule and started with Launch.
 func LaunchHost(s *Stream, k HostKernel, bufs ...Buffer) error {
 	if k == nil {
 		return fmt.Errorf("gpu: launch: nil kernel")
@@ -57,6 +57,16 @@ func (h *hostBackend) launchHost(s streamImpl, k HostKernel, bufs []Buffer) erro
 		h.bus.notify()
 		return err
 	}, bufs...)
+}
+
+// loadModule: the host backend runs Go kernels (LaunchHost), not device code.
+func (h *hostBackend) loadModule(int, []byte) (moduleImpl, error) {
+	return nil, fmt.Errorf("%w: the host backend runs Go kernels (LaunchHost), not device code", ErrNotSupported)
+}
+
+// launch is never reached on the host backend: it loads no modules.
+func (h *hostBackend) launch(streamImpl, funcImpl, [6]uint32, kernelParams) error {
+	return ErrNotSupported
 }
 
 // runKernel calls k, turning a panic into an error.

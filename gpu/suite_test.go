@@ -89,6 +89,7 @@ var suiteTests = []struct {
 	{"PinnedPool", testPinnedPool},
 	{"IPC", testIPC},
 	{"LaunchHost", testLaunchHost},
+	{"Modules", testModules},
 }
 
 func dev0(t *testing.T, s *System) *Device {

@@ -5,12 +5,23 @@
 // mark points in them, stream memory operations write and poll 64-bit words.
 // It is a test double only; nothing here is a model of real performance.
 //
-// Build: cc -shared -fPIC -o libcuda.so.1 fakecuda.c -lpthread
+// Modules: cuModuleLoadDataEx keeps the PTX text; cuModuleGetFunction finds
+// kernel <name> when the image has an entry of that name and this library
+// was built with the kernel's source compiled for the host (see
+// gpu/troupe_kernel.h), which defines fakecuda_kernel_<name>; cuLaunchKernel
+// copies the one by-value parameter and runs the grid's threads one after
+// another, in stream order, on the stream's thread.
+//
+// Build: cc -shared -fPIC -o libcuda.so.1 fakecuda.c -lpthread -ldl
+//        [-x c++ -I gpu kernels.cu ...]
 // Env:   FAKECUDA_INIT=<n> makes cuInit return CUresult n.
 //        FAKECUDA_IPC=1 lets cuIpcOpenMemHandle succeed in the exporting process.
 //        FAKECUDA_DEVICES=<n> sets the device count (default 1).
 
+#define _GNU_SOURCE
+#include <dlfcn.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,7 +39,9 @@ enum {
 	ERR_NO_DEVICE = 100,
 	ERR_INVALID_DEVICE = 101,
 	ERR_INVALID_CONTEXT = 201,
+	ERR_INVALID_IMAGE = 200,
 	ERR_INVALID_HANDLE = 400,
+	ERR_NOT_FOUND = 500,
 	ERR_NOT_READY = 600,
 };
 
@@ -108,7 +121,10 @@ typedef struct event {
 	unsigned long long target, completed;
 } event;
 
-enum { OP_COPY, OP_SET, OP_WRITE, OP_WAIT, OP_RECORD, OP_WAITEV };
+enum { OP_COPY, OP_SET, OP_WRITE, OP_WAIT, OP_RECORD, OP_WAITEV, OP_LAUNCH };
+
+struct function;
+static void run_launch(struct function *f, const unsigned *dims, void *args);
 
 typedef struct op {
 	int kind;
@@ -118,6 +134,8 @@ typedef struct op {
 	unsigned flags;
 	event *ev;
 	unsigned long long gen;
+	struct function *fn; // OP_LAUNCH: the kernel, its dims and its parameter copy (src)
+	unsigned dims[6];
 	struct op *next;
 } op;
 
@@ -182,6 +200,12 @@ static void *worker(void *arg) {
 			break;
 		case OP_WAITEV:
 			while (o->ev->completed < o->gen) pthread_cond_wait(&gc, &g);
+			break;
+		case OP_LAUNCH:
+			pthread_mutex_unlock(&g);
+			run_launch(o->fn, o->dims, (void *)o->src);
+			free((void *)o->src);
+			pthread_mutex_lock(&g);
 			break;
 		}
 		free(o);
@@ -457,3 +481,86 @@ CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *p, CUipcMemHandle h, unsigned flags)
 }
 
 CUresult cuIpcCloseMemHandle(CUdeviceptr p) { (void)p; return OK; }
+
+// ---- modules and kernels ------------------------------------------------
+
+typedef struct { unsigned x, y, z; } dim3;
+__thread dim3 fakecuda_threadIdx, fakecuda_blockIdx, fakecuda_blockDim, fakecuda_gridDim;
+
+typedef size_t (*kernel_fn)(const void *);
+
+typedef struct module {
+	char *image;
+} module;
+
+typedef struct function {
+	kernel_fn fn;
+	size_t argsz;
+} function;
+
+static void run_launch(function *f, const unsigned *d, void *args) {
+	fakecuda_gridDim = (dim3){d[0], d[1], d[2]};
+	fakecuda_blockDim = (dim3){d[3], d[4], d[5]};
+	for (unsigned bz = 0; bz < d[2]; bz++)
+		for (unsigned by = 0; by < d[1]; by++)
+			for (unsigned bx = 0; bx < d[0]; bx++)
+				for (unsigned tz = 0; tz < d[5]; tz++)
+					for (unsigned ty = 0; ty < d[4]; ty++)
+						for (unsigned tx = 0; tx < d[3]; tx++) {
+							fakecuda_blockIdx = (dim3){bx, by, bz};
+							fakecuda_threadIdx = (dim3){tx, ty, tz};
+							f->fn(args);
+						}
+}
+
+CUresult cuModuleLoadDataEx(module **out, const void *image, unsigned n, int *opts, void **vals) {
+	(void)n, (void)opts, (void)vals;
+	if (!inited) return ERR_NOT_INITIALIZED;
+	if (out == NULL || image == NULL) return ERR_INVALID_VALUE;
+	if (strstr(image, ".entry") == NULL) return ERR_INVALID_IMAGE;
+	module *m = calloc(1, sizeof *m);
+	m->image = strdup(image);
+	*out = m;
+	return OK;
+}
+
+CUresult cuModuleUnload(module *m) {
+	if (m == NULL) return ERR_INVALID_HANDLE;
+	free(m->image);
+	free(m); // its functions are leaked: launches may still reference them
+	return OK;
+}
+
+CUresult cuModuleGetFunction(function **out, module *m, const char *name) {
+	if (m == NULL) return ERR_INVALID_HANDLE;
+	char entry[256], sym[256];
+	snprintf(entry, sizeof entry, ".entry %s(", name);
+	if (strstr(m->image, entry) == NULL) return ERR_NOT_FOUND;
+	snprintf(sym, sizeof sym, "fakecuda_kernel_%s", name);
+	Dl_info info;
+	if (!dladdr((void *)cuModuleGetFunction, &info)) return ERR_NOT_FOUND;
+	void *self = dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD);
+	if (self == NULL) return ERR_NOT_FOUND;
+	kernel_fn fn = (kernel_fn)dlsym(self, sym);
+	dlclose(self);
+	if (fn == NULL) return ERR_NOT_FOUND; // not compiled into this driver
+	function *f = calloc(1, sizeof *f);
+	f->fn = fn;
+	f->argsz = fn(NULL);
+	*out = f;
+	return OK;
+}
+
+CUresult cuLaunchKernel(function *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                        unsigned shmem, stream *st, void **params, void **extra) {
+	if (f == NULL) return ERR_INVALID_HANDLE;
+	if (params == NULL || params[0] == NULL || extra != NULL || shmem != 0) return ERR_INVALID_VALUE;
+	if ((unsigned long long)bx * by * bz > 1024 || gx == 0 || gy == 0 || gz == 0 || bx == 0 || by == 0 || bz == 0)
+		return ERR_INVALID_VALUE;
+	void *args = malloc(f->argsz);
+	memcpy(args, params[0], f->argsz); // the driver copies parameters at launch
+	op o = {.kind = OP_LAUNCH, .src = (uintptr_t)args, .fn = f, .dims = {gx, gy, gz, bx, by, bz}};
+	CUresult r = push(st, o);
+	if (r != OK) free(args);
+	return r;
+}

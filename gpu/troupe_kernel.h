@@ -1,0 +1,67 @@
+// troupe_kernel.h: the small CUDA dialect troupe's kernels are written in,
+// so that one source compiles two ways:
+//
+//   - for the GPU, by clang (-x cuda --cuda-device-only -nocudainc
+//     -nocudalib -S), into the PTX that Device.LoadModule loads;
+//   - for the host (g++ -x c++), into the test driver gpu/testdata/fakecuda,
+//     which runs a launch's threads one after another on its stream thread,
+//     so the cuda backend's launch path and the kernels' index arithmetic
+//     are exercised on machines without a GPU.
+//
+// A kernel takes exactly one parameter, a struct passed by value whose
+// fields are all 8 bytes wide (pointers, long long, unsigned long long,
+// double), so that Go lays it out with encoding/binary:
+//
+//	typedef struct { double *x; long long n; } Args;
+//	TROUPE_KERNEL(scale, Args, a) { ... a.x[i] ... }
+//
+// Inside a kernel: threadIdx, blockIdx, blockDim, gridDim (x, y, z), as in
+// CUDA; troupe_atomic_max_u64(p, v) (atomic max on a 64-bit word); and
+// helper functions marked TROUPE_DEVICE.
+
+#ifndef TROUPE_KERNEL_H
+#define TROUPE_KERNEL_H
+
+#if defined(__CUDA__) && defined(__CUDA_ARCH__)
+// Device compilation by clang.
+#include <__clang_cuda_builtin_vars.h>
+#define TROUPE_KERNEL(name, T, a) extern "C" __attribute__((global)) void name(T a)
+#define TROUPE_DEVICE static __attribute__((device)) __attribute__((always_inline)) inline
+#define troupe_atomic_max_u64(p, v) __nvvm_atom_max_gen_ull((p), (v))
+
+#elif !defined(__CUDA__)
+// Host compilation for the test driver, which owns these thread-locals and
+// sets them before calling each thread of a launch.
+#include <stddef.h>
+#include <string.h>
+struct troupe_dim3 {
+	unsigned int x, y, z;
+};
+extern "C" __thread struct troupe_dim3 fakecuda_threadIdx, fakecuda_blockIdx, fakecuda_blockDim, fakecuda_gridDim;
+#define threadIdx fakecuda_threadIdx
+#define blockIdx fakecuda_blockIdx
+#define blockDim fakecuda_blockDim
+#define gridDim fakecuda_gridDim
+// fakecuda_kernel_<name>(args) runs one thread with a copy of the
+// parameter; fakecuda_kernel_<name>(NULL) returns the parameter's size.
+#define TROUPE_KERNEL(name, T, a)                                      \
+	static void name##_thread(T a);                                    \
+	extern "C" size_t fakecuda_kernel_##name(const void *p) {          \
+		if (p != NULL) {                                               \
+			T copy_;                                                   \
+			memcpy(&copy_, p, sizeof copy_);                           \
+			name##_thread(copy_);                                      \
+		}                                                              \
+		return sizeof(T);                                              \
+	}                                                                  \
+	static void name##_thread(T a)
+#define TROUPE_DEVICE static inline
+static inline unsigned long long troupe_atomic_max_u64(unsigned long long *p, unsigned long long v) {
+	unsigned long long cur = __atomic_load_n(p, __ATOMIC_RELAXED);
+	while (cur < v && !__atomic_compare_exchange_n(p, &cur, v, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+	}
+	return cur;
+}
+#endif
+
+#endif
