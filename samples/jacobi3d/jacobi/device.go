@@ -18,7 +18,8 @@ import (
 
 // This file is the -gpu mode: every block's field lives in device memory,
 // the stencil, the face packing and the ghost unpacking run as kernels on
-// the block's stream (gpu.LaunchHost), and halo faces travel as device
+// the block's stream (devkernels.go: Go kernels on the host backend, the
+// device code of kernels.cu on cuda), and halo faces travel as device
 // buffers, either as a gpu.Buffer field of an actor message (the GPU
 // Messaging API) or through transport channels (the Channel API).
 
@@ -84,38 +85,31 @@ type devBlock struct {
 	pending int
 }
 
-// gpuDevice returns the device of a -gpu run: cfg.Device, else device 0 of
-// gpu.Default(). It checks that the backend runs kernels.
-func gpuDevice(cfg *Config) (*gpu.Device, error) {
+// gpuDevice returns the device of a -gpu run, cfg.Device, else device 0 of
+// gpu.Default(), and the stencil kernels its backend runs.
+func gpuDevice(cfg *Config) (*gpu.Device, *stencil, error) {
 	dev := cfg.Device
 	if dev == nil {
 		sys, err := gpu.Default()
 		if err != nil {
-			return nil, fmt.Errorf("jacobi: -gpu: %w", err)
+			return nil, nil, fmt.Errorf("jacobi: -gpu: %w", err)
 		}
 		if dev, err = sys.Device(0); err != nil {
-			return nil, fmt.Errorf("jacobi: -gpu: %w", err)
+			return nil, nil, fmt.Errorf("jacobi: -gpu: %w", err)
 		}
 	}
-	st, err := dev.NewStream()
+	sten, err := newStencil(dev)
 	if err != nil {
-		return nil, fmt.Errorf("jacobi: -gpu: %v: %w", dev, err)
+		return nil, nil, fmt.Errorf("jacobi: -gpu: the stencil cannot run on %v: %w", dev, err)
 	}
-	defer st.Destroy()
-	err = gpu.LaunchHost(st, func([][]byte) error { return nil })
-	if err == nil {
-		err = st.Synchronize()
-	}
-	if err != nil {
-		return nil, fmt.Errorf("jacobi: -gpu: the stencil cannot run on %v: %w", dev, err)
-	}
-	return dev, nil
+	return dev, sten, nil
 }
 
 // deviceRes is what a rank's blocks allocate in -gpu mode, released when Run
 // returns.
 type deviceRes struct {
-	dev *gpu.Device
+	dev  *gpu.Device
+	sten *stencil
 
 	mu      sync.Mutex
 	bufs    []gpu.Buffer
@@ -193,6 +187,8 @@ func (r *deviceRes) release() error {
 		errs = append(errs, gpu.Free(b))
 	}
 	r.bufs = nil
+	errs = append(errs, r.sten.release())
+	r.sten = nil
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("jacobi: releasing device memory: %w", err)
 	}
@@ -343,34 +339,18 @@ func (b *block) deviceStep(hs *haloSet, last bool) (float64, error) {
 	geo := b.geo
 	if hs != nil {
 		var dirs []int
-		bufs := []gpu.Buffer{db.u}
+		var bufs []gpu.Buffer
 		for d, f := range hs.dev {
 			if !f.IsZero() {
 				dirs = append(dirs, d)
 				bufs = append(bufs, f)
 			}
 		}
-		err := launchFaces(db.st, dirs, bufs, func(u []float64, d int, f []float64) error {
-			return geo.UnpackFace(u, d, f)
-		})
-		if err != nil {
+		if err := b.rs.dev.sten.faces(db.st, geo, false, db.u, dirs, bufs); err != nil {
 			return 0, fmt.Errorf("unpacking faces: %w", err)
 		}
 	}
-	err := gpu.LaunchHost(db.st, func(mem [][]byte) error {
-		u, err := float64View(mem[0])
-		if err != nil {
-			return err
-		}
-		v, err := float64View(mem[1])
-		if err != nil {
-			return err
-		}
-		r := geo.Sweep(u, v)
-		binary.LittleEndian.PutUint64(mem[2], math.Float64bits(r))
-		return nil
-	}, db.u, db.v, db.res)
-	if err != nil {
+	if err := b.rs.dev.sten.sweep(db.st, geo, db.u, db.v, db.res); err != nil {
 		return 0, fmt.Errorf("sweep: %w", err)
 	}
 	db.u, db.v = db.v, db.u
@@ -405,47 +385,18 @@ func (b *block) deviceStep(hs *haloSet, last bool) (float64, error) {
 // buffers of parity par.
 func (b *block) packFacesDevice(par int) error {
 	db := b.dv
-	geo := b.geo
 	var dirs []int
-	bufs := []gpu.Buffer{db.u}
+	var bufs []gpu.Buffer
 	for d, p := range b.nbr {
 		if p != nil {
 			dirs = append(dirs, d)
 			bufs = append(bufs, db.send[d][par])
 		}
 	}
-	if len(dirs) == 0 {
-		return nil
-	}
-	err := launchFaces(db.st, dirs, bufs, func(u []float64, d int, f []float64) error {
-		return geo.PackFaceTo(f, u, d)
-	})
-	if err != nil {
+	if err := b.rs.dev.sten.faces(db.st, b.geo, true, db.u, dirs, bufs); err != nil {
 		return fmt.Errorf("packing faces: %w", err)
 	}
 	return nil
-}
-
-// launchFaces enqueues on st a kernel that calls face(u, d, f) for each
-// direction dirs[i], with u the field in bufs[0] and f the face buffer
-// bufs[i+1], both viewed as float64s.
-func launchFaces(st *gpu.Stream, dirs []int, bufs []gpu.Buffer, face func(u []float64, d int, f []float64) error) error {
-	return gpu.LaunchHost(st, func(mem [][]byte) error {
-		u, err := float64View(mem[0])
-		if err != nil {
-			return err
-		}
-		for i, d := range dirs {
-			f, err := float64View(mem[i+1])
-			if err != nil {
-				return err
-			}
-			if err := face(u, d, f); err != nil {
-				return err
-			}
-		}
-		return nil
-	}, bufs...)
 }
 
 // sendInitialFaces packs the initial field's faces (iteration 0) and sends

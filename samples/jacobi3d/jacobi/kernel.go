@@ -283,3 +283,26 @@ func HashField(field []float64) uint64 {
 	}
 	return FieldHash(h)
 }
+
+// plane is a face's plane of the padded array as a 2-D array: point (p1,
+// p2) is at index base + p1*s1 + p2*s2, and at p1 + n1*p2 in the packed
+// face (the order of PackFace).
+type plane struct {
+	base, s1, s2, n1, n2 int
+}
+
+// plane returns the interior plane next to face d (inner, what PackFaceTo
+// reads) or the ghost plane of face d (what UnpackFace writes).
+func (b Block) plane(d int, inner bool) plane {
+	lo, _ := b.faceRange(d, inner)
+	p := plane{base: b.Idx(lo[0], lo[1], lo[2])}
+	switch d / 2 {
+	case 0: // x fixed: j fastest, then k
+		p.s1, p.n1, p.s2, p.n2 = b.SX, b.NY, b.SXY, b.NZ
+	case 1: // y fixed: i, then k
+		p.s1, p.n1, p.s2, p.n2 = 1, b.NX, b.SXY, b.NZ
+	default: // z fixed: i, then j
+		p.s1, p.n1, p.s2, p.n2 = 1, b.NX, b.SX, b.NY
+	}
+	return p
+}

@@ -39,8 +39,8 @@ type Config struct {
 	Check bool
 	// GPU keeps every block's field in device memory and runs the stencil,
 	// the face packing and the ghost unpacking as kernels on the block's
-	// stream (gpu.LaunchHost: the host backend; the cuda backend has no
-	// kernels yet, so Run reports gpu.ErrNotSupported there). Halo faces
+	// stream: Go kernels (gpu.LaunchHost) on the host backend, the device
+	// code of kernels.cu (embedded PTX) on the cuda backend. Halo faces
 	// travel as device buffers, through GPUAPI.
 	GPU bool
 	// GPUAPI is how device halos travel: APIMessaging (default) or
@@ -203,11 +203,11 @@ func Run(ctx context.Context, rt *actor.Runtime, cfg Config) (*Result, error) {
 	if !cfg.GPU {
 		return runBlocks(ctx, rt, cfg, rs)
 	}
-	dev, err := gpuDevice(&cfg)
+	dev, sten, err := gpuDevice(&cfg)
 	if err != nil {
 		return nil, err
 	}
-	rs.dev = &deviceRes{dev: dev}
+	rs.dev = &deviceRes{dev: dev, sten: sten}
 	res, err := runBlocks(ctx, rt, cfg, rs)
 	if rerr := rs.dev.release(); err == nil && rerr != nil {
 		return nil, rerr

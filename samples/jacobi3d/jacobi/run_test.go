@@ -2,12 +2,17 @@ package jacobi
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"os"
+	"os/exec"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/troupe-hpc/troupe/actor"
 	"github.com/troupe-hpc/troupe/gpu"
+	"github.com/troupe-hpc/troupe/internal/cudatest"
 )
 
 // startLocal starts n ranks in this process (real UCX between their
@@ -170,8 +175,53 @@ func hostDevice(t *testing.T) *gpu.Device {
 // stream kernels) with both halo APIs on 2 and 4 in-process ranks, bit for
 // bit against the serial reference, including a tolerance run (faces wait
 // for the driver's grant).
-func TestRunGPU(t *testing.T) {
-	dev := hostDevice(t)
+func TestRunGPU(t *testing.T) { runGPUMatrix(t, hostDevice(t)) }
+
+// TestRunGPUCUDA is TestRunGPU on the cuda backend, whose kernels are the
+// device code of kernels.cu: on a GPU when there is one, else on the test
+// CUDA driver (internal/cudatest) with kernels.cu compiled in for the host,
+// in a child process that loads it.
+func TestRunGPUCUDA(t *testing.T) {
+	if err := gpu.CUDAAvailable(); err != nil {
+		if lib := os.Getenv(gpu.EnvCUDALibrary); lib != "" {
+			t.Fatalf("cuda backend unavailable with driver %s: %v", lib, err)
+		}
+		lib, err := cudatest.Build(t.TempDir(), "kernels.cu")
+		if errors.Is(err, cudatest.ErrNoCompiler) {
+			t.Skipf("no GPU (%v) and no C compiler for the test driver: %v", gpu.CUDAAvailable(), err)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		cmd := exec.Command(os.Args[0], "-test.run=^TestRunGPUCUDA$", "-test.count=1", "-test.v", "-test.timeout=300s")
+		cmd.Env = append(os.Environ(), gpu.EnvCUDALibrary+"="+lib)
+		out, err := cmd.CombinedOutput()
+		if err != nil || !strings.Contains(string(out), "--- PASS: TestRunGPUCUDA") || strings.Contains(string(out), "--- SKIP") {
+			t.Fatalf("on the test driver: %v\n%s", err, out)
+		}
+		return
+	}
+	sys, err := gpu.OpenBackend(gpu.BackendCUDA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := sys.Close(); err != nil {
+			t.Error(err)
+		}
+	})
+	dev, err := sys.Device(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("cuda device %v", dev)
+	checkStencil(t, dev)
+	runGPUMatrix(t, dev)
+}
+
+// runGPUMatrix runs -gpu configurations on dev with both halo APIs on 2 and
+// 4 in-process ranks and checks them against the serial reference.
+func runGPUMatrix(t *testing.T, dev *gpu.Device) {
 	for _, n := range []int{2, 4} {
 		rts := startLocalOpts(t, n, actor.Options{Device: dev})
 		for _, api := range []string{APIMessaging, APIChannel} {
@@ -208,7 +258,7 @@ func TestRunGPU(t *testing.T) {
 				if tc.tol == 0 && res.Sweeps != cfg.Sweeps() || tc.tol > 0 && res.Residual > tc.tol {
 					t.Fatalf("%s: %d sweeps, residual %v", cfg.Name, res.Sweeps, res.Residual)
 				}
-				if res.GPUAPI != api || res.GPUBackend != gpu.BackendHost {
+				if res.GPUAPI != api || res.GPUBackend != dev.Backend() {
 					t.Fatalf("%s: ran with api %q backend %q", cfg.Name, res.GPUAPI, res.GPUBackend)
 				}
 			}
