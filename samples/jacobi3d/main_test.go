@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/troupe-hpc/troupe/gpu"
+	"github.com/troupe-hpc/troupe/internal/cudatest"
 	"github.com/troupe-hpc/troupe/transport/bootstrap"
 )
 
@@ -79,32 +81,51 @@ func TestProcesses(t *testing.T) {
 // TestProcessesGPU runs -gpu with both halo APIs as 2 and 4 real processes
 // on the host gpu backend (device memory separate from Go memory; faces
 // between processes take the channels' staged path or the actor runtime's
-// device landing) and requires the published grid-24 values and the serial
+// device landing) and on the cuda backend (the stencil as device code: on
+// a GPU when there is one, else on the test CUDA driver with kernels.cu
+// compiled in), and requires the published grid-24 values and the serial
 // check to pass bit for bit.
 func TestProcessesGPU(t *testing.T) {
-	for _, n := range []int{2, 4} {
-		for _, api := range []string{"messaging", "channel"} {
-			out, err := launchEnv(t, n, []string{"TROUPE_GPU=host"},
-				"-gpu", "-gpu-api", api, "-grid", "24", "-blocks", "2x2x3", "-warmup", "10", "-iters", "20")
-			if err != nil {
-				t.Fatalf("%d ranks, %s: %v\n%s", n, api, err, out)
+	cudaEnv := []string{"TROUPE_GPU=cuda"}
+	if err := gpu.CUDAAvailable(); err != nil {
+		lib, err := cudatest.Build(t.TempDir(), "jacobi/kernels.cu")
+		if err != nil {
+			t.Logf("cuda backend not run: no GPU and no test driver: %v", err)
+			cudaEnv = nil
+		} else {
+			cudaEnv = append(cudaEnv, gpu.EnvCUDALibrary+"="+lib)
+		}
+	}
+	for _, backend := range []string{"host", "cuda"} {
+		env := []string{"TROUPE_GPU=host"}
+		if backend == "cuda" {
+			if env = cudaEnv; env == nil {
+				continue
 			}
-			for _, want := range []string{
-				"[0] gpu_api " + api + "\n",
-				"[0] gpu_backend host\n",
-				"[0] residual 0.008044795268676186\n",
-				"[0] field_hash 3139269223917833\n",
-				"[0] check PASS max_abs_diff 0 ",
-			} {
-				if !strings.Contains(out, want) {
-					t.Fatalf("%d ranks, %s: no %q in the output:\n%s", n, api, want, out)
+		}
+		for _, n := range []int{2, 4} {
+			for _, api := range []string{"messaging", "channel"} {
+				out, err := launchEnv(t, n, env,
+					"-gpu", "-gpu-api", api, "-grid", "24", "-blocks", "2x2x3", "-warmup", "10", "-iters", "20")
+				if err != nil {
+					t.Fatalf("%s, %d ranks, %s: %v\n%s", backend, n, api, err, out)
+				}
+				for _, want := range []string{
+					"[0] gpu_api " + api + "\n",
+					"[0] gpu_backend " + backend + "\n",
+					"[0] residual 0.008044795268676186\n",
+					"[0] field_hash 3139269223917833\n",
+					"[0] check PASS max_abs_diff 0 ",
+				} {
+					if !strings.Contains(out, want) {
+						t.Fatalf("%s, %d ranks, %s: no %q in the output:\n%s", backend, n, api, want, out)
+					}
 				}
 			}
 		}
 	}
 }
 
-// TestBadFlags fails on every rank with status 2 before joining.
 func TestBadFlags(t *testing.T) {
 	out, err := launch(t, 2, "-blocks", "2x2")
 	if err == nil || !strings.Contains(out, "want AxBxC") {
