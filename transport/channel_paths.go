@@ -210,18 +210,16 @@ func (t *Transport) cancelAll(rs []*Request) {
 // discardLeftovers: the receive of message counter on channel chanID (from
 // peer) failed with a size mismatch at the first of rs, and rs, its chunk
 // receives from there on, have all finished. A chunk the sender sent that
-// none of them took would otherwise stay, with the overlap engine on, in the
-// engine's unexpected table for good (a prefetched one holding a pool slot,
-// an onloaded one holding its sender). The sender's last chunk is the only
-// one shorter than ChannelChunkSize (chunkLen), so when one of rs took a
-// short chunk nothing is left; otherwise the engine drops the message's
-// chunks it holds and those still to come, up to the short one
-// (ovDiscardRest). Without the engine leftover chunks stay in UCX's
-// unexpected queue, as before.
+// none of them took would otherwise stay for good: with the overlap engine
+// on, in the engine's unexpected table (a prefetched one holding a pool
+// slot, an onloaded one holding its sender); without it, in UCX's
+// unexpected queue (a rendezvous one holding its sender's Send open). The
+// sender's last chunk is the only one shorter than ChannelChunkSize
+// (chunkLen), so when one of rs took a short chunk nothing is left.
+// Otherwise the engine drops the message's chunks it holds and those still
+// to come, up to the short one (ovDiscardRest); without the engine a
+// goroutine receives them into scratch memory (drainChunks).
 func (t *Transport) discardLeftovers(chanID uint32, peer int, counter uint32, rs []*Request) {
-	if t.ov == nil {
-		return
-	}
 	for _, q := range rs {
 		if n, ok := chunkArrived(q); ok && n < ChannelChunkSize {
 			return
@@ -231,11 +229,47 @@ func (t *Transport) discardLeftovers(chanID uint32, peer int, counter uint32, rs
 	if err != nil {
 		return
 	}
+	if t.ov == nil {
+		go t.drainChunks(chanID, peer, wire)
+		return
+	}
 	t.exec(func() {
 		if !t.closed {
 			t.ovDiscardRest(wire, peer)
 		}
 	})
+}
+
+// drainChunks receives, one at a time into scratch memory, the chunks of the
+// channel message with tag wire that peer still sends, up to and including
+// its short last chunk, and counts them (ChannelStats.Discarded). It ends
+// early when a receive fails (the transport closed, the peer was lost).
+func (t *Transport) drainChunks(chanID uint32, peer int, wire uint64) {
+	scratch := make([]byte, ChannelChunkSize)
+	for {
+		rs := t.rawRecv(peer, chanID, wire, 0, []rawChunk{{p: bytesPtr(scratch), n: len(scratch)}}, true)
+		st, err := rs[0].Wait(context.Background())
+		if err != nil {
+			return
+		}
+		t.chanDiscarded.Add(1)
+		if st.Size < ChannelChunkSize {
+			return
+		}
+	}
+}
+
+// ChannelStats are a transport's channel counters.
+type ChannelStats struct {
+	// Discarded counts leftover chunks of channel messages whose receive
+	// failed with a size mismatch, received and dropped without the
+	// overlap engine (with it they are OverlapTable.Discarded).
+	Discarded uint64
+}
+
+// ChannelStats returns the transport's channel counters.
+func (t *Transport) ChannelStats() ChannelStats {
+	return ChannelStats{Discarded: t.chanDiscarded.Load()}
 }
 
 // chunkArrived returns the size of the sender's chunk that the finished

@@ -137,23 +137,24 @@ type Transport struct {
 	w   *ucx.Worker
 	efd int
 
-	mu       sync.Mutex // the worker lock: guards w and everything below
-	addrs    [][]byte
-	peers    []*peer
-	epOwner  map[uintptr]int
-	ops      map[ucx.Request]*Request
-	evbuf    []ucx.Event
-	sendSeq  map[seqKey]uint32
-	recvSeq  map[seqKey]*recvCounter
-	amq      []ucx.Event
-	submit   []submission // queue mode: calls waiting for the progress goroutine
-	arrival  chan struct{}
-	reg      *regCache
-	lostSubs []chan PeerEvent
-	closed   bool
-	ov       *ovState     // the overlap engine's state; nil when off
-	chanOpen atomic.Int32 // channels open on this rank (ovProbe takes their messages)
-	cma      cmaState     // same-host zero copy (cma.go)
+	mu            sync.Mutex // the worker lock: guards w and everything below
+	addrs         [][]byte
+	peers         []*peer
+	epOwner       map[uintptr]int
+	ops           map[ucx.Request]*Request
+	evbuf         []ucx.Event
+	sendSeq       map[seqKey]uint32
+	recvSeq       map[seqKey]*recvCounter
+	amq           []ucx.Event
+	submit        []submission // queue mode: calls waiting for the progress goroutine
+	arrival       chan struct{}
+	reg           *regCache
+	lostSubs      []chan PeerEvent
+	closed        bool
+	ov            *ovState      // the overlap engine's state; nil when off
+	chanOpen      atomic.Int32  // channels open on this rank (ovProbe takes their messages)
+	chanDiscarded atomic.Uint64 // leftover channel chunks drained without the engine
+	cma           cmaState      // same-host zero copy (cma.go)
 
 	amMu    sync.Mutex  // orders active-message delivery; guards the two below
 	amSpare []ucx.Event // the other of amq's two buffers (also under mu)
