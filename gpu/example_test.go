@@ -2,7 +2,9 @@ package gpu_test
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
+	"math"
 
 	"github.com/troupe-hpc/troupe/gpu"
 )
@@ -131,4 +133,53 @@ func ExampleLaunchHost() {
 	p, _ := host.Bytes()
 	fmt.Println(string(p))
 	// Output: HELLO
+}
+
+// Load device code and launch a kernel on the cuda backend (this example is
+// compiled, not run: it needs a GPU). ptx is what clang makes of a kernel
+// written in the dialect of gpu/troupe_kernel.h, here
+//
+//	typedef struct { double *x; double a; long long n; } ScaleArgs;
+//	TROUPE_KERNEL(scale, ScaleArgs, p) {
+//		long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+//		if (i < p.n) p.x[i] *= p.a;
+//	}
+func ExampleLaunch() {
+	var ptx []byte // e.g. //go:embed scale.ptx
+	sys, err := gpu.OpenBackend(gpu.BackendCUDA)
+	if err != nil {
+		panic(err)
+	}
+	defer sys.Close()
+	dev := sys.Devices()[0]
+	m, err := dev.LoadModule(ptx)
+	if err != nil {
+		panic(err)
+	}
+	defer m.Unload()
+	scale, err := m.Function("scale")
+	if err != nil {
+		panic(err)
+	}
+	const n = 1 << 20
+	x, err := dev.Alloc(8 * n)
+	if err != nil {
+		panic(err)
+	}
+	defer gpu.Free(x)
+	st, err := dev.NewStream()
+	if err != nil {
+		panic(err)
+	}
+	defer st.Destroy()
+	// The kernel's one parameter is a struct of three 8-byte fields.
+	args := binary.LittleEndian.AppendUint64(nil, uint64(x.Ptr()))
+	args = binary.LittleEndian.AppendUint64(args, math.Float64bits(0.5))
+	args = binary.LittleEndian.AppendUint64(args, n)
+	if err := gpu.Launch(st, scale, gpu.Dim3{X: n / 256}, gpu.Dim3{X: 256}, args); err != nil {
+		panic(err)
+	}
+	if err := st.Synchronize(); err != nil {
+		panic(err)
+	}
 }
