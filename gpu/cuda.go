@@ -59,6 +59,23 @@ func openCUDA() (backend, error) {
 	return b, nil
 }
 
+// cudaDriverCheck loads and initialises the driver and counts devices,
+// creating no context.
+func cudaDriverCheck() error {
+	l, err := loadCUDA()
+	if err != nil {
+		return err
+	}
+	n, err := l.deviceCount()
+	if err != nil {
+		return err
+	}
+	if n == 0 {
+		return errors.New("gpu: cuda: cuDeviceGetCount: no CUDA device")
+	}
+	return nil
+}
+
 func (b *cudaBackend) name() string { return BackendCUDA }
 
 func (b *cudaBackend) devices() ([]devInfo, error) {

@@ -7,3 +7,8 @@ import "errors"
 func openCUDA() (backend, error) {
 	return nil, errors.New("gpu: cuda backend needs cgo on linux (dlopen of libcuda.so.1); this binary was built without it")
 }
+
+func cudaDriverCheck() error {
+	_, err := openCUDA()
+	return err
+}

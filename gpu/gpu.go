@@ -172,6 +172,8 @@ type System struct {
 	streams map[*Stream]struct{}
 	events  map[*Event]struct{}
 	ipc     map[[64]byte]*ipcMapping
+	// ipcStats counts IPC mappings (Open and Refs are computed).
+	ipcStats IPCStats
 }
 
 // Open opens the backend selected by TROUPE_GPU (auto when unset).
@@ -209,6 +211,16 @@ func CUDAAvailable() error {
 		return err
 	}
 	return be.close()
+}
+
+// CUDADriverPresent reports why the CUDA driver cannot be used (nil when it
+// can): it loads and initialises the driver (honouring TROUPE_CUDA_LIBRARY)
+// and counts devices, but creates no context, so it is cheaper than
+// CUDAAvailable on a GPU machine, where a context costs time and device
+// memory. The cuda backend may still fail to open later (CUDAAvailable
+// tells for sure).
+func CUDADriverPresent() error {
+	return cudaDriverCheck()
 }
 
 var (
@@ -292,6 +304,7 @@ func (s *System) Close() error {
 		ipcs = append(ipcs, m)
 	}
 	s.ipc = map[[64]byte]*ipcMapping{}
+	s.ipcStats.Closed += uint64(len(ipcs))
 	allocs := s.reg.all()
 	s.reg = registry{}
 	s.kcache.clear()

@@ -4,11 +4,36 @@ import "fmt"
 
 // IPCHandle lets another process on the same node map a device Buffer (cuda
 // backend): the driver's handle for the allocation plus the Buffer's offset
-// and length within it.
+// and length within it, and the allocation's size.
 type IPCHandle struct {
 	Handle [64]byte
 	Offset uint64
 	Length uint64
+	// Size is the size of the whole allocation (0 when unknown: IPCOpen
+	// then does not check it). A receiver that wants to keep the whole
+	// mapping open opens the handle with Offset 0 and Length Size.
+	Size uint64
+}
+
+// IPCStats counts a System's IPC mappings (Device.IPCOpen, IPCClose).
+type IPCStats struct {
+	Opened uint64 // mappings the driver opened (cuIpcOpenMemHandle calls that succeeded)
+	Closed uint64 // mappings the driver closed (cuIpcCloseMemHandle), Close included
+	Hits   uint64 // IPCOpen calls served by an open mapping (no driver call)
+	Open   int    // mappings open now
+	Refs   int    // references to them (IPCOpen calls not yet closed)
+}
+
+// IPCStats reports the system's IPC mapping counters.
+func (s *System) IPCStats() IPCStats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := s.ipcStats
+	st.Open = len(s.ipc)
+	for _, m := range s.ipc {
+		st.Refs += m.refs
+	}
+	return st
 }
 
 type ipcMapping struct {
@@ -32,7 +57,7 @@ func (s *System) IPCGetHandle(b Buffer) (IPCHandle, error) {
 	if err != nil {
 		return IPCHandle{}, err
 	}
-	return IPCHandle{Handle: h, Offset: uint64(b.Offset()), Length: uint64(b.n)}, nil
+	return IPCHandle{Handle: h, Offset: uint64(b.Offset()), Length: uint64(b.n), Size: uint64(b.a.size)}, nil
 }
 
 // IPCOpen maps the memory behind h on device d and returns the Buffer it
@@ -48,6 +73,7 @@ func (d *Device) IPCOpen(h IPCHandle) (Buffer, error) {
 	m := s.ipc[h.Handle]
 	if m != nil {
 		m.refs++
+		s.ipcStats.Hits++
 	}
 	s.mu.Unlock()
 	if m == nil {
@@ -57,8 +83,11 @@ func (d *Device) IPCOpen(h IPCHandle) (Buffer, error) {
 		}
 		a.sys, a.dev, a.kind, a.ipc = s, d, KindDevice, true
 		s.mu.Lock()
+		s.ipcStats.Opened++
 		if m = s.ipc[h.Handle]; m != nil { // lost a race: keep the first
 			m.refs++
+			s.ipcStats.Hits++
+			s.ipcStats.Closed++
 			s.mu.Unlock()
 			_ = s.be.ipcClose(a)
 		} else {
@@ -70,6 +99,10 @@ func (d *Device) IPCOpen(h IPCHandle) (Buffer, error) {
 		}
 	}
 	whole := Buffer{a: m.alloc, ptr: m.alloc.base, n: m.alloc.size}
+	if h.Size != 0 && h.Size != uint64(m.alloc.size) {
+		_ = IPCClose(whole)
+		return Buffer{}, fmt.Errorf("gpu: IPC handle of a %d-byte allocation mapped %d bytes: %w", h.Size, m.alloc.size, ErrOutOfBounds)
+	}
 	if h.Offset > uint64(m.alloc.size) {
 		_ = IPCClose(whole)
 		return Buffer{}, fmt.Errorf("gpu: IPC handle offset %d beyond %d-byte allocation: %w", h.Offset, m.alloc.size, ErrOutOfBounds)
@@ -114,6 +147,7 @@ func IPCClose(b Buffer) error {
 	s.reg.remove(m.alloc)
 	s.kcache.invalidate(m.alloc.base, m.alloc.size)
 	m.alloc.freed.Store(true)
+	s.ipcStats.Closed++
 	s.mu.Unlock()
 	return s.be.ipcClose(m.alloc)
 }

@@ -1,9 +1,16 @@
 // A fake CUDA driver for testing troupe's GPU loader and cuda backend on
 // machines without a GPU. It implements the handful of driver entry points
-// the loader resolves, on host memory: device memory is malloc'd, streams
+// the loader resolves, on host memory: device memory is a shared memfd, streams
 // are queues drained by one pthread each (asynchronous and in order), events
 // mark points in them, stream memory operations write and poll 64-bit words.
 // It is a test double only; nothing here is a model of real performance.
+//
+// Device memory (cuMemAlloc) is a memfd mapped MAP_SHARED, so another process
+// can map it: an IPC handle names the exporting process, the memfd's
+// descriptor there and the allocation's id and size, and cuIpcOpenMemHandle
+// opens /proc/<pid>/fd/<fd>, checks that it is still that allocation and maps
+// it. The memory lives until the exporter frees it and every importer has
+// closed its mapping (or exited), as with the real driver.
 //
 // Modules: cuModuleLoadDataEx keeps the PTX text; cuModuleGetFunction finds
 // kernel <name> when the image has an entry of that name and this library
@@ -15,14 +22,19 @@
 // Build: cc -shared -fPIC -o libcuda.so.1 fakecuda.c -lpthread -ldl
 //        [-x c++ -I gpu kernels.cu ...]
 // Env:   FAKECUDA_INIT=<n> makes cuInit return CUresult n.
-//        FAKECUDA_IPC=1 lets cuIpcOpenMemHandle succeed in the exporting process.
+//        FAKECUDA_IPC=1 lets cuIpcOpenMemHandle succeed in the exporting
+//        process (it maps a second view of the memory there).
 //        FAKECUDA_DEVICES=<n> sets the device count (default 1).
 
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdint.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -40,6 +52,8 @@ enum {
 	ERR_INVALID_DEVICE = 101,
 	ERR_INVALID_CONTEXT = 201,
 	ERR_INVALID_IMAGE = 200,
+	ERR_MAP_FAILED = 205,
+	ERR_ALREADY_MAPPED = 208,
 	ERR_INVALID_HANDLE = 400,
 	ERR_NOT_FOUND = 500,
 	ERR_NOT_READY = 600,
@@ -61,10 +75,16 @@ typedef struct alloc {
 	int type;
 	int managed;
 	int dev;
+	int fd;                 // memfd of a device allocation, -1 otherwise
+	unsigned long long id;  // names the memfd; part of IPC handles
+	int mapped;             // an IPC mapping (cuIpcOpenMemHandle)
+	int src_pid;            // mapped: the exporting process and its
+	unsigned long long src; // allocation id
 	struct alloc *next;
 } alloc;
 
 static alloc *allocs;
+static unsigned long long next_id;
 
 static alloc *find(uintptr_t p) {
 	for (alloc *a = allocs; a; a = a->next)
@@ -79,35 +99,86 @@ static int cur_dev(void *ctx) {
 
 static __thread void *current;
 
-static CUresult add_alloc(void **out, size_t n, int type, int managed) {
-	if (!inited) return ERR_NOT_INITIALIZED;
-	if (n == 0) return ERR_INVALID_VALUE;
-	void *p = NULL;
-	if (posix_memalign(&p, 256, n) != 0) return 2; // OUT_OF_MEMORY
-	memset(p, 0, n);
-	alloc *a = calloc(1, sizeof *a);
-	a->base = (uintptr_t)p;
-	a->size = n;
-	a->type = type;
-	a->managed = managed;
-	a->dev = cur_dev(current);
+static void link_alloc(alloc *a) {
 	pthread_mutex_lock(&g);
 	a->next = allocs;
 	allocs = a;
 	pthread_mutex_unlock(&g);
-	*out = p;
+}
+
+// shared_alloc backs n bytes of device memory with a memfd mapped
+// MAP_SHARED (zero-filled, page-aligned).
+static CUresult shared_alloc(alloc *a, size_t n) {
+	char name[64];
+	snprintf(name, sizeof name, "fakecuda-%d-%llu", (int)getpid(), a->id);
+	int fd = memfd_create(name, MFD_CLOEXEC);
+	if (fd < 0) return 2; // OUT_OF_MEMORY
+	if (ftruncate(fd, (off_t)n) != 0) {
+		close(fd);
+		return 2;
+	}
+	void *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (p == MAP_FAILED) {
+		close(fd);
+		return 2;
+	}
+	a->fd = fd;
+	a->base = (uintptr_t)p;
 	return OK;
 }
 
+static CUresult add_alloc(void **out, size_t n, int type, int managed) {
+	if (!inited) return ERR_NOT_INITIALIZED;
+	if (n == 0) return ERR_INVALID_VALUE;
+	alloc *a = calloc(1, sizeof *a);
+	a->size = n;
+	a->type = type;
+	a->managed = managed;
+	a->dev = cur_dev(current);
+	a->fd = -1;
+	pthread_mutex_lock(&g);
+	a->id = ++next_id;
+	pthread_mutex_unlock(&g);
+	if (type == M_DEVICE && !managed) {
+		CUresult r = shared_alloc(a, n);
+		if (r != OK) {
+			free(a);
+			return r;
+		}
+	} else {
+		void *p = NULL;
+		if (posix_memalign(&p, 256, n) != 0) {
+			free(a);
+			return 2; // OUT_OF_MEMORY
+		}
+		memset(p, 0, n);
+		a->base = (uintptr_t)p;
+	}
+	link_alloc(a);
+	*out = (void *)a->base;
+	return OK;
+}
+
+static void release(alloc *a) {
+	if (a->fd >= 0 || a->mapped) {
+		munmap((void *)a->base, a->size);
+		if (a->fd >= 0) close(a->fd);
+	} else {
+		free((void *)a->base);
+	}
+	free(a);
+}
+
+// drop_alloc frees an allocation of the type (IPC mappings are closed with
+// cuIpcCloseMemHandle, not freed).
 static CUresult drop_alloc(uintptr_t p, int type) {
 	pthread_mutex_lock(&g);
 	for (alloc **pp = &allocs; *pp; pp = &(*pp)->next) {
 		alloc *a = *pp;
-		if (a->base == p && a->type == type) {
+		if (a->base == p && a->type == type && !a->mapped) {
 			*pp = a->next;
 			pthread_mutex_unlock(&g);
-			free((void *)a->base);
-			free(a);
+			release(a);
 			return OK;
 		}
 	}
@@ -253,6 +324,8 @@ CUresult cuGetErrorName(CUresult r, const char **s) {
 	case ERR_NOT_INITIALIZED: *s = "CUDA_ERROR_NOT_INITIALIZED"; return OK;
 	case ERR_NO_DEVICE: *s = "CUDA_ERROR_NO_DEVICE"; return OK;
 	case ERR_INVALID_CONTEXT: *s = "CUDA_ERROR_INVALID_CONTEXT"; return OK;
+	case ERR_MAP_FAILED: *s = "CUDA_ERROR_MAP_FAILED"; return OK;
+	case ERR_ALREADY_MAPPED: *s = "CUDA_ERROR_ALREADY_MAPPED"; return OK;
 	case ERR_INVALID_HANDLE: *s = "CUDA_ERROR_INVALID_HANDLE"; return OK;
 	case ERR_NOT_READY: *s = "CUDA_ERROR_NOT_READY"; return OK;
 	}
@@ -463,24 +536,97 @@ CUresult cuMemGetAddressRange_v2(CUdeviceptr *base, size_t *n, CUdeviceptr p) {
 	return OK;
 }
 
+// IPC handle layout: magic(8) pid(4) fd(4) id(8) size(8), zero-padded.
+static const char ipc_magic[8] = "FKCUIPC1";
+
+typedef struct {
+	char magic[8];
+	int32_t pid;
+	int32_t fd;
+	unsigned long long id;
+	unsigned long long size;
+} ipc_handle;
+
 CUresult cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr p) {
+	pthread_mutex_lock(&g);
+	alloc *a = find((uintptr_t)p);
+	alloc c = a ? *a : (alloc){0};
+	pthread_mutex_unlock(&g);
+	if (a == NULL || c.fd < 0 || c.mapped) return ERR_INVALID_VALUE;
+	ipc_handle x = {.pid = (int32_t)getpid(), .fd = c.fd, .id = c.id, .size = c.size};
+	memcpy(x.magic, ipc_magic, sizeof x.magic);
 	memset(h, 0, sizeof *h);
-	memcpy(h->reserved, &p, sizeof p);
+	memcpy(h->reserved, &x, sizeof x);
 	return OK;
 }
 
-// Like the real driver, refuse to open a handle exported by this process,
-// unless FAKECUDA_IPC=1: then "map" it at its original address, so the
-// caller's handle cache can be tested in one process.
+// cuIpcOpenMemHandle_v2 maps the exporter's memfd. Like the real driver it
+// refuses a handle exported by this process (unless FAKECUDA_IPC=1) and a
+// second open of one allocation in this process (CUDA_ERROR_ALREADY_MAPPED).
+// A handle whose allocation was freed fails: its descriptor is gone or now
+// names another allocation (the memfd's name carries the id).
 CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *p, CUipcMemHandle h, unsigned flags) {
 	(void)flags;
-	const char *e = getenv("FAKECUDA_IPC");
-	if (e == NULL || atoi(e) != 1) return ERR_INVALID_CONTEXT;
-	memcpy(p, h.reserved, sizeof *p);
+	ipc_handle x;
+	memcpy(&x, h.reserved, sizeof x);
+	if (memcmp(x.magic, ipc_magic, sizeof x.magic) != 0 || x.size == 0) return ERR_INVALID_HANDLE;
+	if (x.pid == (int32_t)getpid()) {
+		const char *e = getenv("FAKECUDA_IPC");
+		if (e == NULL || atoi(e) != 1) return ERR_INVALID_CONTEXT;
+	}
+	pthread_mutex_lock(&g);
+	for (alloc *a = allocs; a; a = a->next) {
+		if (a->mapped && a->src_pid == x.pid && a->src == x.id) {
+			pthread_mutex_unlock(&g);
+			return ERR_ALREADY_MAPPED;
+		}
+	}
+	pthread_mutex_unlock(&g);
+	char path[64], want[64], got[128];
+	snprintf(path, sizeof path, "/proc/%d/fd/%d", (int)x.pid, (int)x.fd);
+	int fd = open(path, O_RDWR | O_CLOEXEC);
+	if (fd < 0) return ERR_INVALID_HANDLE;
+	// Still the allocation the handle names?
+	snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+	ssize_t n = readlink(path, got, sizeof got - 1);
+	int wl = snprintf(want, sizeof want, "/memfd:fakecuda-%d-%llu", (int)x.pid, x.id);
+	struct stat st;
+	if (n < wl || strncmp(got, want, (size_t)wl) != 0 || (n > wl && got[wl] != ' ') ||
+	    fstat(fd, &st) != 0 || (unsigned long long)st.st_size != x.size) {
+		close(fd);
+		return ERR_INVALID_HANDLE;
+	}
+	void *m = mmap(NULL, x.size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	close(fd);
+	if (m == MAP_FAILED) return ERR_MAP_FAILED;
+	alloc *a = calloc(1, sizeof *a);
+	a->base = (uintptr_t)m;
+	a->size = x.size;
+	a->type = M_DEVICE;
+	a->dev = cur_dev(current);
+	a->fd = -1;
+	a->mapped = 1;
+	a->src_pid = x.pid;
+	a->src = x.id;
+	link_alloc(a);
+	*p = (CUdeviceptr)a->base;
 	return OK;
 }
 
-CUresult cuIpcCloseMemHandle(CUdeviceptr p) { (void)p; return OK; }
+CUresult cuIpcCloseMemHandle(CUdeviceptr p) {
+	pthread_mutex_lock(&g);
+	for (alloc **pp = &allocs; *pp; pp = &(*pp)->next) {
+		alloc *a = *pp;
+		if (a->base == (uintptr_t)p && a->mapped) {
+			*pp = a->next;
+			pthread_mutex_unlock(&g);
+			release(a);
+			return OK;
+		}
+	}
+	pthread_mutex_unlock(&g);
+	return ERR_INVALID_VALUE;
+}
 
 // ---- modules and kernels ------------------------------------------------
 
