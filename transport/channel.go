@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 
 	"github.com/troupe-hpc/troupe/gpu"
 	"github.com/troupe-hpc/troupe/overlap"
@@ -94,6 +95,7 @@ type Channel struct {
 	id    uint32
 	peer  int
 	local *Transport // the peer's transport when it lives in this process
+	ipc   bool       // another process on this host: the CUDA IPC protocol (channel_ipc.go)
 
 	mu      sync.Mutex
 	sendCtr uint32
@@ -105,6 +107,10 @@ type Channel struct {
 	// time, in call order (a receive must not wait for a message whose
 	// sender waits for an earlier receive).
 	lastStaged [2]chan struct{}
+	// streamUsers counts CUDA IPC copies using the streams (Close waits).
+	streamUsers sync.WaitGroup
+	ipcCache    map[ipcKey]*ipcEntry // mappings kept open (channel_ipc.go)
+	ipcTick     uint64
 }
 
 // streamKey names a channel's copy stream: one per device and direction, so
@@ -140,6 +146,7 @@ func (t *Transport) Channel(id uint32, peer int) (*Channel, error) {
 		return nil, fmt.Errorf("transport: channel %d: %w", id, ErrClosed)
 	}
 	c := &Channel{t: t, id: id, peer: peer, local: t.inProcess(peer)}
+	c.ipc = c.local == nil && t.gpuIPCPeer(peer)
 	if _, loaded := channels.LoadOrStore(channelKey{t, id}, c); loaded {
 		return nil, fmt.Errorf("%w: channel %d on rank %d", ErrChannelInUse, id, t.rank)
 	}
@@ -162,8 +169,9 @@ func (c *Channel) ID() uint32 { return c.id }
 // Peer returns the rank at the other end.
 func (c *Channel) Peer() int { return c.peer }
 
-// Close releases the channel id on this rank and the channel's streams.
-// Transfers in flight complete; later calls fail with ErrClosed.
+// Close releases the channel id on this rank, the channel's streams and the
+// CUDA IPC mappings it keeps open. Transfers in flight complete; later calls
+// fail with ErrClosed.
 func (c *Channel) Close() error {
 	c.mu.Lock()
 	if c.closed {
@@ -181,7 +189,8 @@ func (c *Channel) Close() error {
 			<-ch
 		}
 	}
-	var errs []error
+	c.streamUsers.Wait()
+	errs := []error{c.releaseMappings()}
 	for _, s := range streams {
 		errs = append(errs, s.Destroy())
 	}
@@ -292,37 +301,45 @@ func (c *Channel) start(send bool, e endBuf) (*ChannelRequest, error) {
 		cr.path = PathLocal
 		cr.done = make(chan struct{})
 		c.postLocal(send, ctr, e, cr)
-	case !e.isG || e.g.Kind().HostAccessible() || c.t.deviceDirect(e.g):
-		cr.path = PathDirect
-		if err := c.startDirect(send, ctr, e, cr); err != nil {
+	case c.ipc:
+		if err := c.startIPCChannel(send, ctr, e, cr); err != nil {
 			return nil, err
 		}
 	default:
-		cr.path = PathStaged
-		if cr.n <= eagerStageMax {
-			ok, err := c.startEagerStaged(send, ctr, e.g, cr)
-			if err != nil {
-				return nil, err
-			}
-			if ok {
-				break
-			}
+		if err := c.startPath(send, ctr, e, cr); err != nil {
+			return nil, err
 		}
-		cr.done = make(chan struct{})
-		prev, mine := c.stagedTurn(send)
-		go func() {
-			defer close(mine)
-			if prev != nil {
-				<-prev
-			}
-			if send {
-				cr.finish(c.runStagedSend(ctr, e.g, cr.n))
-			} else {
-				cr.finish(c.runStagedRecv(ctr, e.g, cr))
-			}
-		}()
 	}
 	return cr, nil
+}
+
+// startPath starts a transfer between processes: direct, or staged.
+func (c *Channel) startPath(send bool, ctr uint32, e endBuf, cr *ChannelRequest) error {
+	if !e.isG || e.g.Kind().HostAccessible() || c.t.deviceDirect(e.g) {
+		cr.path = PathDirect
+		return c.startDirect(send, ctr, e, cr)
+	}
+	cr.path = PathStaged
+	if cr.n <= eagerStageMax {
+		ok, err := c.startEagerStaged(send, ctr, e.g, cr)
+		if err != nil || ok {
+			return err
+		}
+	}
+	cr.done = make(chan struct{})
+	prev, mine := c.stagedTurn(send)
+	go func() {
+		defer close(mine)
+		if prev != nil {
+			<-prev
+		}
+		if send {
+			cr.finish(c.runStagedSend(ctr, e.g, cr.n))
+		} else {
+			cr.finish(c.runStagedRecv(ctr, e.g, cr))
+		}
+	}()
+	return nil
 }
 
 // stagedTurn returns the channel closed when the previous staged transfer of
@@ -365,6 +382,7 @@ type ChannelRequest struct {
 	n       int
 	counter uint32
 	path    TransferPath
+	late    atomic.Pointer[TransferPath] // IPC channels: the path, once known
 
 	reqs []*Request // direct path: one UCX request per chunk
 
@@ -379,8 +397,16 @@ type ChannelRequest struct {
 	err         error
 }
 
-// Path reports how the transfer moves its bytes.
-func (r *ChannelRequest) Path() TransferPath { return r.path }
+// Path reports how the transfer moves its bytes. On a channel to another
+// process of this host that may use CUDA IPC, a receive learns the path
+// when its message arrives: until then Path reports the path its own memory
+// would take without IPC.
+func (r *ChannelRequest) Path() TransferPath {
+	if p := r.late.Load(); p != nil {
+		return *p
+	}
+	return r.path
+}
 
 // Size returns the request's buffer size in bytes.
 func (r *ChannelRequest) Size() int { return r.n }

@@ -15,10 +15,13 @@ package transport
 // and acknowledges with a small active message, which completes the send.
 //
 // Each rank publishes at start-up whether it takes part (Linux, the
-// syscall works, UCX_TLS allows shared memory, TROUPE_CMA is not "off"), its boot id, pid and the address of a probe
-// word. A sender uses the path to a peer only if both take part, share the
-// boot id, and it can read the peer's probe word (same user, ptrace rules
-// allow it): the check stands for the peer reading back.
+// syscall works, UCX_TLS allows shared memory, TROUPE_CMA is not "off"), its
+// node id (boot id and host name), pid and the address of a probe word. A
+// sender uses the path to a peer only if both take part, share the node id,
+// and it can read the peer's probe word (same user, ptrace rules allow it):
+// the check stands for the peer reading back. The same exchange tells every
+// rank which peers share its host (Transport.SameHost) and which take part
+// in CUDA IPC for channels (channel_ipc.go).
 
 import (
 	"bytes"
@@ -190,43 +193,76 @@ func bootID() string {
 	return string(bytes.TrimSpace(b))
 }
 
-// cmaInfo is what a rank publishes: on(1) pid(8) addr(8) word(8) boot id.
-func cmaInfo(on bool) []byte {
-	b := make([]byte, 25, 25+36)
-	if on {
-		b[0] = 1
+// nodeID names this host: the kernel's boot id and the host name (two
+// containers on one kernel with different host names count as two hosts).
+// Empty when the boot id cannot be read.
+func nodeID() string {
+	id := bootID()
+	if id == "" {
+		return ""
+	}
+	host, _ := os.Hostname()
+	return id + "\n" + host
+}
+
+// Flags of hostInfo's first byte.
+const (
+	infoCMA    = 1 << 0 // takes part in CMA
+	infoGPUIPC = 1 << 1 // takes part in CUDA IPC for channels (channel_ipc.go)
+)
+
+// hostInfo is what a rank publishes at start-up: flags(1) pid(8) addr(8)
+// word(8) node id. Ranks with the same node id share a host.
+func hostInfo(cma, gpuIPC bool) []byte {
+	b := make([]byte, 25, 25+64)
+	if cma {
+		b[0] |= infoCMA
+	}
+	if gpuIPC {
+		b[0] |= infoGPUIPC
 	}
 	binary.LittleEndian.PutUint64(b[1:], uint64(os.Getpid()))
 	binary.LittleEndian.PutUint64(b[9:], uint64(uintptr(unsafe.Pointer(&cmaProbeWord))))
 	binary.LittleEndian.PutUint64(b[17:], cmaProbeWord)
-	return append(b, bootID()...)
+	return append(b, nodeID()...)
 }
 
-// cmaSetup decides whether this rank takes part and learns which peers do.
-// Every rank calls it: it is one collective exchange.
+// cmaSetup decides whether this rank takes part in CMA and in CUDA IPC for
+// channels, and learns which peers share its host and take part. Every rank
+// calls it: it is one collective exchange.
 func (t *Transport) cmaSetup(exchange func([]byte) ([][]byte, error)) error {
 	on, why := cmaWanted(t.opts)
 	thresh, err := cmaThreshold(t.opts)
 	if err != nil {
 		return err
 	}
-	all, err := exchange(cmaInfo(on))
+	ipcOn, ipcWhy := gpuIPCWanted(t.opts)
+	all, err := exchange(hostInfo(on, ipcOn))
 	if err != nil {
 		return fmt.Errorf("exchanging CMA information: %w", err)
 	}
 	if len(all) != t.size {
 		return fmt.Errorf("CMA exchange returned %d entries for %d ranks", len(all), t.size)
 	}
+	self := nodeID()
+	pid := uint64(os.Getpid())
+	t.sameHost = make([]bool, t.size)
+	for rank, b := range all {
+		t.sameHost[rank] = rank == t.rank || (self != "" && len(b) >= 25 && string(b[25:]) == self)
+	}
+	t.gpuIPCSetup(ipcOn, ipcWhy, func(rank int) bool {
+		b := all[rank]
+		return rank != t.rank && t.sameHost[rank] && b[0]&infoGPUIPC != 0 && binary.LittleEndian.Uint64(b[1:]) != pid
+	})
 	t.cma = cmaState{on: on, off: why, thresh: thresh, sends: map[uint64]*Request{}, held: map[uint64]cmaDesc{}, probing: map[uint64]*Request{}}
 	if !on {
 		t.log.Debug("same-host zero copy (CMA) off", zap.String("why", why))
 		return nil
 	}
 	t.cma.peers = make([]*cmaPeer, t.size)
-	self := bootID()
 	peers := 0
 	for rank, b := range all {
-		if rank == t.rank || len(b) < 25 || b[0] != 1 || self == "" || string(b[25:]) != self {
+		if rank == t.rank || !t.sameHost[rank] || b[0]&infoCMA == 0 {
 			continue
 		}
 		t.cma.peers[rank] = &cmaPeer{

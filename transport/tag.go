@@ -14,6 +14,13 @@ const (
 	KindCtrl    Kind = 4 // runtime control traffic
 	KindUser    Kind = 5 // the MPI-style tagged API
 	KindTyped   Kind = 6 // typed (datatype) transfers of the MPI-style API; layout in noncontig_wire.go
+	// KindChannelCtl is KindChannel with the top bit set: a channel
+	// message's control message (a header, or a CUDA IPC descriptor) under
+	// the message's own channel id and counter (channel_ipc.go).
+	KindChannelCtl Kind = KindChannel | 8
+	// KindChannelAck: a receiver's acknowledgement of a CUDA IPC
+	// descriptor, laid out as CHANNEL tags (channel_ipc.go).
+	KindChannelAck Kind = 11
 )
 
 // Layout of the tag fields. DEVICE/DDT/CTRL traffic: kind(4) | source rank(32) |

@@ -77,6 +77,11 @@ type Options struct {
 	// DefaultCMAThreshold; TROUPE_CMA_THRESHOLD in the environment wins,
 	// TROUPE_CMA=off turns the path off).
 	CMAThreshold int
+	// DisableGPUIPC turns off the CUDA IPC path of channels between
+	// processes on one host (also TROUPE_GPU_IPC=off); both ends of a
+	// channel must agree, which the start-up exchange ensures
+	// (channel_ipc.go, docs/gpu.md).
+	DisableGPUIPC bool
 	// Log receives transport logs (every entry carries a "rank" field); nil
 	// means LoggerFromEnv: standard error, warn level unless TROUPE_LOG says
 	// otherwise.
@@ -155,6 +160,8 @@ type Transport struct {
 	chanOpen      atomic.Int32  // channels open on this rank (ovProbe takes their messages)
 	chanDiscarded atomic.Uint64 // leftover channel chunks drained without the engine
 	cma           cmaState      // same-host zero copy (cma.go)
+	sameHost      []bool        // by rank: shares this rank's host (read-only after New)
+	gipc          gpuIPCState   // CUDA IPC for channels (channel_ipc.go)
 
 	amMu    sync.Mutex  // orders active-message delivery; guards the two below
 	amSpare []ucx.Event // the other of amq's two buffers (also under mu)
