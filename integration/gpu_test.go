@@ -168,6 +168,7 @@ func gpuChannel(ctx context.Context, r *rank) error {
 		return errors.New("data after the mismatches differs")
 	}
 	r.logf("channel size mismatches reported")
+	r.logf("gpu ipc enabled=%v", r.t.GPUIPCStats().Enabled)
 	return nil
 }
 

@@ -1,0 +1,398 @@
+package integration
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+
+	"github.com/troupe-hpc/troupe/gpu"
+	"github.com/troupe-hpc/troupe/transport"
+)
+
+// CUDA IPC for channels between two processes of one host, on the cuda
+// backend over the fake driver (gpu/testdata/fakecuda: device memory is a
+// shared memfd another process can map), over real UCX. On a GPU machine
+// TestGPUCUDA's gpuchannel run takes the same path with the real driver.
+func init() {
+	scenarios["gpuipc"] = gpuIPC
+}
+
+// buildFakeCUDA compiles the fake driver; it skips without a C compiler.
+func buildFakeCUDA(t *testing.T) string {
+	t.Helper()
+	cc := os.Getenv("CC")
+	if cc == "" {
+		cc = "cc"
+	}
+	if _, err := exec.LookPath(cc); err != nil {
+		t.Skipf("no C compiler (%s) to build the fake CUDA driver", cc)
+	}
+	src, err := filepath.Abs("../gpu/testdata/fakecuda/fakecuda.c")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(src); err != nil {
+		t.Skipf("fake driver source not found: %v", err)
+	}
+	lib := filepath.Join(t.TempDir(), "libcuda.so.1")
+	if out, err := exec.Command(cc, "-shared", "-fPIC", "-o", lib, src, "-lpthread").CombinedOutput(); err != nil {
+		t.Fatalf("building the fake CUDA driver: %v\n%s", err, out)
+	}
+	return lib
+}
+
+// useFakeCUDA makes the ranks of the test's jobs use the cuda backend on the
+// fake driver.
+func useFakeCUDA(t *testing.T) {
+	t.Helper()
+	lib := buildFakeCUDA(t)
+	t.Setenv(gpu.EnvCUDALibrary, lib)
+	t.Setenv(gpu.EnvBackend, gpu.BackendCUDA)
+}
+
+// TestGPUChannelIPC: device buffers cross a channel by CUDA IPC between two
+// processes, over shared memory and over TCP: bytes, paths, ordering, the
+// mapping cache, fallback for Go memory, size mismatches on both ends, and
+// every mapping closed with the channel.
+func TestGPUChannelIPC(t *testing.T) {
+	useFakeCUDA(t)
+	for _, tls := range []string{"shm", "tcp"} {
+		t.Run(tls, func(t *testing.T) {
+			res := runJob(t, "gpuipc", 2, cfg{tls, "direct"})
+			for r := 0; r < 2; r++ {
+				requireLines(t, res, fmt.Sprintf("[%d] rank %d: gpu backend cuda", r, r),
+					fmt.Sprintf("[%d] rank %d: ipc sizes ok", r, r),
+					fmt.Sprintf("[%d] rank %d: ipc order ok", r, r),
+					fmt.Sprintf("[%d] rank %d: ipc mismatches reported on both ends", r, r),
+					fmt.Sprintf("[%d] rank %d: ipc mappings closed", r, r))
+			}
+			requireLines(t, res, "[1] rank 1: ipc cache: 4 sends of one buffer, 1 mapping opened")
+		})
+	}
+}
+
+// TestGPUChannelsCUDAFake runs the generic channel scenario (every pair of
+// Go and device memory, size mismatches) on the fake cuda driver with the
+// IPC path on and off: with it on, device sends go by IPC or, to Go memory,
+// fall back; with it off, staging carries everything.
+func TestGPUChannelsCUDAFake(t *testing.T) {
+	useFakeCUDA(t)
+	for _, ipc := range []string{"on", "off"} {
+		t.Run("ipc-"+ipc, func(t *testing.T) {
+			t.Setenv(transport.EnvGPUIPC, ipc)
+			res := runJob(t, "gpuchannel", 2, cfg{"shm", "direct"})
+			requireLines(t, res, "[0] rank 0: gpu backend cuda",
+				fmt.Sprintf("[1] rank 1: channel %d B ok", gpuChannelSizes[len(gpuChannelSizes)-1]),
+				"[1] rank 1: channel size mismatches reported",
+				fmt.Sprintf("[1] rank 1: gpu ipc enabled=%v", ipc == "on"))
+		})
+	}
+}
+
+// gpuIPC is one rank of TestGPUChannelIPC.
+func gpuIPC(ctx context.Context, r *rank) error {
+	sys, err := openGPU(r)
+	if err != nil {
+		return err
+	}
+	defer sys.Close()
+	if sys.Backend() != gpu.BackendCUDA {
+		return fmt.Errorf("want the cuda backend, have %s", sys.Backend())
+	}
+	st := r.t.GPUIPCStats()
+	if !st.Enabled || st.Peers != 1 || !r.t.SameHost(1-r.id()) {
+		return fmt.Errorf("CUDA IPC not usable with the peer: %+v, same host %v", st, r.t.SameHost(1-r.id()))
+	}
+	peer := 1 - r.id()
+	ch, err := r.t.Channel(21, peer)
+	if err != nil {
+		return err
+	}
+	closed := false
+	defer func() {
+		if !closed {
+			ch.Close()
+		}
+	}()
+	// devBuf: device memory holding data; free releases it.
+	devBuf := func(data []byte) (gpu.Buffer, error) { return devWith(sys, data) }
+	readDev := func(b gpu.Buffer) ([]byte, error) {
+		out := make([]byte, b.Len())
+		return out, gpu.CopyToHost(out, b)
+	}
+
+	// 1. Sizes, both directions, device to device: by IPC at both ends.
+	for _, n := range []int{1, 8, 65536, transport.ChannelChunkSize, 2*transport.ChannelChunkSize + 4099} {
+		for dir := 0; dir < 2; dir++ {
+			want := pattern(n, uint32(7*n+dir))
+			var req *transport.ChannelRequest
+			var dst gpu.Buffer
+			if r.id() == dir {
+				src, err := devBuf(want)
+				if err != nil {
+					return err
+				}
+				if req, err = ch.Send(src); err != nil {
+					return err
+				}
+				defer gpu.Free(src)
+			} else {
+				if dst, err = devBuf(make([]byte, n)); err != nil {
+					return err
+				}
+				if req, err = ch.Recv(dst); err != nil {
+					return err
+				}
+			}
+			if err := req.Wait(ctx); err != nil {
+				return fmt.Errorf("%d B dir %d: %w", n, dir, err)
+			}
+			if p := req.Path(); p != transport.PathIPC {
+				return fmt.Errorf("%d B dir %d: path %s, want ipc", n, dir, p)
+			}
+			if r.id() != dir {
+				got, err := readDev(dst)
+				if err != nil {
+					return err
+				}
+				if d := diff(got, want); d != "" {
+					return fmt.Errorf("%d B dir %d: %s", n, dir, d)
+				}
+				gpu.Free(dst)
+			}
+		}
+	}
+	r.logf("ipc sizes ok")
+
+	// 2. Ordering: rank 0 posts a burst of sends of several kinds without
+	// waiting (device, Go memory, device), rank 1 posts its receives (device,
+	// device, Go memory) and each gets its own message. Device to Go memory
+	// falls back to the direct path; Go memory to device follows a header.
+	const burst = 9
+	kindOf := func(i int, sending bool) string {
+		if sending && i%3 == 1 || !sending && i%3 == 2 {
+			return "bytes"
+		}
+		return "device"
+	}
+	before := r.t.GPUIPCStats()
+	var reqs []*transport.ChannelRequest
+	var dsts []gpu.Buffer
+	var gots [][]byte
+	for i := 0; i < burst; i++ {
+		n := 1000 + 37*i
+		if i == 4 {
+			n = transport.ChannelChunkSize + 11
+		}
+		want := pattern(n, uint32(500+i))
+		var req *transport.ChannelRequest
+		switch {
+		case r.id() == 0 && kindOf(i, true) == "bytes":
+			req, err = ch.SendBytes(want)
+		case r.id() == 0:
+			var src gpu.Buffer
+			if src, err = devBuf(want); err == nil {
+				defer gpu.Free(src)
+				req, err = ch.Send(src)
+			}
+		case kindOf(i, false) == "bytes":
+			g := make([]byte, n)
+			gots = append(gots, g)
+			dsts = append(dsts, gpu.Buffer{})
+			req, err = ch.RecvBytes(g)
+		default:
+			var dst gpu.Buffer
+			if dst, err = devBuf(make([]byte, n)); err == nil {
+				gots = append(gots, nil)
+				dsts = append(dsts, dst)
+				req, err = ch.Recv(dst)
+			}
+		}
+		if err != nil {
+			return err
+		}
+		reqs = append(reqs, req)
+	}
+	for i, req := range reqs {
+		if err := req.Wait(ctx); err != nil {
+			return fmt.Errorf("burst message %d: %w", i, err)
+		}
+	}
+	for i := 0; r.id() == 1 && i < burst; i++ {
+		got := gots[i]
+		if got == nil {
+			if got, err = readDev(dsts[i]); err != nil {
+				return err
+			}
+			gpu.Free(dsts[i])
+		}
+		n := 1000 + 37*i
+		if i == 4 {
+			n = transport.ChannelChunkSize + 11
+		}
+		if d := diff(got, pattern(n, uint32(500+i))); d != "" {
+			return fmt.Errorf("burst message %d (%s -> %s, path %s): %s", i, kindOf(i, true), kindOf(i, false), reqs[i].Path(), d)
+		}
+		wantPath := transport.PathIPC
+		switch {
+		case kindOf(i, false) == "bytes":
+			wantPath = transport.PathDirect // declined: Go memory
+		case kindOf(i, true) == "bytes":
+			wantPath = transport.PathStaged // UCX without CUDA support
+		}
+		if p := reqs[i].Path(); p != wantPath {
+			return fmt.Errorf("burst message %d (%s -> %s): path %s, want %s", i, kindOf(i, true), kindOf(i, false), p, wantPath)
+		}
+	}
+	after := r.t.GPUIPCStats()
+	if r.id() == 1 && after.Fallbacks-before.Fallbacks != 3 {
+		return fmt.Errorf("burst: %d IPC descriptors declined, want 3 (Go memory receives of device sends)", after.Fallbacks-before.Fallbacks)
+	}
+	r.logf("ipc order ok")
+
+	// 3. The mapping cache: rank 0 sends one device buffer four times
+	// (rewriting it in between); rank 1 opens it once.
+	src, err := devBuf(make([]byte, 4096))
+	if err != nil {
+		return err
+	}
+	defer gpu.Free(src)
+	ipcBefore := sys.IPCStats()
+	tBefore := r.t.GPUIPCStats()
+	for i := 0; i < 4; i++ {
+		want := pattern(4096, uint32(900+i))
+		if r.id() == 0 {
+			if err := gpu.CopyFromHost(src, want); err != nil {
+				return err
+			}
+			req, err := ch.Send(src)
+			if err != nil {
+				return err
+			}
+			if err := req.Wait(ctx); err != nil {
+				return err
+			}
+			continue
+		}
+		dst, err := devBuf(make([]byte, 4096))
+		if err != nil {
+			return err
+		}
+		req, err := ch.Recv(dst)
+		if err != nil {
+			return err
+		}
+		if err := req.Wait(ctx); err != nil {
+			return err
+		}
+		got, err := readDev(dst)
+		if err != nil {
+			return err
+		}
+		gpu.Free(dst)
+		if d := diff(got, want); d != "" {
+			return fmt.Errorf("cache round %d: %s", i, d)
+		}
+	}
+	if r.id() == 1 {
+		ipcAfter, tAfter := sys.IPCStats(), r.t.GPUIPCStats()
+		if opened := ipcAfter.Opened - ipcBefore.Opened; opened != 1 {
+			return fmt.Errorf("cache: 4 sends of one buffer opened %d mappings, want 1", opened)
+		}
+		if misses, hits := tAfter.MapMisses-tBefore.MapMisses, tAfter.MapHits-tBefore.MapHits; misses != 1 || hits != 3 {
+			return fmt.Errorf("cache: %d misses and %d hits, want 1 and 3", misses, hits)
+		}
+		r.logf("ipc cache: 4 sends of one buffer, 1 mapping opened")
+	}
+
+	// 4. Size mismatches by IPC: both ends fail, naming both sizes; the
+	// channel goes on.
+	for _, c := range [][2]int{{100, 200}, {transport.ChannelChunkSize + 30, transport.ChannelChunkSize + 10}} {
+		sending := r.id() == 0
+		n := c[1]
+		if sending {
+			n = c[0]
+		}
+		b, err := devBuf(pattern(n, 3))
+		if err != nil {
+			return err
+		}
+		var req *transport.ChannelRequest
+		if sending {
+			req, err = ch.Send(b)
+		} else {
+			req, err = ch.Recv(b)
+		}
+		if err != nil {
+			return err
+		}
+		err = req.Wait(ctx)
+		gpu.Free(b)
+		var sm *transport.SizeMismatchError
+		if !errors.As(err, &sm) || sm.Want != n || sm.Got != c[0]+c[1]-n {
+			return fmt.Errorf("mismatch %v: got %v, want a *SizeMismatchError with sizes %d and %d", c, err, n, c[0]+c[1]-n)
+		}
+		r.logf("mismatch: %v", err)
+	}
+	if err := exchangeOne(ctx, ch, sys, r.id() == 0, 3000); err != nil {
+		return fmt.Errorf("after the mismatches: %w", err)
+	}
+	r.logf("ipc mismatches reported on both ends")
+
+	// 5. Closing the channel closes its mappings.
+	closed = true
+	if err := ch.Close(); err != nil {
+		return err
+	}
+	if s := sys.IPCStats(); s.Open != 0 || s.Refs != 0 || s.Opened != s.Closed {
+		return fmt.Errorf("after Close: IPC mappings left open: %+v", s)
+	}
+	st = r.t.GPUIPCStats()
+	if st.Sent == 0 || st.Received == 0 {
+		return fmt.Errorf("no transfer counted as IPC: %+v", st)
+	}
+	r.logf("ipc stats %+v", st)
+	r.logf("ipc mappings closed")
+	return nil
+}
+
+// exchangeOne moves one n-byte device message and checks it.
+func exchangeOne(ctx context.Context, ch *transport.Channel, sys *gpu.System, sending bool, n int) error {
+	want := pattern(n, 77)
+	if sending {
+		src, err := devWith(sys, want)
+		if err != nil {
+			return err
+		}
+		defer gpu.Free(src)
+		req, err := ch.Send(src)
+		if err != nil {
+			return err
+		}
+		return req.Wait(ctx)
+	}
+	dst, err := devWith(sys, make([]byte, n))
+	if err != nil {
+		return err
+	}
+	defer gpu.Free(dst)
+	req, err := ch.Recv(dst)
+	if err != nil {
+		return err
+	}
+	if err := req.Wait(ctx); err != nil {
+		return err
+	}
+	got := make([]byte, n)
+	if err := gpu.CopyToHost(got, dst); err != nil {
+		return err
+	}
+	if d := diff(got, want); d != "" {
+		return errors.New(d)
+	}
+	return nil
+}
