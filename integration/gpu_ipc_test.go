@@ -6,10 +6,14 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
+	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/troupe-hpc/troupe/gpu"
+	"github.com/troupe-hpc/troupe/transport/bootstrap"
 	"github.com/troupe-hpc/troupe/transport"
 )
 
@@ -19,6 +23,7 @@ import (
 // TestGPUCUDA's gpuchannel run takes the same path with the real driver.
 func init() {
 	scenarios["gpuipc"] = gpuIPC
+	scenarios["gpuipcloss"] = gpuIPCLoss
 }
 
 // buildFakeCUDA compiles the fake driver; it skips without a C compiler.
@@ -60,14 +65,28 @@ func useFakeCUDA(t *testing.T) {
 // every mapping closed with the channel.
 func TestGPUChannelIPC(t *testing.T) {
 	useFakeCUDA(t)
-	for _, tls := range []string{"shm", "tcp"} {
-		t.Run(tls, func(t *testing.T) {
-			res := runJob(t, "gpuipc", 2, cfg{tls, "direct"})
+	for _, tc := range []struct {
+		name string
+		c    cfg
+		env  []string
+	}{
+		{"shm", cfg{"shm", "direct"}, nil},
+		{"tcp", cfg{"tcp", "direct"}, nil},
+		{"shm-queue", cfg{"shm", "queue"}, nil},
+		// Channel data (after headers, and declined descriptors) through the overlap engine.
+		{"shm-engine", cfg{"shm", "direct"}, []string{transport.OverlapEnv, "on"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for i := 0; i+1 < len(tc.env); i += 2 {
+				t.Setenv(tc.env[i], tc.env[i+1])
+			}
+			res := runJob(t, "gpuipc", 2, tc.c)
 			for r := 0; r < 2; r++ {
 				requireLines(t, res, fmt.Sprintf("[%d] rank %d: gpu backend cuda", r, r),
 					fmt.Sprintf("[%d] rank %d: ipc sizes ok", r, r),
 					fmt.Sprintf("[%d] rank %d: ipc order ok", r, r),
 					fmt.Sprintf("[%d] rank %d: ipc mismatches reported on both ends", r, r),
+					fmt.Sprintf("[%d] rank %d: ipc cancelled wait lost nothing", r, r),
 					fmt.Sprintf("[%d] rank %d: ipc mappings closed", r, r))
 			}
 			requireLines(t, res, "[1] rank 1: ipc cache: 4 sends of one buffer, 1 mapping opened")
@@ -343,7 +362,53 @@ func gpuIPC(ctx context.Context, r *rank) error {
 	}
 	r.logf("ipc mismatches reported on both ends")
 
-	// 5. Closing the channel closes its mappings.
+	// 5. A Wait whose context ended returns the context's error; the
+	// transfer goes on and a later Wait completes it with the data.
+	want := pattern(70000, 41)
+	var req *transport.ChannelRequest
+	var dst gpu.Buffer
+	if r.id() == 1 {
+		if dst, err = devBuf(make([]byte, len(want))); err != nil {
+			return err
+		}
+		defer gpu.Free(dst)
+		if req, err = ch.Recv(dst); err != nil {
+			return err
+		}
+		cctx, cancel := context.WithCancel(ctx)
+		cancel()
+		if err := req.Wait(cctx); !errors.Is(err, context.Canceled) {
+			return fmt.Errorf("wait with a cancelled context: %v, want context.Canceled", err)
+		}
+	}
+	if err := r.b.Barrier(ctx, "gpuipc.cancel"); err != nil {
+		return err
+	}
+	if r.id() == 0 {
+		src, err := devBuf(want)
+		if err != nil {
+			return err
+		}
+		defer gpu.Free(src)
+		if req, err = ch.Send(src); err != nil {
+			return err
+		}
+	}
+	if err := req.Wait(ctx); err != nil {
+		return fmt.Errorf("after a cancelled wait: %w", err)
+	}
+	if r.id() == 1 {
+		got, err := readDev(dst)
+		if err != nil {
+			return err
+		}
+		if d := diff(got, want); d != "" || req.Path() != transport.PathIPC {
+			return fmt.Errorf("after a cancelled wait (path %s): %s", req.Path(), d)
+		}
+	}
+	r.logf("ipc cancelled wait lost nothing")
+
+	// 6. Closing the channel closes its mappings.
 	closed = true
 	if err := ch.Close(); err != nil {
 		return err
@@ -394,5 +459,87 @@ func exchangeOne(ctx context.Context, ch *transport.Channel, sys *gpu.System, se
 	if d := diff(got, want); d != "" {
 		return errors.New(d)
 	}
+	return nil
+}
+
+// TestGPUChannelIPCPeerLost: a channel send waiting for a CUDA IPC
+// acknowledgement, and a receive waiting for its control message, fail with
+// the peer lost when the peer dies, instead of waiting for good.
+func TestGPUChannelIPCPeerLost(t *testing.T) {
+	useFakeCUDA(t)
+	c := cfg{"shm", "direct"}
+	res := launch(t, "gpuipcloss", 2, c)
+	var rf *bootstrap.RankFailure
+	if !errors.As(res.err, &rf) || rf.Rank != 1 || rf.Signal != syscall.SIGKILL {
+		t.Fatalf("Launch returned %v, want rank 1 killed by SIGKILL:\n%s", res.err, res.dump())
+	}
+	requireLines(t, res, "[0] rank 0: ipc send and recv failed with the peer lost", okLine("gpuipcloss", 0))
+	if strings.Contains(res.stderr, "FAILED") {
+		t.Fatalf("a rank reported a failure:\n%s", res.dump())
+	}
+}
+
+// gpuIPCLoss is one rank of TestGPUChannelIPCPeerLost: after one message,
+// rank 1 dies; rank 0 then sends and receives device memory on the channel.
+func gpuIPCLoss(ctx context.Context, r *rank) error {
+	r.skipFinalBarrier = true // rank 1 will not come
+	sys, err := openGPU(r)
+	if err != nil {
+		return err
+	}
+	defer sys.Close()
+	if !r.t.GPUIPCStats().Enabled {
+		return fmt.Errorf("CUDA IPC off: %+v", r.t.GPUIPCStats())
+	}
+	ch, err := r.t.Channel(22, 1-r.id())
+	if err != nil {
+		return err
+	}
+	defer ch.Close()
+	// One message by IPC first: the ranks are connected when rank 1 dies.
+	if err := exchangeOne(ctx, ch, sys, r.id() == 0, 4096); err != nil {
+		return fmt.Errorf("before the loss: %w", err)
+	}
+	if r.id() == 1 {
+		if err := r.b.Barrier(ctx, "gpuipcloss.ready"); err != nil {
+			return err
+		}
+		syscall.Kill(os.Getpid(), syscall.SIGKILL)
+		select {}
+	}
+	// The launcher stops the survivor (SIGTERM) once rank 1 dies; it
+	// finishes its checks first.
+	term := make(chan os.Signal, 1)
+	signal.Notify(term, syscall.SIGTERM)
+	src, err := devWith(sys, pattern(4096, 1))
+	if err != nil {
+		return err
+	}
+	defer gpu.Free(src)
+	dst, err := devWith(sys, make([]byte, 4096))
+	if err != nil {
+		return err
+	}
+	defer gpu.Free(dst)
+	if err := r.b.Barrier(ctx, "gpuipcloss.ready"); err != nil {
+		return err
+	}
+	sreq, err := ch.Send(src)
+	if err != nil {
+		return err
+	}
+	rreq, err := ch.Recv(dst)
+	if err != nil {
+		return err
+	}
+	for _, q := range []*transport.ChannelRequest{sreq, rreq} {
+		err := q.Wait(ctx)
+		var lost *transport.PeerLostError
+		if !errors.As(err, &lost) {
+			return fmt.Errorf("%s: got %v, want a *PeerLostError", q.Path(), err)
+		}
+		r.logf("lost: %v", err)
+	}
+	r.logf("ipc send and recv failed with the peer lost")
 	return nil
 }

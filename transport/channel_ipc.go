@@ -188,7 +188,7 @@ func (t *Transport) gpuIPCSetup(on bool, why string, usable func(rank int) bool)
 
 // gpuIPCPeer reports whether channels to peer are IPC channels.
 func (t *Transport) gpuIPCPeer(peer int) bool {
-	return t.gipc.on && !noLocalPath && peer >= 0 && peer < len(t.gipc.peers) && t.gipc.peers[peer]
+	return t.gipc.on && peer >= 0 && peer < len(t.gipc.peers) && t.gipc.peers[peer]
 }
 
 // ipcDesc is a decoded control message.
@@ -427,19 +427,22 @@ func (c *Channel) runPlain(send bool, ctr uint32, e endBuf, cr *ChannelRequest, 
 // runIPCRecv receives a message of an IPC channel: its control message
 // first, then the data as the sender announced it.
 func (c *Channel) runIPCRecv(ctr uint32, e endBuf, cr *ChannelRequest, hreq *Request, hdr []byte, prev *chan struct{}) error {
+	ackTag := ipcAckTag(c.id, ctr)
 	st, err := waitRequest(context.Background(), hreq)
-	if err != nil {
-		var trunc *TruncatedError
-		if errors.As(err, &trunc) {
-			err = fmt.Errorf("%w: %v", ErrProtocol, err)
-		}
+	var trunc *TruncatedError
+	switch {
+	case errors.As(err, &trunc):
+		err = fmt.Errorf("%w: %v", ErrProtocol, err)
+		c.sendCtl(ackTag, encodeAck(ackFailed, cr.n, err.Error())) // in case the sender waits
+		return fmt.Errorf("transport: channel %d recv (message %d): %w", c.id, ctr, err)
+	case err != nil:
 		return fmt.Errorf("transport: channel %d recv (message %d): %w", c.id, ctr, err)
 	}
 	d, err := decodeIPCDesc(hdr[:st.Size])
 	if err != nil {
+		c.sendCtl(ackTag, encodeAck(ackFailed, cr.n, err.Error())) // in case the sender waits
 		return fmt.Errorf("%w: channel %d recv (message %d) from rank %d: %v", ErrProtocol, c.id, ctr, c.peer, err)
 	}
-	ackTag := ipcAckTag(c.id, ctr)
 	if d.kind == ctlIPC {
 		if int(d.length) != cr.n {
 			c.sendCtl(ackTag, encodeAck(ackSize, cr.n, ""))
