@@ -13,8 +13,8 @@ import (
 	"testing"
 
 	"github.com/troupe-hpc/troupe/gpu"
-	"github.com/troupe-hpc/troupe/transport/bootstrap"
 	"github.com/troupe-hpc/troupe/transport"
+	"github.com/troupe-hpc/troupe/transport/bootstrap"
 )
 
 // CUDA IPC for channels between two processes of one host, on the cuda
