@@ -5,14 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"os/signal"
-	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
 
 	"github.com/troupe-hpc/troupe/gpu"
+	"github.com/troupe-hpc/troupe/internal/cudatest"
 	"github.com/troupe-hpc/troupe/transport"
 	"github.com/troupe-hpc/troupe/transport/bootstrap"
 )
@@ -26,26 +25,16 @@ func init() {
 	scenarios["gpuipcloss"] = gpuIPCLoss
 }
 
-// buildFakeCUDA compiles the fake driver; it skips without a C compiler.
+// buildFakeCUDA builds the test driver (internal/cudatest); it skips
+// without a C compiler.
 func buildFakeCUDA(t *testing.T) string {
 	t.Helper()
-	cc := os.Getenv("CC")
-	if cc == "" {
-		cc = "cc"
+	lib, err := cudatest.Build(t.TempDir())
+	if errors.Is(err, cudatest.ErrNoCompiler) {
+		t.Skipf("cannot build the fake CUDA driver: %v", err)
 	}
-	if _, err := exec.LookPath(cc); err != nil {
-		t.Skipf("no C compiler (%s) to build the fake CUDA driver", cc)
-	}
-	src, err := filepath.Abs("../gpu/testdata/fakecuda/fakecuda.c")
 	if err != nil {
 		t.Fatal(err)
-	}
-	if _, err := os.Stat(src); err != nil {
-		t.Skipf("fake driver source not found: %v", err)
-	}
-	lib := filepath.Join(t.TempDir(), "libcuda.so.1")
-	if out, err := exec.Command(cc, "-shared", "-fPIC", "-o", lib, src, "-lpthread").CombinedOutput(); err != nil {
-		t.Fatalf("building the fake CUDA driver: %v\n%s", err, out)
 	}
 	return lib
 }
