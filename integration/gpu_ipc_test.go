@@ -405,7 +405,7 @@ func gpuIPC(ctx context.Context, r *rank) error {
 	if s := sys.IPCStats(); s.Open != 0 || s.Refs != 0 || s.Opened != s.Closed {
 		return fmt.Errorf("after Close: IPC mappings left open: %+v", s)
 	}
-	st = r.t.GPUIPCStats()
+	st = r.t.ChannelStats().IPC
 	if st.Sent == 0 || st.Received == 0 {
 		return fmt.Errorf("no transfer counted as IPC: %+v", st)
 	}

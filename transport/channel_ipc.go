@@ -312,7 +312,7 @@ func (c *Channel) startIPCChannel(send bool, ctr uint32, e endBuf, cr *ChannelRe
 	}
 	if send {
 		d := ipcDesc{kind: ctlHeader, length: uint64(cr.n)}
-		if dev := ipcDevice(e); dev != nil && e.g.Kind() == gpu.KindDevice && cr.n > 0 {
+		if ipcDevice(e) != nil && e.g.Kind() == gpu.KindDevice && cr.n > 0 {
 			if h, err := e.g.System().IPCGetHandle(e.g); err == nil {
 				d = ipcDesc{kind: ctlIPC, length: uint64(cr.n), h: h, base: uint64(e.g.Ptr() - uintptr(e.g.Offset()))}
 			} else {

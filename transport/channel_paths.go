@@ -265,11 +265,14 @@ type ChannelStats struct {
 	// failed with a size mismatch, received and dropped without the
 	// overlap engine (with it they are OverlapTable.Discarded).
 	Discarded uint64
+	// IPC: transfers between processes of this host that went by CUDA
+	// IPC, and the mapping cache (GPUIPCStats).
+	IPC GPUIPCStats
 }
 
 // ChannelStats returns the transport's channel counters.
 func (t *Transport) ChannelStats() ChannelStats {
-	return ChannelStats{Discarded: t.chanDiscarded.Load()}
+	return ChannelStats{Discarded: t.chanDiscarded.Load(), IPC: t.GPUIPCStats()}
 }
 
 // chunkArrived returns the size of the sender's chunk that the finished
