@@ -153,9 +153,12 @@ func TestConfigErrors(t *testing.T) {
 
 // hostDevice opens a host-backend gpu system for a test (whatever
 // TROUPE_GPU says: the stencil kernels run only on the host backend).
-func hostDevice(t *testing.T) *gpu.Device {
+func hostDevice(t *testing.T) *gpu.Device { return openDevice(t, gpu.BackendHost) }
+
+// openDevice opens device 0 of a system of backend for a test.
+func openDevice(t *testing.T, backend string) *gpu.Device {
 	t.Helper()
-	sys, err := gpu.OpenBackend(gpu.BackendHost)
+	sys, err := gpu.OpenBackend(backend)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -201,19 +204,7 @@ func TestRunGPUCUDA(t *testing.T) {
 		}
 		return
 	}
-	sys, err := gpu.OpenBackend(gpu.BackendCUDA)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := sys.Close(); err != nil {
-			t.Error(err)
-		}
-	})
-	dev, err := sys.Device(0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	dev := openDevice(t, gpu.BackendCUDA)
 	t.Logf("cuda device %v", dev)
 	checkStencil(t, dev)
 	runGPUMatrix(t, dev)
