@@ -151,8 +151,8 @@ func TestConfigErrors(t *testing.T) {
 	}
 }
 
-// hostDevice opens a host-backend gpu system for a test (whatever
-// TROUPE_GPU says: the stencil kernels run only on the host backend).
+// hostDevice opens a host-backend gpu system for a test, whatever
+// TROUPE_GPU says (TestRunGPUCUDA covers the cuda backend).
 func hostDevice(t *testing.T) *gpu.Device { return openDevice(t, gpu.BackendHost) }
 
 // openDevice opens device 0 of a system of backend for a test.
