@@ -334,12 +334,7 @@ func (c *Channel) startIPCChannel(send bool, ctr uint32, e endBuf, cr *ChannelRe
 		dreq := c.sendCtl(tag|chanCtlBit, d.encode())
 		go func() {
 			err := c.runIPCSend(ctr, e, cr, dreq, areq, ack, &prev)
-			if mine != nil {
-				if prev != nil {
-					<-prev
-				}
-				close(mine)
-			}
+			endTurn(prev, mine)
 			cr.finish(err)
 		}()
 		return nil
@@ -355,15 +350,23 @@ func (c *Channel) startIPCChannel(send bool, ctr uint32, e endBuf, cr *ChannelRe
 	hreq := c.t.rawRecvCtl(c.peer, c.id, tag|chanCtlBit, hdr)
 	go func() {
 		err := c.runIPCRecv(ctr, e, cr, hreq, hdr, &prev)
-		if mine != nil {
-			if prev != nil {
-				<-prev
-			}
-			close(mine)
-		}
+		endTurn(prev, mine)
 		cr.finish(err)
 	}()
 	return nil
+}
+
+// endTurn ends a staged transfer's turn (stagedTurn): once the previous
+// transfer of the direction has ended, mine is closed. Transfers that took
+// no turn pass a nil mine.
+func endTurn(prev, mine chan struct{}) {
+	if mine == nil {
+		return
+	}
+	if prev != nil {
+		<-prev
+	}
+	close(mine)
 }
 
 // runIPCSend waits for the receiver's acknowledgement of an IPC descriptor
