@@ -55,6 +55,35 @@ func (rt *Runtime) SendFrom(sender *pa.PID, pid *pa.PID, msg any) error {
 	return nil
 }
 
+// SendDevice is SendFrom for a message with a gpu.Buffer field (the GPU
+// Messaging API) that returns before the buffer may be reused, with a
+// Completion that says when it may. Only a buffer of cuda device memory
+// going to another process of this host (CUDA IPC: the receiver copies
+// from the buffer itself) keeps the Completion pending until the receiver
+// has copied; otherwise the bytes were staged before SendDevice returned,
+// or the target is on this rank and receives the message as it is, and
+// the Completion is done at once. SendFrom is SendDevice followed by
+// waiting for the Completion.
+func (rt *Runtime) SendDevice(sender, pid *pa.PID, msg any) (*Completion, error) {
+	if pid == nil {
+		return nil, errors.New("actor: send to a nil PID")
+	}
+	if rt.closed.Load() {
+		return nil, ErrClosed
+	}
+	if r, ok := rt.remote(pid); ok {
+		c, err := rt.sendAsync(r, pid, msg, sender, 0)
+		if err != nil || c != nil {
+			return c, err
+		}
+		return completed(nil), nil
+	}
+	if err := rt.SendFrom(sender, pid, msg); err != nil {
+		return nil, err
+	}
+	return completed(nil), nil
+}
+
 // RequestFuture sends msg to pid and returns a future for the response.
 // Errors in sending (an unregistered type, a lost rank) are returned now.
 func (rt *Runtime) RequestFuture(pid *pa.PID, msg any, timeout time.Duration) (*pa.Future, error) {

@@ -16,6 +16,7 @@ const (
 	flagBodyHdr               // the body travels in the header; the AM data is the payload
 	flagNoCredit              // runtime traffic that bypasses eager credits
 	flagTypedXfer             // with flagBodyHdr: the Typed field follows by the typed-transfer protocol, PayloadLen packed bytes
+	flagDeviceIPC             // with flagBodyHdr: the gpu.Buffer field's PayloadLen bytes are copied by CUDA IPC; the data is its descriptor (device_ipc.go)
 )
 
 // envelope is the header of every actor message on the wire (DESIGN 5.1):
@@ -132,10 +133,12 @@ func decodeEnvelopeInto(e *envelope, b []byte, size int, targets *targetCache) e
 	}
 	switch {
 	case r.err != nil:
-	case flags >= 1<<5:
+	case flags >= 1<<6:
 		r.fail("unknown flags 0x%x", flags)
-	case flags&flagTypedXfer != 0 && flags&flagBodyHdr == 0:
-		r.fail("typed-transfer flag without the body-in-header flag")
+	case flags&(flagTypedXfer|flagDeviceIPC) != 0 && flags&flagBodyHdr == 0:
+		r.fail("typed-transfer or device IPC flag without the body-in-header flag")
+	case flags&flagTypedXfer != 0 && flags&flagDeviceIPC != 0:
+		r.fail("both the typed-transfer and the device IPC flag")
 	case src >= uint64(size) || srank >= uint64(size):
 		r.fail("source rank %d or sender rank %d outside a job of %d", src, srank, size)
 	case treq > 0xffffffff || typ > 0xffffffff:

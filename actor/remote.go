@@ -92,21 +92,43 @@ func (rt *Runtime) undeliverable(target *pa.PID, msg any, sender *pa.PID, reason
 	}
 }
 
-// send encodes msg and sends it to target on rank r.
+// send encodes msg and sends it to target on rank r. A gpu.Buffer field
+// sent by CUDA IPC is copied by the receiver before send returns.
 func (rt *Runtime) send(r int, target *pa.PID, msg any, sender *pa.PID, flags uint32) error {
+	c, err := rt.sendAsync(r, target, msg, sender, flags)
+	if err != nil || c == nil {
+		return err
+	}
+	return rt.waitDevice(c)
+}
+
+// sendAsync is send returning at once; a non-nil Completion is done when
+// the message's gpu.Buffer, sent by CUDA IPC, may be reused.
+func (rt *Runtime) sendAsync(r int, target *pa.PID, msg any, sender *pa.PID, flags uint32) (*Completion, error) {
 	if rt.closed.Load() {
-		return ErrClosed
+		return nil, ErrClosed
 	}
 	ct, ptr, err := lookupType(msg)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	// A large Typed field follows the message by the typed-transfer
-	// protocol: the body carries the field zeroed.
+	// protocol, and a cuda device buffer for a process of this host goes as
+	// a CUDA IPC descriptor: the body carries the field zeroed.
 	direct, msg, err := rt.typedDirect(ct, msg, ptr)
 	if err != nil {
-		return err
+		return nil, err
 	}
+	dev, msg := rt.deviceIPC(r, ct, msg, ptr)
+	c, err := rt.post(r, target, msg, sender, flags, ct, ptr, direct, dev)
+	if err != nil && dev != nil {
+		rt.devSends.finish(dev.seq, -1, err)
+	}
+	return c, err
+}
+
+// post encodes and sends the message sendAsync prepared.
+func (rt *Runtime) post(r int, target *pa.PID, msg any, sender *pa.PID, flags uint32, ct *codecType, ptr bool, direct *directTyped, dev *ipcSend) (*Completion, error) {
 	// The body, then the envelope, go into one pooled buffer: a message
 	// small enough to be posted is copied by the transport before PostAM
 	// returns, so the buffer serves the next message.
@@ -115,7 +137,7 @@ func (rt *Runtime) send(r int, target *pa.PID, msg any, sender *pa.PID, flags ui
 	b, payload, err := appendBody((*sb)[:0], ct, msg, ptr)
 	*sb = b
 	if err != nil {
-		return err
+		return nil, err
 	}
 	body := b[:len(b):len(b)]
 	e := envelope{Flags: flags, Source: rt.rank, Target: target.Id, TargetReq: target.RequestId, Type: ct.id}
@@ -125,7 +147,7 @@ func (rt *Runtime) send(r int, target *pa.PID, msg any, sender *pa.PID, flags ui
 	if sender != nil {
 		sr := RankOf(sender)
 		if sr < 0 || sr >= rt.size {
-			return fmt.Errorf("actor: sender %s is not an actor of this job", sender)
+			return nil, fmt.Errorf("actor: sender %s is not an actor of this job", sender)
 		}
 		e.SenderRank, e.Sender = sr, sender.Id
 	}
@@ -134,6 +156,9 @@ func (rt *Runtime) send(r int, target *pa.PID, msg any, sender *pa.PID, flags ui
 	case direct != nil:
 		e.Flags |= flagBodyHdr | flagTypedXfer
 		e.Body, e.PayloadLen, data = body, int(direct.bytes), nil
+	case dev != nil:
+		e.Flags |= flagBodyHdr | flagDeviceIPC
+		e.Body, e.PayloadLen, data = body, dev.n, dev.data
 	case payload != nil:
 		e.Flags |= flagBodyHdr
 		e.Body, e.PayloadLen, data = body, len(payload), payload
@@ -143,14 +168,17 @@ func (rt *Runtime) send(r int, target *pa.PID, msg any, sender *pa.PID, flags ui
 	hdr := b[len(body):]
 	out := rt.out[r]
 	cost := rt.cost(len(body) + e.PayloadLen)
+	if dev != nil {
+		cost = rt.cost(len(body) + len(data)) // the receiver's memory holds the descriptor only
+	}
 	if e.Flags&flagNoCredit == 0 {
 		if err := out.acquire(rt.t, cost, &rt.stats); err != nil {
-			return err
+			return nil, err
 		}
 	}
 	out.used.Store(true)
 	var xfer *transport.TypedTransfer
-	pooled := payload == nil && direct == nil // data is body, in the pooled buffer
+	pooled := payload == nil && direct == nil && dev == nil // data is body, in the pooled buffer
 	if direct != nil {
 		// The receiver takes its typed receives' places in the order the
 		// messages arrive: the message and its transfer's place go out
@@ -167,7 +195,7 @@ func (rt *Runtime) send(r int, target *pa.PID, msg any, sender *pa.PID, flags ui
 					go func() { _, _ = x.Run(context.Background()) }()
 				}
 				out.typedMu.Unlock()
-				return fmt.Errorf("actor: sending %s to %s: its Typed field: %w", ct.name, target, err)
+				return nil, fmt.Errorf("actor: sending %s to %s: its Typed field: %w", ct.name, target, err)
 			}
 		}
 		out.typedMu.Unlock()
@@ -178,19 +206,23 @@ func (rt *Runtime) send(r int, target *pa.PID, msg any, sender *pa.PID, flags ui
 		if e.Flags&flagNoCredit == 0 {
 			out.release(cost)
 		}
-		return fmt.Errorf("actor: sending %s to %s: %w", ct.name, target, err)
+		return nil, fmt.Errorf("actor: sending %s to %s: %w", ct.name, target, err)
 	}
 	if xfer != nil {
 		// Send returns when the elements have been read (Typed's
 		// contract); the message itself is sent, so its credits come back
 		// from the receiver whatever the transfer's outcome.
 		if _, err := xfer.Run(context.Background()); err != nil {
-			return fmt.Errorf("actor: sending %s to %s: its Typed field: %w", ct.name, target, err)
+			return nil, fmt.Errorf("actor: sending %s to %s: its Typed field: %w", ct.name, target, err)
 		}
 		rt.stats.TypedSent.Add(1)
 	}
 	rt.stats.Sent.Add(1)
-	return nil
+	if dev != nil {
+		rt.stats.DeviceIPCSent.Add(1)
+		return dev.c, nil
+	}
+	return nil, nil
 }
 
 // postAM sends one actor message's header and data; pooled says data is in
@@ -421,6 +453,12 @@ func (rt *Runtime) onMessage(m *transport.AMMessage) {
 		q := new(inItem)
 		*q = it
 		rt.receiveTyped(in, m, q, ct)
+		return
+	}
+	if e.Flags&flagDeviceIPC != 0 {
+		q := new(inItem)
+		*q = it
+		rt.receiveDeviceIPC(in, m, q, ct)
 		return
 	}
 	if !m.Rendezvous {

@@ -119,9 +119,10 @@ type Runtime struct {
 	watchMu sync.Mutex
 	watches []map[watchKey]*pa.PID // per rank: remote watchee + local watcher
 
-	devOnce sync.Once
-	dev     *gpu.Device
-	devErr  error
+	devSends deviceSends // CUDA IPC device messages awaiting acknowledgement
+	devOnce  sync.Once
+	dev      *gpu.Device
+	devErr   error
 
 	closed   atomic.Bool
 	stop     chan struct{}
@@ -140,6 +141,8 @@ type Stats struct {
 	DataOnloaded   atomic.Uint64 // data moved by the actor's goroutine when it took the message
 	HookLanded     atomic.Uint64 // payloads landed in hook-provided memory
 	DeviceLanded   atomic.Uint64 // gpu.Buffer fields landed in device memory
+	DeviceIPC      atomic.Uint64 // of those, copied from the sender's memory by CUDA IPC
+	DeviceIPCSent  atomic.Uint64 // gpu.Buffer fields sent as CUDA IPC descriptors
 	TypedUnpacked  atomic.Uint64 // Typed fields unpacked into PostReceiveTyped buffers
 	TypedSent      atomic.Uint64 // Typed fields sent by the typed-transfer protocol
 	TypedReceived  atomic.Uint64 // Typed fields received by the typed-transfer protocol
@@ -311,6 +314,9 @@ func start(ctx context.Context, t *transport.Transport, opts Options) (*Runtime,
 	if err := t.SetInlineAMHandler(amCredit, rt.onCredit); err != nil {
 		return nil, fmt.Errorf("actor: %w", err)
 	}
+	if err := t.SetInlineAMHandler(amDeviceAck, rt.onDeviceAck); err != nil {
+		return nil, fmt.Errorf("actor: %w", err)
+	}
 	lost := t.PeerLost()
 	rt.bg.Add(1)
 	go rt.watchPeers(lost)
@@ -408,6 +414,7 @@ func (rt *Runtime) shutdown(ctx context.Context) error {
 	for _, in := range rt.in {
 		in.wait()
 	}
+	rt.devSends.failRank(-1, ErrClosed)
 	rt.stopLocalActors()
 	rt.sys.Shutdown()
 	if rt.ownT {
@@ -461,6 +468,7 @@ func (rt *Runtime) peerLost(ev transport.PeerEvent) {
 		rt.log.Warn("rank lost", zap.Int("peer", ev.Rank), zap.String("reason", ev.Reason))
 	}
 	rt.out[ev.Rank].close(&transport.PeerLostError{Rank: ev.Rank, Op: "actor-send", Reason: ev.Reason})
+	rt.devSends.failRank(ev.Rank, &transport.PeerLostError{Rank: ev.Rank, Op: "actor-send-device", Reason: ev.Reason})
 	rt.watchMu.Lock()
 	ws := rt.watches[ev.Rank]
 	rt.watches[ev.Rank] = nil

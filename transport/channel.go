@@ -109,8 +109,7 @@ type Channel struct {
 	lastStaged [2]chan struct{}
 	// streamUsers counts CUDA IPC copies using the streams (Close waits).
 	streamUsers sync.WaitGroup
-	ipcCache    map[ipcKey]*ipcEntry // mappings kept open (channel_ipc.go)
-	ipcTick     uint64
+	ipcMaps     ipcCache // mappings kept open (channel_ipc.go)
 }
 
 // streamKey names a channel's copy stream: one per device and direction, so
@@ -146,6 +145,7 @@ func (t *Transport) Channel(id uint32, peer int) (*Channel, error) {
 		return nil, fmt.Errorf("transport: channel %d: %w", id, ErrClosed)
 	}
 	c := &Channel{t: t, id: id, peer: peer, local: t.inProcess(peer)}
+	c.ipcMaps.st = &t.gipc
 	c.ipc = c.local == nil && t.gpuIPCPeer(peer)
 	if _, loaded := channels.LoadOrStore(channelKey{t, id}, c); loaded {
 		return nil, fmt.Errorf("%w: channel %d on rank %d", ErrChannelInUse, id, t.rank)
@@ -190,7 +190,7 @@ func (c *Channel) Close() error {
 		}
 	}
 	c.streamUsers.Wait()
-	errs := []error{c.releaseMappings()}
+	errs := []error{c.ipcMaps.release()}
 	for _, s := range streams {
 		errs = append(errs, s.Destroy())
 	}

@@ -93,6 +93,7 @@ type gpuIPCState struct {
 	peers []bool // by rank: channels to it are IPC channels (read-only after New)
 
 	sent, received, fallbacks, misses, hits, evicted atomic.Int64
+	exported, imported                               atomic.Int64 // ExportDevice, ImportDevice
 }
 
 // GPUIPCStats counts channel transfers that went by CUDA IPC.
@@ -114,13 +115,19 @@ type GPUIPCStats struct {
 	// Evicted: cached mappings closed because the sender's allocation
 	// range was reused or the cache was full.
 	Evicted int64
+	// Exported, Imported: device buffers exported (ExportDevice) and
+	// copied in (ImportDevice) outside channels, for the actor runtime's
+	// GPU Messaging API. MapMisses, MapHits and Evicted count their
+	// mappings too.
+	Exported, Imported int64
 }
 
 // GPUIPCStats reports the CUDA IPC path's use.
 func (t *Transport) GPUIPCStats() GPUIPCStats {
 	g := &t.gipc
 	s := GPUIPCStats{Enabled: g.on, Off: g.off, Sent: g.sent.Load(), Received: g.received.Load(),
-		Fallbacks: g.fallbacks.Load(), MapMisses: g.misses.Load(), MapHits: g.hits.Load(), Evicted: g.evicted.Load()}
+		Fallbacks: g.fallbacks.Load(), MapMisses: g.misses.Load(), MapHits: g.hits.Load(), Evicted: g.evicted.Load(),
+		Exported: g.exported.Load(), Imported: g.imported.Load()}
 	for _, p := range g.peers {
 		if p {
 			s.Peers++
@@ -481,7 +488,7 @@ func (c *Channel) ipcReceive(e endBuf, d ipcDesc) (done bool, why string, err er
 	if dev == nil {
 		return false, "the receive buffer is not cuda memory", nil
 	}
-	src, err := c.ipcMap(dev, d)
+	src, err := c.ipcMaps.open(dev, d)
 	if err != nil {
 		return false, err.Error(), nil
 	}
@@ -537,111 +544,6 @@ func (c *Channel) useStream(dev *gpu.Device) (*gpu.Stream, func()) {
 	c.streamUsers.Add(1)
 	c.mu.Unlock()
 	return s, c.streamUsers.Done
-}
-
-// ipcKey names a cached mapping.
-type ipcKey struct {
-	dev    *gpu.Device
-	handle [64]byte
-}
-
-// ipcEntry is a mapping a channel keeps open: one reference to it.
-type ipcEntry struct {
-	whole      gpu.Buffer
-	base, size uint64 // the exporter's allocation range
-	used       uint64 // last use (LRU)
-}
-
-// ipcMap returns a reference to the part of the sender's allocation that d
-// describes, mapped on dev; the caller closes it with gpu.IPCClose. The
-// channel's cache keeps the mapping open for later messages.
-func (c *Channel) ipcMap(dev *gpu.Device, d ipcDesc) (gpu.Buffer, error) {
-	key := ipcKey{dev, d.h.Handle}
-	var stale []gpu.Buffer
-	c.mu.Lock()
-	cached := false
-	if !c.closed {
-		c.ipcTick++
-		for k, ent := range c.ipcCache {
-			if k != key && d.base < ent.base+ent.size && ent.base < d.base+d.h.Size {
-				// The exporter freed that allocation and reused its range.
-				stale = append(stale, ent.whole)
-				delete(c.ipcCache, k)
-			}
-		}
-		if ent := c.ipcCache[key]; ent != nil {
-			ent.used = c.ipcTick
-			cached = true
-		}
-	}
-	c.mu.Unlock()
-	c.closeMappings(stale)
-	ref, err := dev.IPCOpen(d.h)
-	if err != nil {
-		return gpu.Buffer{}, err
-	}
-	if cached {
-		c.t.gipc.hits.Add(1)
-		return ref, nil
-	}
-	c.t.gipc.misses.Add(1)
-	whole, err := dev.IPCOpen(gpu.IPCHandle{Handle: d.h.Handle, Length: d.h.Size, Size: d.h.Size})
-	if err != nil {
-		return ref, nil // not cached: the next message opens it again
-	}
-	stale = stale[:0]
-	c.mu.Lock()
-	switch {
-	case c.closed || c.ipcCache[key] != nil:
-		stale = append(stale, whole)
-	default:
-		if c.ipcCache == nil {
-			c.ipcCache = map[ipcKey]*ipcEntry{}
-		}
-		c.ipcCache[key] = &ipcEntry{whole: whole, base: d.base, size: d.h.Size, used: c.ipcTick}
-		if len(c.ipcCache) > ipcCacheMax {
-			var oldest ipcKey
-			first := true
-			for k, ent := range c.ipcCache {
-				if first || ent.used < c.ipcCache[oldest].used {
-					oldest, first = k, false
-				}
-			}
-			stale = append(stale, c.ipcCache[oldest].whole)
-			delete(c.ipcCache, oldest)
-		}
-	}
-	c.mu.Unlock()
-	c.closeMappings(stale)
-	return ref, nil
-}
-
-// closeMappings drops cached mapping references; a mapping closes with its
-// last reference. Errors of systems already closed are ignored.
-func (c *Channel) closeMappings(bs []gpu.Buffer) error {
-	var errs []error
-	for _, b := range bs {
-		c.t.gipc.evicted.Add(1)
-		if err := gpu.IPCClose(b); err != nil && !errors.Is(err, gpu.ErrFreed) && !errors.Is(err, gpu.ErrClosed) {
-			errs = append(errs, err)
-		}
-	}
-	return errors.Join(errs...)
-}
-
-// releaseMappings closes the channel's cached mappings (Close).
-func (c *Channel) releaseMappings() error {
-	c.mu.Lock()
-	bs := make([]gpu.Buffer, 0, len(c.ipcCache))
-	for _, ent := range c.ipcCache {
-		bs = append(bs, ent.whole)
-	}
-	c.ipcCache = nil
-	c.mu.Unlock()
-	n := int64(len(bs))
-	err := c.closeMappings(bs)
-	c.t.gipc.evicted.Add(-n) // closing the channel is not an eviction
-	return err
 }
 
 // setPath records the path a transfer of an IPC channel took once it is

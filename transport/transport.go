@@ -162,6 +162,7 @@ type Transport struct {
 	cma           cmaState      // same-host zero copy (cma.go)
 	sameHost      []bool        // by rank: shares this rank's host (read-only after New)
 	gipc          gpuIPCState   // CUDA IPC for channels (channel_ipc.go)
+	dimp          deviceImports // CUDA IPC copies for the layers above (device_ipc.go)
 
 	amMu    sync.Mutex  // orders active-message delivery; guards the two below
 	amSpare []ucx.Event // the other of amq's two buffers (also under mu)
@@ -1016,6 +1017,11 @@ func checkTag(tag int, op string) error {
 // what is in flight, for at most a second), stops the progress goroutine and
 // releases UCX. It is safe to call twice.
 func (t *Transport) Close() error {
+	// Device imports use no UCX: wait for those in flight and close their
+	// mappings first.
+	if err := t.dimp.close(); err != nil {
+		t.log.Warn("closing CUDA IPC device imports", zap.Error(err))
+	}
 	t.mu.Lock()
 	if t.closed {
 		t.mu.Unlock()

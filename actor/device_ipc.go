@@ -1,0 +1,288 @@
+package actor
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"reflect"
+	"sync"
+
+	"go.uber.org/zap"
+
+	"github.com/troupe-hpc/troupe/gpu"
+	"github.com/troupe-hpc/troupe/transport"
+)
+
+// CUDA IPC for the GPU Messaging API (docs/gpu.md, "GPU Messaging API").
+//
+// When a message's gpu.Buffer field is cuda device memory and its target
+// lives in another process of this host that takes part in CUDA IPC
+// (transport.DeviceIPCPeer), the bytes do not travel: the active message's
+// data is an IPC descriptor of the buffer (transport.ExportDevice) and a
+// sequence number. The receiver picks the landing buffer as for any device
+// message (PostReceiveDevice, else an allocation on its device), copies
+// from the sender's memory through a cached mapping in a goroutine
+// (transport.ImportDevice), delivers the message in its turn, and
+// acknowledges with an amDeviceAck message carrying the sequence number and
+// the outcome. The sender's Completion is done on that acknowledgement: only
+// then may it reuse its buffer. A copy that fails (a landing buffer of the
+// wrong size, memory that cannot take the copy, a driver error) makes the
+// message undeliverable on the receiver (dead letters, with the reason) and
+// fails the sender's Completion with the same reason.
+
+// amDeviceAck is the active message acknowledging a CUDA IPC device
+// message.
+const amDeviceAck uint16 = 0x43
+
+// deviceIPCData is the size of an IPC device message's data: the
+// descriptor, then the sender's sequence number.
+const deviceIPCData = transport.DeviceDescSize + 8
+
+// maxAckReason bounds the reason an acknowledgement carries.
+const maxAckReason = 512
+
+// Completion reports when the gpu.Buffer of a message sent with SendDevice
+// may be reused: Done is closed then, and Err says whether the receiver got
+// the bytes.
+type Completion struct {
+	done chan struct{}
+	err  error
+	rank int // the receiving rank
+}
+
+// completed is a Completion that is already done.
+func completed(err error) *Completion {
+	c := &Completion{done: make(chan struct{}), err: err}
+	close(c.done)
+	return c
+}
+
+// Done is closed when the message's buffer may be reused.
+func (c *Completion) Done() <-chan struct{} { return c.done }
+
+// Err is the outcome once Done is closed (nil: the receiver has the bytes),
+// nil before.
+func (c *Completion) Err() error {
+	select {
+	case <-c.done:
+		return c.err
+	default:
+		return nil
+	}
+}
+
+// Wait waits for the Completion, or for ctx.
+func (c *Completion) Wait(ctx context.Context) error {
+	select {
+	case <-c.done:
+		return c.err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// DeviceIPCError is the failure of a message whose gpu.Buffer the receiver
+// was to copy by CUDA IPC, as the receiver reported it.
+type DeviceIPCError struct {
+	Rank   int    // the receiving rank
+	Reason string // the receiver's reason
+}
+
+func (e *DeviceIPCError) Error() string {
+	return fmt.Sprintf("actor: rank %d could not take a device buffer by CUDA IPC: %s", e.Rank, e.Reason)
+}
+
+// deviceSends tracks the IPC device messages whose acknowledgement has not
+// come.
+type deviceSends struct {
+	mu      sync.Mutex
+	seq     uint64
+	pending map[uint64]*Completion
+}
+
+// add registers a Completion for a message to rank r; its sequence number
+// goes in the message.
+func (d *deviceSends) add(r int) (uint64, *Completion) {
+	c := &Completion{done: make(chan struct{}), rank: r}
+	d.mu.Lock()
+	d.seq++
+	seq := d.seq
+	if d.pending == nil {
+		d.pending = map[uint64]*Completion{}
+	}
+	d.pending[seq] = c
+	d.mu.Unlock()
+	return seq, c
+}
+
+// finish completes the Completion of seq with err; false if there is none
+// (already finished, or a forged number) or it was for another rank.
+func (d *deviceSends) finish(seq uint64, r int, err error) bool {
+	d.mu.Lock()
+	c := d.pending[seq]
+	if c == nil || (r >= 0 && c.rank != r) {
+		d.mu.Unlock()
+		return false
+	}
+	delete(d.pending, seq)
+	d.mu.Unlock()
+	c.err = err
+	close(c.done)
+	return true
+}
+
+// failRank fails the Completions of messages to rank r (r < 0: all).
+func (d *deviceSends) failRank(r int, err error) {
+	d.mu.Lock()
+	var cs []*Completion
+	for seq, c := range d.pending {
+		if r < 0 || c.rank == r {
+			cs = append(cs, c)
+			delete(d.pending, seq)
+		}
+	}
+	d.mu.Unlock()
+	for _, c := range cs {
+		c.err = err
+		close(c.done)
+	}
+}
+
+// ipcSend is a message's gpu.Buffer field going by CUDA IPC.
+type ipcSend struct {
+	data []byte // the active message's data: descriptor and sequence number
+	n    int    // the buffer's length
+	seq  uint64
+	c    *Completion
+}
+
+// deviceIPC prepares msg's gpu.Buffer field to go to rank r by CUDA IPC and
+// returns msg with the field zeroed. A nil *ipcSend: the field goes as
+// bytes.
+func (rt *Runtime) deviceIPC(r int, ct *codecType, msg any, ptr bool) (*ipcSend, any) {
+	if ct.device < 0 || !rt.t.DeviceIPCPeer(r) {
+		return nil, msg
+	}
+	v := reflect.ValueOf(msg)
+	if ptr {
+		v = v.Elem()
+	}
+	b := v.Field(ct.device).Interface().(gpu.Buffer)
+	if b.IsZero() || b.Len() == 0 || b.Kind() != gpu.KindDevice {
+		return nil, msg
+	}
+	desc, err := rt.t.ExportDevice(b)
+	if err != nil {
+		rt.log.Debug("device buffer not exported; sending its bytes", zap.Error(err))
+		return nil, msg
+	}
+	seq, c := rt.devSends.add(r)
+	x := &ipcSend{data: binary.LittleEndian.AppendUint64(desc, seq), n: b.Len(), seq: seq, c: c}
+	cp := reflect.New(ct.typ)
+	cp.Elem().Set(v)
+	cp.Elem().Field(ct.device).SetZero()
+	if ptr {
+		return x, cp.Interface()
+	}
+	return x, cp.Elem().Interface()
+}
+
+// receiveDeviceIPC receives an IPC device message: it lands the bytes by
+// a CUDA IPC copy in a goroutine and delivers the message in its turn.
+func (rt *Runtime) receiveDeviceIPC(in *inPeer, m *transport.AMMessage, it *inItem, ct *codecType) {
+	it.e.Body = append([]byte(nil), it.e.Body...) // the header dies when we return
+	var desc []byte
+	seq, haveSeq := uint64(0), false
+	switch {
+	case m.Rendezvous || m.Size != deviceIPCData:
+		it.err = fmt.Sprintf("CUDA IPC device message with %d bytes of data, want %d", m.Size, deviceIPCData)
+	default:
+		data := m.Data()
+		desc = append([]byte(nil), data[:transport.DeviceDescSize]...)
+		seq, haveSeq = binary.LittleEndian.Uint64(data[transport.DeviceDescSize:]), true
+	}
+	var dst gpu.Buffer
+	switch {
+	case it.err != "":
+	case ct == nil:
+		it.err = fmt.Sprintf("unknown message type id 0x%08x (not registered on rank %d)", it.e.Type, rt.rank)
+	case ct.device < 0:
+		it.err = fmt.Sprintf("CUDA IPC device message of type %s, which has no gpu.Buffer field", ct.name)
+	default:
+		var err error
+		if dst, err = rt.deviceLanding(it, it.e.PayloadLen); err != nil {
+			it.err = "device payload: " + err.Error()
+		}
+	}
+	if it.err != "" {
+		rt.stats.DecodeErrors.Add(1)
+		if haveSeq {
+			rt.ackDevice(in.rank, seq, it.err)
+		}
+		it.ready = true
+		in.mu.Lock()
+		in.push(it)
+		in.mu.Unlock()
+		return
+	}
+	in.await(it, func(context.Context) (transport.Status, error) {
+		return transport.Status{}, rt.t.ImportDevice(in.rank, desc, dst)
+	}, func(_ transport.Status, err error) {
+		it.ready = true
+		if err != nil {
+			it.err = "device payload: " + err.Error()
+		} else if msg, derr := decodeBodyDevice(ct, it.e.Body, it.e.Flags&flagPointer != 0, nil, dst); derr != nil {
+			rt.stats.DecodeErrors.Add(1)
+			it.err = derr.Error()
+		} else {
+			rt.stats.DeviceLanded.Add(1)
+			rt.stats.DeviceIPC.Add(1)
+			it.msg = msg
+		}
+		rt.ackDevice(in.rank, seq, it.err)
+	})
+}
+
+// ackDevice tells rank r the outcome of its IPC device message seq ("":
+// copied).
+func (rt *Runtime) ackDevice(r int, seq uint64, reason string) {
+	if len(reason) > maxAckReason {
+		reason = reason[:maxAckReason]
+	}
+	hdr := appendUint(appendUint(make([]byte, 0, 24+len(reason)), uint64(rt.rank)), seq)
+	hdr = appendString(hdr, reason)
+	if _, err := rt.t.SendAM(r, amDeviceAck, hdr, nil, transport.AMEager); err != nil {
+		rt.log.Debug("device acknowledgement not sent", zap.Int("peer", r), zap.Error(err))
+	}
+}
+
+// onDeviceAck completes the Completion of an IPC device message.
+func (rt *Runtime) onDeviceAck(m *transport.AMMessage) {
+	r := &wireReader{b: m.Header}
+	src, seq := r.uint(), r.uint()
+	reason := r.string()
+	if r.err == nil && r.off != len(m.Header) {
+		r.fail("%d trailing bytes", len(m.Header)-r.off)
+	}
+	if r.err != nil || src >= uint64(rt.size) {
+		rt.stats.DecodeErrors.Add(1)
+		rt.log.Warn("malformed device acknowledgement", zap.Binary("header", m.Header))
+		return
+	}
+	var err error
+	if reason != "" {
+		err = &DeviceIPCError{Rank: int(src), Reason: reason}
+	}
+	if !rt.devSends.finish(seq, int(src), err) {
+		rt.stats.DecodeErrors.Add(1)
+		rt.log.Warn("device acknowledgement for no message", zap.Uint64("src", src), zap.Uint64("seq", seq))
+	}
+}
+
+// waitDevice waits for c, progressing the transport meanwhile (the
+// acknowledgement is an active message). Peer loss and Shutdown finish
+// every Completion.
+func (rt *Runtime) waitDevice(c *Completion) error {
+	_ = rt.t.Await(context.Background(), c.done)
+	return c.err
+}

@@ -1,0 +1,373 @@
+package integration
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	pa "github.com/asynkron/protoactor-go/actor"
+
+	"github.com/troupe-hpc/troupe/actor"
+	"github.com/troupe-hpc/troupe/gpu"
+	"github.com/troupe-hpc/troupe/transport"
+	"github.com/troupe-hpc/troupe/transport/bootstrap"
+)
+
+// The GPU Messaging API between two processes of one host on the cuda
+// backend over the fake driver: with CUDA IPC on, a message's gpu.Buffer
+// field goes as a descriptor and the receiver copies from the sender's
+// memory; with it off, the bytes are staged through host memory. Both must
+// deliver the same messages, in order, with the same bytes.
+func init() {
+	scenarios["gpumsgipc"] = gpuMsgIPC
+	scenarios["gpumsgipcloss"] = gpuMsgIPCLoss
+}
+
+// devMsg carries a device buffer whose bytes are pattern(len, Seed).
+type devMsg struct {
+	N    int
+	Seed uint32
+	Buf  gpu.Buffer
+}
+
+// devMark is a plain message between device messages (ordering).
+type devMark struct{ N int }
+
+// devVerdict asks the sink whether N messages arrived intact and in order.
+type devVerdict struct{ N int }
+
+func init() {
+	actor.MustRegister[devMsg]()
+	actor.MustRegister[devMark]()
+	actor.MustRegister[devVerdict]()
+}
+
+// devBadSize is the size for which the sink's hook returns a buffer one
+// byte short.
+const devBadSize = 777
+
+// devSink checks devMsg and devMark messages: consecutive N, bytes equal to
+// the pattern. Its PostReceiveDevice lands each message in a fresh
+// allocation (freed after the check), except devBadSize.
+type devSink struct {
+	dev  *gpu.Device
+	next int
+	errs []string
+	mu   sync.Mutex
+}
+
+func (s *devSink) PostReceiveDevice(in *actor.Incoming) gpu.Buffer {
+	n := in.Size
+	if n == devBadSize {
+		n--
+	}
+	b, err := s.dev.Alloc(n)
+	if err != nil {
+		return gpu.Buffer{}
+	}
+	return b
+}
+
+func (s *devSink) fail(format string, args ...any) {
+	s.mu.Lock()
+	s.errs = append(s.errs, fmt.Sprintf(format, args...))
+	s.mu.Unlock()
+}
+
+func (s *devSink) Receive(c pa.Context) {
+	switch m := c.Message().(type) {
+	case *devMsg:
+		if m.N != s.next {
+			s.fail("device message %d arrived when %d was due", m.N, s.next)
+		}
+		s.next = m.N + 1
+		got := make([]byte, m.Buf.Len())
+		if err := gpu.CopyToHost(got, m.Buf); err != nil {
+			s.fail("message %d: reading its buffer: %v", m.N, err)
+		} else if want := pattern(len(got), m.Seed); !bytes.Equal(got, want) {
+			s.fail("message %d: %d bytes differ from those sent", m.N, len(got))
+		}
+		if m.Buf.Kind() != gpu.KindDevice {
+			s.fail("message %d landed in %s memory", m.N, m.Buf.Kind())
+		}
+		_ = gpu.Free(m.Buf)
+	case *devMark:
+		if m.N != s.next {
+			s.fail("mark %d arrived when %d was due", m.N, s.next)
+		}
+		s.next = m.N + 1
+	case *devVerdict:
+		s.mu.Lock()
+		v := &verdict{}
+		switch {
+		case len(s.errs) > 0:
+			v.Err = fmt.Sprint(s.errs)
+		case s.next != m.N:
+			v.Err = fmt.Sprintf("sink saw %d messages, want %d", s.next, m.N)
+		}
+		s.mu.Unlock()
+		c.Respond(v)
+	}
+}
+
+// TestGPUMessagingIPC: device-buffer actor messages between two processes
+// on the fake cuda driver, with CUDA IPC on and off, over shared memory and
+// TCP: bytes, order among plain messages, Send and SendDevice, a landing
+// buffer of the wrong size reported on both ends, the transfer path taken.
+func TestGPUMessagingIPC(t *testing.T) {
+	useFakeCUDA(t)
+	for _, tc := range []struct {
+		name, ipc string
+		c         cfg
+	}{
+		{"shm-ipc", "on", cfg{"shm", "direct"}},
+		{"tcp-ipc", "on", cfg{"tcp", "direct"}},
+		{"shm-staged", "off", cfg{"shm", "direct"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Setenv(transport.EnvGPUIPC, tc.ipc)
+			res := runJob(t, "gpumsgipc", 2, tc.c)
+			for r := 0; r < 2; r++ {
+				requireLines(t, res, fmt.Sprintf("[%d] rank %d: gpu backend cuda", r, r),
+					fmt.Sprintf("[%d] rank %d: device messages ok", r, r),
+					fmt.Sprintf("[%d] rank %d: wrong landing size reported to the sender", r, r),
+					fmt.Sprintf("[%d] rank %d: by ipc=%v", r, r, tc.ipc == "on"))
+			}
+		})
+	}
+}
+
+// gpuMsgIPC is one rank of TestGPUMessagingIPC: each rank sends to the
+// other's sink in turn.
+func gpuMsgIPC(ctx context.Context, r *rank) error {
+	sys, err := openGPU(r)
+	if err != nil {
+		return err
+	}
+	defer sys.Close()
+	dev := sys.Devices()[0]
+	return withActors(ctx, r, actor.Options{Device: dev}, func(rt *actor.Runtime) error {
+		sink := &devSink{dev: dev}
+		if _, err := rt.Root().SpawnNamed(rt.Props(func() pa.Actor { return sink }), "devsink"); err != nil {
+			return err
+		}
+		if err := r.b.Barrier(ctx, "gpumsgipc.spawned"); err != nil {
+			return err
+		}
+		ipc := r.t.DeviceIPCPeer(1 - r.id())
+		for turn := 0; turn < 2; turn++ {
+			if turn == r.id() {
+				if err := sendDeviceMessages(ctx, r, rt, sys, ipc); err != nil {
+					return err
+				}
+			}
+			if err := r.b.Barrier(ctx, fmt.Sprintf("gpumsgipc.turn%d", turn)); err != nil {
+				return err
+			}
+		}
+		st := rt.Stats()
+		if ipc != (st.DeviceIPC.Load() > 0) || ipc != (st.DeviceIPCSent.Load() > 0) {
+			return fmt.Errorf("ipc peer %v, but %d device messages sent and %d received by IPC", ipc, st.DeviceIPCSent.Load(), st.DeviceIPC.Load())
+		}
+		if g := r.t.GPUIPCStats(); ipc && (g.Exported == 0 || g.Imported == 0 || g.MapHits == 0) {
+			return fmt.Errorf("CUDA IPC stats %+v: want exports, imports and mapping cache hits", g)
+		}
+		r.logf("by ipc=%v", ipc)
+		return nil
+	})
+}
+
+// sendDeviceMessages sends the peer's sink device messages of several
+// sizes, by Send and by SendDevice, plain marks between them, and one
+// message its hook lands in a buffer of the wrong size; then asks for the
+// verdict.
+func sendDeviceMessages(ctx context.Context, r *rank, rt *actor.Runtime, sys *gpu.System, ipc bool) error {
+	sink := rt.PID(1-r.id(), "devsink")
+	n := 0
+	sizes := []int{1, 64, 4096, 100_000, 1<<20 + 3}
+	// One allocation sliced per message: the receiver's mapping cache
+	// serves all but the first.
+	whole, err := sys.Devices()[0].Alloc(2 << 20)
+	if err != nil {
+		return err
+	}
+	defer gpu.Free(whole)
+	for _, size := range sizes {
+		buf, err := whole.Slice(0, size)
+		if err != nil {
+			return err
+		}
+		seed := uint32(size + r.id())
+		if err := gpu.CopyFromHost(buf, pattern(size, seed)); err != nil {
+			return err
+		}
+		if err := rt.Send(sink, &devMsg{N: n, Seed: seed, Buf: buf}); err != nil {
+			return fmt.Errorf("Send of %d bytes: %w", size, err)
+		}
+		n++
+		if err := rt.Send(sink, &devMark{N: n}); err != nil {
+			return err
+		}
+		n++
+	}
+	// SendDevice: several in flight from distinct parts of the allocation.
+	var cs []*actor.Completion
+	for i, off := 0, 0; i < 6; i, off = i+1, off+8192 {
+		buf, err := whole.Slice(off, 5000)
+		if err != nil {
+			return err
+		}
+		seed := uint32(1000 + i)
+		if err := gpu.CopyFromHost(buf, pattern(5000, seed)); err != nil {
+			return err
+		}
+		c, err := rt.SendDevice(nil, sink, &devMsg{N: n, Seed: seed, Buf: buf})
+		if err != nil {
+			return fmt.Errorf("SendDevice %d: %w", i, err)
+		}
+		cs = append(cs, c)
+		n++
+	}
+	for i, c := range cs {
+		if err := c.Wait(ctx); err != nil {
+			return fmt.Errorf("SendDevice %d completion: %w", i, err)
+		}
+	}
+	// A landing buffer of the wrong size: by IPC the sender learns it from
+	// Send; staged, the receiver alone can tell (dead letter, and the
+	// sink's count stays put).
+	bad, err := whole.Slice(0, devBadSize)
+	if err != nil {
+		return err
+	}
+	err = rt.Send(sink, &devMsg{N: n, Buf: bad})
+	var derr *actor.DeviceIPCError
+	switch {
+	case ipc && !errors.As(err, &derr):
+		return fmt.Errorf("Send with a wrong landing size: got %v, want a *DeviceIPCError", err)
+	case !ipc && err != nil:
+		return fmt.Errorf("staged Send with a wrong landing size: %w", err)
+	}
+	r.logf("wrong landing size reported to the sender")
+	res, err := rt.Request(sink, &devVerdict{N: n}, actorTimeout)
+	if err != nil {
+		return err
+	}
+	if v := res.(*verdict); v.Err != "" {
+		return errors.New(v.Err)
+	}
+	r.logf("device messages ok")
+	return nil
+}
+
+// devKillSize is the size at which the loss scenario's receiver dies inside
+// its PostReceiveDevice hook, before it copies or acknowledges.
+const devKillSize = 4242
+
+// killingSink is rank 1's sink in the loss scenario.
+type killingSink struct{ dev *gpu.Device }
+
+func (k *killingSink) PostReceiveDevice(in *actor.Incoming) gpu.Buffer {
+	if in.Size == devKillSize {
+		syscall.Kill(os.Getpid(), syscall.SIGKILL)
+		select {}
+	}
+	b, _ := k.dev.Alloc(in.Size)
+	return b
+}
+
+func (k *killingSink) Receive(c pa.Context) {
+	if m, ok := c.Message().(*devMsg); ok {
+		_ = gpu.Free(m.Buf)
+		c.Respond(&devMark{N: m.N})
+	}
+}
+
+// TestGPUMessagingIPCPeerLost: the receiver of a CUDA IPC device message
+// dies before it acknowledges; the sender's Completion fails with the loss,
+// and so does a later Send.
+func TestGPUMessagingIPCPeerLost(t *testing.T) {
+	useFakeCUDA(t)
+	res := launch(t, "gpumsgipcloss", 2, cfg{"shm", "direct"})
+	var rf *bootstrap.RankFailure
+	if !errors.As(res.err, &rf) || rf.Rank != 1 || rf.Signal != syscall.SIGKILL {
+		t.Fatalf("Launch returned %v, want rank 1 killed by SIGKILL:\n%s", res.err, res.dump())
+	}
+	requireLines(t, res, "[0] rank 0: completion and send failed with the peer lost", okLine("gpumsgipcloss", 0))
+	if strings.Contains(res.stderr, "FAILED") {
+		t.Fatalf("a rank reported a failure:\n%s", res.dump())
+	}
+}
+
+// gpuMsgIPCLoss is one rank of TestGPUMessagingIPCPeerLost.
+func gpuMsgIPCLoss(ctx context.Context, r *rank) error {
+	r.skipFinalBarrier = true // rank 1 will not come
+	sys, err := openGPU(r)
+	if err != nil {
+		return err
+	}
+	defer sys.Close()
+	dev := sys.Devices()[0]
+	rt, err := actor.Init(ctx, actor.Options{Transport: r.t, Device: dev})
+	if err != nil {
+		return err
+	}
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_ = rt.Shutdown(sctx) // rank 1 is gone: its barrier fails
+	}()
+	if r.id() == 1 {
+		if _, err := rt.Root().SpawnNamed(rt.Props(func() pa.Actor { return &killingSink{dev: dev} }), "devsink"); err != nil {
+			return err
+		}
+	}
+	if err := r.b.Barrier(ctx, "gpumsgipcloss.spawned"); err != nil {
+		return err
+	}
+	if r.id() == 1 {
+		select {} // killed by its hook
+	}
+	// The launcher stops the survivor (SIGTERM) once rank 1 dies; it
+	// finishes its checks first.
+	term := make(chan os.Signal, 1)
+	signal.Notify(term, syscall.SIGTERM)
+	if !r.t.DeviceIPCPeer(1) {
+		return fmt.Errorf("rank 1 is not a CUDA IPC peer: %+v", r.t.GPUIPCStats())
+	}
+	sink := rt.PID(1, "devsink")
+	buf, err := devWith(sys, pattern(devKillSize+1, 3))
+	if err != nil {
+		return err
+	}
+	defer gpu.Free(buf)
+	// One message first: the ranks are connected when rank 1 dies.
+	if _, err := rt.Request(sink, &devMsg{N: 0, Buf: buf}, actorTimeout); err != nil {
+		return fmt.Errorf("before the loss: %w", err)
+	}
+	kill, err := buf.Slice(0, devKillSize)
+	if err != nil {
+		return err
+	}
+	c, err := rt.SendDevice(nil, sink, &devMsg{N: 1, Buf: kill})
+	if err != nil {
+		return err
+	}
+	var lost *transport.PeerLostError
+	if err := c.Wait(ctx); !errors.As(err, &lost) {
+		return fmt.Errorf("completion: got %v, want a *PeerLostError", err)
+	}
+	if err := rt.Send(sink, &devMsg{N: 2, Buf: buf}); !errors.As(err, &lost) {
+		return fmt.Errorf("Send after the loss: got %v, want a *PeerLostError", err)
+	}
+	r.logf("completion and send failed with the peer lost")
+	return nil
+}
