@@ -15,11 +15,13 @@ import (
 // its device. The receiving actor's Receive then runs with the message,
 // whose gpu.Buffer field refers to the receiver's device memory.
 //
-// Transfer path: the device bytes are staged through host memory (a copy to
-// the host at the sender, inside Send, and to the device at the receiver).
-// That is the pipelined-staging path of DESIGN 7 without the pipelining; the
-// sender may reuse its device buffer as soon as Send returns, which is how
-// it learns of completion.
+// Transfer paths: cuda device memory for another process of this host goes
+// by CUDA IPC (device_ipc.go: the receiver copies from the sender's
+// memory; SendDevice's Completion says when the buffer may be reused).
+// Otherwise the device bytes are staged through host memory (a copy to the
+// host at the sender, inside Send, and to the device at the receiver), the
+// pipelined-staging path of DESIGN 7 without the pipelining. Either way the
+// sender may reuse its device buffer when Send returns.
 
 var deviceType = reflect.TypeFor[gpu.Buffer]()
 

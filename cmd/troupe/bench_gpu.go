@@ -122,7 +122,7 @@ func printGPUPoints(out io.Writer, f gpuBenchFlags, pts []gpuPoint) error {
 		}
 		fmt.Fprintf(out, "%-8s %12s %12s %12s %14s %14s %14s\n", perf.FormatSize(s), val(r.msg, true), val(r.ch, true), val(r.st, true), val(r.msg, false), val(r.ch, false), val(r.st, false))
 	}
-	fmt.Fprintln(out, "# msg = GPU Messaging API (actor messages with a gpu.Buffer field, staged through host memory inside Send), chan = Channel API, stag = host staging by hand")
+	fmt.Fprintln(out, "# msg = GPU Messaging API (actor messages with a gpu.Buffer field, by CUDA IPC between processes of a host on cuda, else staged through host memory), chan = Channel API, stag = host staging by hand")
 	return nil
 }
 

@@ -132,6 +132,7 @@ func (b *gpuBench) measureMessaging(ctx context.Context, size int) (latUs, bwMBp
 		}
 		return time.Since(start), nil
 	}
+	cs := make([]*actor.Completion, b.f.window)
 	stream := func(n int) (time.Duration, error) {
 		start := time.Now()
 		for it := 0; it < n; it++ {
@@ -140,7 +141,16 @@ func (b *gpuBench) measureMessaging(ctx context.Context, size int) (latUs, bwMBp
 				if err != nil {
 					return 0, err
 				}
-				if err := b.rt.Send(b.msg.peer, &gpuBenchMsg{Seq: i, Buf: src}); err != nil {
+				// SendDevice: by CUDA IPC the window's buffers are all in
+				// flight at once (Send would wait for each copy).
+				c, err := b.rt.SendDevice(nil, b.msg.peer, &gpuBenchMsg{Seq: i, Buf: src})
+				if err != nil {
+					return 0, err
+				}
+				cs[i] = c
+			}
+			for _, c := range cs {
+				if err := c.Wait(ctx); err != nil {
 					return 0, err
 				}
 			}
