@@ -209,9 +209,20 @@ func (rt *Runtime) receiveDeviceIPC(in *inPeer, m *transport.AMMessage, it *inIt
 	case ct.device < 0:
 		it.err = fmt.Sprintf("CUDA IPC device message of type %s, which has no gpu.Buffer field", ct.name)
 	default:
-		var err error
-		if dst, err = rt.deviceLanding(it, it.e.PayloadLen); err != nil {
-			it.err = "device payload: " + err.Error()
+		// The landing buffer is allocated only for a length the
+		// descriptor confirms, from a rank that may send descriptors.
+		n, err := transport.DeviceDescLength(desc)
+		switch {
+		case err != nil:
+			it.err = err.Error()
+		case !rt.t.DeviceIPCPeer(in.rank):
+			it.err = fmt.Sprintf("CUDA IPC device message from rank %d, which is not a CUDA IPC peer of rank %d", in.rank, rt.rank)
+		case n != it.e.PayloadLen:
+			it.err = fmt.Sprintf("CUDA IPC descriptor of %d bytes for a payload of %d", n, it.e.PayloadLen)
+		default:
+			if dst, err = rt.deviceLanding(it, n); err != nil {
+				it.err = "device payload: " + err.Error()
+			}
 		}
 	}
 	if it.err != "" {

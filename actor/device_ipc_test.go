@@ -64,21 +64,28 @@ func TestDeviceIPCMalformed(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		typ  uint32
-		data []byte // nil: a garbage descriptor with a registered sequence number
+		data []byte // nil: a garbage descriptor; with a registered sequence number unless short
 		want string // in the Completion's error ("": no acknowledgement expected)
 	}{
 		{"short data", haloType.id, make([]byte, 10), ""},
 		{"garbage descriptor", haloType.id, nil, "malformed"},
 		{"unknown type", 0x5eed, nil, "unknown message type"},
 		{"no device field", pingType.id, nil, "no gpu.Buffer field"},
+		// A well-formed descriptor, from a rank this one does not use CUDA
+		// IPC with: nothing is allocated or mapped.
+		{"not an IPC peer", haloType.id, wellFormedDesc(t, 64), "not a CUDA IPC peer"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var c *Completion
 			data := tc.data
-			if data == nil {
+			if tc.want != "" {
+				desc := data
+				if desc == nil {
+					desc = make([]byte, transport.DeviceDescSize)
+				}
 				var seq uint64
 				seq, c = rts[0].devSends.add(1)
-				data = withSeq(make([]byte, transport.DeviceDescSize), seq)
+				data = withSeq(desc, seq)
 			}
 			post(tc.typ, 64, data)
 			if c != nil {
@@ -196,4 +203,19 @@ func shutdownAll(t *testing.T, rts []*Runtime) {
 			t.Error(err)
 		}
 	}
+}
+
+// wellFormedDesc is a descriptor transport.DeviceDescLength accepts, of a
+// buffer of n bytes (its handle names no allocation).
+func wellFormedDesc(t *testing.T, n int) []byte {
+	t.Helper()
+	d := make([]byte, transport.DeviceDescSize)
+	copy(d, "troupe-g")
+	binary.LittleEndian.PutUint64(d[8:], 2)          // an IPC handle
+	binary.LittleEndian.PutUint64(d[16:], uint64(n)) // length
+	binary.LittleEndian.PutUint64(d[96:], uint64(n)) // allocation size
+	if got, err := transport.DeviceDescLength(d); err != nil || got != n {
+		t.Fatalf("DeviceDescLength = %d, %v", got, err)
+	}
+	return d
 }

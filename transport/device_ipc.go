@@ -53,6 +53,19 @@ func (t *Transport) ExportDevice(b gpu.Buffer) ([]byte, error) {
 	return d.encode(), nil
 }
 
+// DeviceDescLength returns the length of the buffer desc (from
+// ExportDevice) describes, after checking that desc is well formed.
+func DeviceDescLength(desc []byte) (int, error) {
+	d, err := decodeIPCDesc(desc)
+	if err == nil && d.kind != ctlIPC {
+		err = fmt.Errorf("descriptor of kind %d, not an IPC handle", d.kind)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("transport: device descriptor: %w", err)
+	}
+	return int(d.length), nil
+}
+
 // ImportDevice copies the device memory that desc (from ExportDevice on
 // rank peer) describes into dst, cuda memory of exactly that size, and
 // returns once the copy is done. A malformed descriptor, a size mismatch
