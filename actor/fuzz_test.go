@@ -23,6 +23,7 @@ func seedEnvelopes() [][]byte {
 		{Flags: flagBodyHdr | flagPointer, Source: 1, Target: "sink", Type: 42, PayloadLen: 1 << 20, Body: []byte{0x81, 0xa1, 'N', 0x05}},
 		{Flags: flagBodyHdr, Source: 5, Target: "a", Type: 1 << 31, PayloadLen: 70000, Body: make([]byte, 300)},
 		{Flags: flagBodyHdr, Source: 2, Target: "b", Body: []byte{}},
+		{Flags: flagBodyHdr | flagDeviceIPC | flagPointer, Source: 1, Target: "sink", Type: 7, PayloadLen: 4096, Body: []byte{0x90}},
 	}
 	var out [][]byte
 	for i := range es {
