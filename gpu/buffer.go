@@ -148,6 +148,7 @@ type allocation struct {
 	mu       sync.Mutex
 	pending  int // enqueued stream operations using the allocation (host backend)
 	released bool
+	ipcH     *[64]byte // the allocation's IPC handle, once asked for (System.IPCGetHandle)
 }
 
 func (a *allocation) origin() string {

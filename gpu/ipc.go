@@ -43,6 +43,8 @@ type ipcMapping struct {
 
 // IPCGetHandle returns a handle for device Buffer b (cuda backend only; the
 // host backend reports ErrNotSupported: processes share data through UCX).
+// The driver is asked once per allocation (cuIpcGetMemHandle); later calls
+// return the cached handle.
 func (s *System) IPCGetHandle(b Buffer) (IPCHandle, error) {
 	if err := b.valid(); err != nil {
 		return IPCHandle{}, err
@@ -53,11 +55,21 @@ func (s *System) IPCGetHandle(b Buffer) (IPCHandle, error) {
 	if b.a.kind != KindDevice || b.a.ipc {
 		return IPCHandle{}, fmt.Errorf("gpu: IPC handle of %s buffer: %w", b.a.origin(), ErrUnsupportedKind)
 	}
-	h, err := s.be.ipcGet(Buffer{a: b.a, ptr: b.a.base, n: b.a.size})
-	if err != nil {
-		return IPCHandle{}, err
+	// An allocation's handle never changes: the driver is asked once.
+	b.a.mu.Lock()
+	hp := b.a.ipcH
+	b.a.mu.Unlock()
+	if hp == nil {
+		h, err := s.be.ipcGet(Buffer{a: b.a, ptr: b.a.base, n: b.a.size})
+		if err != nil {
+			return IPCHandle{}, err
+		}
+		hp = &h
+		b.a.mu.Lock()
+		b.a.ipcH = hp
+		b.a.mu.Unlock()
 	}
-	return IPCHandle{Handle: h, Offset: uint64(b.Offset()), Length: uint64(b.n), Size: uint64(b.a.size)}, nil
+	return IPCHandle{Handle: *hp, Offset: uint64(b.Offset()), Length: uint64(b.n), Size: uint64(b.a.size)}, nil
 }
 
 // IPCOpen maps the memory behind h on device d and returns the Buffer it

@@ -656,6 +656,15 @@ func testIPC(t *testing.T, s *System) {
 	require.NoError(t, err)
 	assert.Equal(t, uint64(1024), h.Offset)
 	assert.Equal(t, uint64(512), h.Length)
+	// Another slice of the allocation: the same (cached) handle, its own
+	// offset and length.
+	sl2, _ := b.Slice(0, 100)
+	h2, err := s.IPCGetHandle(sl2)
+	require.NoError(t, err)
+	assert.Equal(t, h.Handle, h2.Handle)
+	assert.Equal(t, uint64(0), h2.Offset)
+	assert.Equal(t, uint64(100), h2.Length)
+	assert.Equal(t, uint64(4096), h2.Size)
 	// The real driver refuses to open a handle in the process that exported
 	// it (cross-process use is tested with the transport); the error names
 	// the call. The fake driver can be told to allow it, to test the cache.
