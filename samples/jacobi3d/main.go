@@ -199,6 +199,7 @@ func report(w io.Writer, ranks int, cfg jacobi.Config, r *jacobi.Result) {
 			r.GPUBackend, r.GPUAPI)
 		fmt.Fprintf(w, "gpu_api %s\n", r.GPUAPI)
 		fmt.Fprintf(w, "gpu_backend %s\n", r.GPUBackend)
+		fmt.Fprintf(w, "gpu_ipc_halos %d\n", r.GPUIPC)
 	}
 	fmt.Fprintf(w, "sweeps %d\n", r.Sweeps)
 	fmt.Fprintf(w, "residual %s\n", strconv.FormatFloat(r.Residual, 'g', -1, 64))

@@ -121,6 +121,12 @@ func TestProcessesGPU(t *testing.T) {
 						t.Fatalf("%s, %d ranks, %s: no %q in the output:\n%s", backend, n, api, want, out)
 					}
 				}
+				// Between processes of this host on the cuda backend, halos
+				// from other ranks go by CUDA IPC; never on the host backend.
+				ipc := !strings.Contains(out, "[0] gpu_ipc_halos 0\n")
+				if !strings.Contains(out, "[0] gpu_ipc_halos ") || ipc != (backend == "cuda") {
+					t.Fatalf("%s, %d ranks, %s: halos by CUDA IPC: want %v:\n%s", backend, n, api, backend == "cuda", out)
+				}
 			}
 		}
 	}

@@ -79,6 +79,9 @@ type devBlock struct {
 
 	sendCh, recvCh [NumDirs]*transport.Channel
 	sendReq        [NumDirs][2]*transport.ChannelRequest
+	// sendDone: Messaging API sends whose buffer is still being read (CUDA
+	// IPC between processes; otherwise done when sent).
+	sendDone [NumDirs][2]*actor.Completion
 	// pending is the iteration whose packed faces wait to be sent (-1:
 	// none). Faces of iteration s go out once sweep s+1 is certain to
 	// happen (s < granted), so every face sent is received.
@@ -432,9 +435,11 @@ func (b *block) flushDevice() error {
 			continue
 		}
 		if b.cfg.GPUAPI != APIChannel {
-			if err := b.rt.SendFrom(b.self, p, &DeviceHalo{Iter: s, Dir: d ^ 1, Face: db.send[d][par]}); err != nil {
+			c, err := b.rt.SendDevice(b.self, p, &DeviceHalo{Iter: s, Dir: d ^ 1, Face: db.send[d][par]})
+			if err != nil {
 				return fmt.Errorf("sending halo %d of iteration %d: %w", d, s, err)
 			}
+			db.sendDone[d][par] = c
 			continue
 		}
 		sr, err := db.sendCh[d].Send(db.send[d][par])
@@ -459,13 +464,23 @@ func (b *block) notifyRecv(r *transport.ChannelRequest, iter, dir int) {
 	}
 }
 
-// waitSends waits for the channel sends of parity par (nil: all) to finish.
+// waitSends waits for the sends of parity par (-1: all) to finish: their
+// buffers may then be packed again or freed.
 func (b *block) waitSends(par int) error {
 	db := b.dv
 	for d := range NumDirs {
 		for p := range 2 {
+			if par >= 0 && p != par {
+				continue
+			}
+			if c := db.sendDone[d][p]; c != nil {
+				db.sendDone[d][p] = nil
+				if err := c.Wait(b.rs.ctx); err != nil {
+					return fmt.Errorf("halo %d send: %w", d, err)
+				}
+			}
 			r := db.sendReq[d][p]
-			if r == nil || (par >= 0 && p != par) {
+			if r == nil {
 				continue
 			}
 			db.sendReq[d][p] = nil

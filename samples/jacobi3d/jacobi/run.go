@@ -155,6 +155,9 @@ type Result struct {
 	// and the gpu backend ("host" or "cuda"); empty without GPU.
 	GPUAPI     string
 	GPUBackend string
+	// GPUIPC counts the halos rank 0 received by CUDA IPC (another process
+	// of its host, cuda backend): through the Messaging API or channels.
+	GPUIPC int64
 }
 
 // Halo is a block's boundary plane after sweep Iter, sent to the neighbour
@@ -214,6 +217,7 @@ func Run(ctx context.Context, rt *actor.Runtime, cfg Config) (*Result, error) {
 	}
 	if res != nil {
 		res.GPUAPI, res.GPUBackend = cfg.GPUAPI, dev.Backend()
+		res.GPUIPC = int64(rt.Stats().DeviceIPC.Load()) + rt.Transport().GPUIPCStats().Received
 	}
 	return res, err
 }
@@ -630,7 +634,7 @@ func (b *block) deviceSweep(hs *haloSet) bool {
 	last := b.final > 0 && b.sweep+1 == b.final
 	if !last {
 		// The faces packed two sweeps ago, in the buffers this sweep packs
-		// into, must have left (Channel API).
+		// into, must have left.
 		if err := b.waitSends((b.sweep + 1) % 2); err != nil {
 			b.fail(err)
 			return false
