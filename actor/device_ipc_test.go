@@ -10,7 +10,6 @@ import (
 
 	pa "github.com/asynkron/protoactor-go/actor"
 
-	"github.com/troupe-hpc/troupe/gpu"
 	"github.com/troupe-hpc/troupe/transport"
 )
 
@@ -21,15 +20,7 @@ import (
 // reason, the sender's Completion fails with that reason when the message
 // named one, and the runtime keeps working.
 func TestDeviceIPCMalformed(t *testing.T) {
-	sys, err := gpu.OpenBackend(gpu.BackendHost)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sys.Close()
-	dev, err := sys.Device(0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	dev := hostDevice(t)
 	rts := startLocalWith(t, 2, Options{Device: dev})
 	sink := &deviceSink{seen: make(chan halo, 4)}
 	if _, err := rts[1].Root().SpawnNamed(rts[1].Props(func() pa.Actor { return sink }), "sink"); err != nil {
@@ -140,12 +131,7 @@ func TestDeviceIPCMalformed(t *testing.T) {
 // TestSendDeviceNoIPC: without CUDA IPC (in-process ranks, or a rank of
 // this process), SendDevice's Completion is done when it returns.
 func TestSendDeviceNoIPC(t *testing.T) {
-	sys, err := gpu.OpenBackend(gpu.BackendHost)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sys.Close()
-	dev, _ := sys.Device(0)
+	dev := hostDevice(t)
 	rts := startLocalWith(t, 2, Options{Device: dev})
 	sink := &deviceSink{seen: make(chan halo, 4)}
 	for _, rt := range rts {

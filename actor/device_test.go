@@ -34,16 +34,23 @@ func (d *deviceSink) Receive(c pa.Context) {
 	}
 }
 
-func TestDeviceBufferMessages(t *testing.T) {
+// hostDevice opens device 0 of a host-backend system, closed with the test.
+func hostDevice(t *testing.T) *gpu.Device {
+	t.Helper()
 	sys, err := gpu.OpenBackend(gpu.BackendHost)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer sys.Close()
+	t.Cleanup(func() { sys.Close() })
 	dev, err := sys.Device(0)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return dev
+}
+
+func TestDeviceBufferMessages(t *testing.T) {
+	dev := hostDevice(t)
 	rts := startLocal(t, 2)
 	const n = 256 << 10 // rendezvous-sized
 	src, err := dev.Alloc(n)

@@ -456,13 +456,20 @@ func exchangeOne(ctx context.Context, ch *transport.Channel, sys *gpu.System, se
 // the peer lost when the peer dies, instead of waiting for good.
 func TestGPUChannelIPCPeerLost(t *testing.T) {
 	useFakeCUDA(t)
-	c := cfg{"shm", "direct"}
-	res := launch(t, "gpuipcloss", 2, c)
+	requireRank1Killed(t, "gpuipcloss", "[0] rank 0: ipc send and recv failed with the peer lost")
+}
+
+// requireRank1Killed runs scenario role on two ranks over shared memory
+// and requires rank 1 killed by SIGKILL, rank 0 done with line printed and
+// no rank reporting a failure.
+func requireRank1Killed(t *testing.T, role, line string) {
+	t.Helper()
+	res := launch(t, role, 2, cfg{"shm", "direct"})
 	var rf *bootstrap.RankFailure
 	if !errors.As(res.err, &rf) || rf.Rank != 1 || rf.Signal != syscall.SIGKILL {
 		t.Fatalf("Launch returned %v, want rank 1 killed by SIGKILL:\n%s", res.err, res.dump())
 	}
-	requireLines(t, res, "[0] rank 0: ipc send and recv failed with the peer lost", okLine("gpuipcloss", 0))
+	requireLines(t, res, line, okLine(role, 0))
 	if strings.Contains(res.stderr, "FAILED") {
 		t.Fatalf("a rank reported a failure:\n%s", res.dump())
 	}

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
-	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -18,7 +17,6 @@ import (
 	"github.com/troupe-hpc/troupe/actor"
 	"github.com/troupe-hpc/troupe/gpu"
 	"github.com/troupe-hpc/troupe/transport"
-	"github.com/troupe-hpc/troupe/transport/bootstrap"
 )
 
 // The GPU Messaging API between two processes of one host on the cuda
@@ -296,15 +294,7 @@ func (k *killingSink) Receive(c pa.Context) {
 // and so does a later Send.
 func TestGPUMessagingIPCPeerLost(t *testing.T) {
 	useFakeCUDA(t)
-	res := launch(t, "gpumsgipcloss", 2, cfg{"shm", "direct"})
-	var rf *bootstrap.RankFailure
-	if !errors.As(res.err, &rf) || rf.Rank != 1 || rf.Signal != syscall.SIGKILL {
-		t.Fatalf("Launch returned %v, want rank 1 killed by SIGKILL:\n%s", res.err, res.dump())
-	}
-	requireLines(t, res, "[0] rank 0: completion and send failed with the peer lost", okLine("gpumsgipcloss", 0))
-	if strings.Contains(res.stderr, "FAILED") {
-		t.Fatalf("a rank reported a failure:\n%s", res.dump())
-	}
+	requireRank1Killed(t, "gpumsgipcloss", "[0] rank 0: completion and send failed with the peer lost")
 }
 
 // gpuMsgIPCLoss is one rank of TestGPUMessagingIPCPeerLost.

@@ -514,18 +514,7 @@ func (c *Channel) ipcCopy(dev *gpu.Device, dst, src gpu.Buffer) error {
 		return gpu.Copy(dst, src)
 	}
 	defer release()
-	ev, err := dev.NewEvent()
-	if err != nil {
-		return err
-	}
-	defer ev.Destroy()
-	if err := gpu.CopyAsync(s, dst, src); err != nil {
-		return err
-	}
-	if err := ev.Record(s); err != nil {
-		return err
-	}
-	return ev.Synchronize()
+	return copyAndWait(dev, s, dst, src)
 }
 
 // useStream returns the channel's receive stream on dev and a function to
