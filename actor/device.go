@@ -49,8 +49,9 @@ func stageDevice(f reflect.Value) ([]byte, error) {
 	return host, nil
 }
 
-// deviceLanding returns the device buffer a message's bytes land in.
-func (rt *Runtime) deviceLanding(it *inItem, size int) (gpu.Buffer, error) {
+// deviceLanding returns the device buffer a message's bytes land in, and
+// whether the runtime allocated it (else the hook named it).
+func (rt *Runtime) deviceLanding(it *inItem, size int) (gpu.Buffer, bool, error) {
 	if la, ok := rt.local.Load(it.e.Target); ok {
 		if h, ok := la.(*localActor).actor.(DevicePostReceiver); ok {
 			in := &Incoming{Target: rt.PID(rt.rank, it.e.Target), Size: size}
@@ -62,17 +63,18 @@ func (rt *Runtime) deviceLanding(it *inItem, size int) (gpu.Buffer, error) {
 			}
 			if b := h.PostReceiveDevice(in); !b.IsZero() {
 				if b.Len() != size {
-					return gpu.Buffer{}, fmt.Errorf("PostReceiveDevice returned %d bytes for a device payload of %d", b.Len(), size)
+					return gpu.Buffer{}, false, fmt.Errorf("PostReceiveDevice returned %d bytes for a device payload of %d", b.Len(), size)
 				}
-				return b, nil
+				return b, false, nil
 			}
 		}
 	}
 	dev, err := rt.device()
 	if err != nil {
-		return gpu.Buffer{}, err
+		return gpu.Buffer{}, false, err
 	}
-	return dev.Alloc(size)
+	b, err := dev.Alloc(size)
+	return b, err == nil, err
 }
 
 // device returns the runtime's GPU device (Options.Device, else device 0 of

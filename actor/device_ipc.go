@@ -202,6 +202,8 @@ func (rt *Runtime) receiveDeviceIPC(in *inPeer, m *transport.AMMessage, it *inIt
 		seq, haveSeq = binary.LittleEndian.Uint64(data[transport.DeviceDescSize:]), true
 	}
 	var dst gpu.Buffer
+	owned := false         // dst was allocated here, not named by the hook
+	landingFailed := false // the message was well formed; its landing failed
 	switch {
 	case it.err != "":
 	case ct == nil:
@@ -220,13 +222,16 @@ func (rt *Runtime) receiveDeviceIPC(in *inPeer, m *transport.AMMessage, it *inIt
 		case n != it.e.PayloadLen:
 			it.err = fmt.Sprintf("CUDA IPC descriptor of %d bytes for a payload of %d", n, it.e.PayloadLen)
 		default:
-			if dst, err = rt.deviceLanding(it, n); err != nil {
+			if dst, owned, err = rt.deviceLanding(it, n); err != nil {
 				it.err = "device payload: " + err.Error()
+				landingFailed = true
 			}
 		}
 	}
 	if it.err != "" {
-		rt.stats.DecodeErrors.Add(1)
+		if !landingFailed {
+			rt.stats.DecodeErrors.Add(1) // the message itself was wrong
+		}
 		if haveSeq {
 			rt.ackDevice(in.rank, seq, it.err)
 		}
@@ -249,6 +254,9 @@ func (rt *Runtime) receiveDeviceIPC(in *inPeer, m *transport.AMMessage, it *inIt
 			rt.stats.DeviceLanded.Add(1)
 			rt.stats.DeviceIPC.Add(1)
 			it.msg = msg
+		}
+		if it.err != "" && owned {
+			_ = gpu.Free(dst)
 		}
 		rt.ackDevice(in.rank, seq, it.err)
 	})

@@ -619,9 +619,11 @@ func (rt *Runtime) decodeDevice(it *inItem, ct *codecType, host []byte) {
 	if it.err != "" {
 		return
 	}
-	dst, err := rt.deviceLanding(it, len(host))
+	dst, owned, err := rt.deviceLanding(it, len(host))
 	if err == nil {
-		err = gpu.CopyFromHost(dst, host)
+		if err = gpu.CopyFromHost(dst, host); err != nil && owned {
+			_ = gpu.Free(dst)
+		}
 	}
 	if err != nil {
 		it.err = "device payload: " + err.Error()
@@ -629,6 +631,9 @@ func (rt *Runtime) decodeDevice(it *inItem, ct *codecType, host []byte) {
 	}
 	msg, err := decodeBodyDevice(ct, it.e.Body, it.e.Flags&flagPointer != 0, nil, dst)
 	if err != nil {
+		if owned {
+			_ = gpu.Free(dst)
+		}
 		rt.stats.DecodeErrors.Add(1)
 		it.err = err.Error()
 		return
