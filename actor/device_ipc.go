@@ -298,10 +298,13 @@ func (rt *Runtime) onDeviceAck(m *transport.AMMessage) {
 	}
 }
 
-// waitDevice waits for c, progressing the transport meanwhile (the
-// acknowledgement is an active message). Peer loss and Shutdown finish
-// every Completion.
+// waitDevice waits for c. The acknowledgement follows the receiver's copy,
+// not a transfer in flight here: the caller does not progress the
+// transport (transport.Await would keep this rank's progress goroutine
+// polling on its behalf, taking a core the receiver's copy may need); the
+// progress goroutine wakes on the acknowledgement's arrival. Peer loss and
+// Shutdown finish every Completion.
 func (rt *Runtime) waitDevice(c *Completion) error {
-	_ = rt.t.Await(context.Background(), c.done)
+	<-c.done
 	return c.err
 }
