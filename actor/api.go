@@ -65,21 +65,15 @@ func (rt *Runtime) SendFrom(sender *pa.PID, pid *pa.PID, msg any) error {
 // the Completion is done at once. SendFrom is SendDevice followed by
 // waiting for the Completion.
 func (rt *Runtime) SendDevice(sender, pid *pa.PID, msg any) (*Completion, error) {
-	if pid == nil {
-		return nil, errors.New("actor: send to a nil PID")
+	var c *Completion
+	var err error
+	if r, ok := rt.remote(pid); ok { // remote(nil) is false
+		c, err = rt.sendAsync(r, pid, msg, sender, 0)
+	} else {
+		err = rt.SendFrom(sender, pid, msg) // nil PID, closed runtime, local target
 	}
-	if rt.closed.Load() {
-		return nil, ErrClosed
-	}
-	if r, ok := rt.remote(pid); ok {
-		c, err := rt.sendAsync(r, pid, msg, sender, 0)
-		if err != nil || c != nil {
-			return c, err
-		}
-		return completed(nil), nil
-	}
-	if err := rt.SendFrom(sender, pid, msg); err != nil {
-		return nil, err
+	if err != nil || c != nil {
+		return c, err
 	}
 	return completed(nil), nil
 }
