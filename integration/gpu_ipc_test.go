@@ -17,9 +17,9 @@ import (
 )
 
 // CUDA IPC for channels between two processes of one host, on the cuda
-// backend over the fake driver (gpu/testdata/fakecuda: device memory is a
-// shared memfd another process can map), over real UCX. On a GPU machine
-// TestGPUCUDA's gpuchannel run takes the same path with the real driver.
+// backend, over real UCX: on a GPU machine with the real driver, elsewhere
+// over the fake driver (gpu/testdata/fakecuda: device memory is a shared
+// memfd another process can map).
 func init() {
 	scenarios["gpuipc"] = gpuIPC
 	scenarios["gpuipcloss"] = gpuIPCLoss
@@ -39,13 +39,17 @@ func buildFakeCUDA(t *testing.T) string {
 	return lib
 }
 
-// useFakeCUDA makes the ranks of the test's jobs use the cuda backend on the
-// fake driver.
-func useFakeCUDA(t *testing.T) {
+// useCUDA makes the ranks of the test's jobs use the cuda backend: on the
+// real driver when this machine has a usable GPU (and TROUPE_CUDA_LIBRARY
+// names no other driver), else on the fake driver.
+func useCUDA(t *testing.T) {
 	t.Helper()
-	lib := buildFakeCUDA(t)
-	t.Setenv(gpu.EnvCUDALibrary, lib)
 	t.Setenv(gpu.EnvBackend, gpu.BackendCUDA)
+	if os.Getenv(gpu.EnvCUDALibrary) == "" && gpu.CUDAAvailable() == nil {
+		t.Log("cuda backend on this machine's GPU")
+		return
+	}
+	t.Setenv(gpu.EnvCUDALibrary, buildFakeCUDA(t))
 }
 
 // TestGPUChannelIPC: device buffers cross a channel by CUDA IPC between two
@@ -53,7 +57,7 @@ func useFakeCUDA(t *testing.T) {
 // mapping cache, fallback for Go memory, size mismatches on both ends, and
 // every mapping closed with the channel.
 func TestGPUChannelIPC(t *testing.T) {
-	useFakeCUDA(t)
+	useCUDA(t)
 	for _, tc := range []struct {
 		name string
 		c    cfg
@@ -83,12 +87,13 @@ func TestGPUChannelIPC(t *testing.T) {
 	}
 }
 
-// TestGPUChannelsCUDAFake runs the generic channel scenario (every pair of
-// Go and device memory, size mismatches) on the fake cuda driver with the
+// TestGPUChannelsCUDAIPC runs the generic channel scenario (every pair of
+// Go and device memory, size mismatches) on the cuda backend (real or fake
+// driver, see useCUDA) with the
 // IPC path on and off: with it on, device sends go by IPC or, to Go memory,
 // fall back; with it off, staging carries everything.
-func TestGPUChannelsCUDAFake(t *testing.T) {
-	useFakeCUDA(t)
+func TestGPUChannelsCUDAIPC(t *testing.T) {
+	useCUDA(t)
 	for _, ipc := range []string{"on", "off"} {
 		t.Run("ipc-"+ipc, func(t *testing.T) {
 			t.Setenv(transport.EnvGPUIPC, ipc)
@@ -455,7 +460,7 @@ func exchangeOne(ctx context.Context, ch *transport.Channel, sys *gpu.System, se
 // acknowledgement, and a receive waiting for its control message, fail with
 // the peer lost when the peer dies, instead of waiting for good.
 func TestGPUChannelIPCPeerLost(t *testing.T) {
-	useFakeCUDA(t)
+	useCUDA(t)
 	requireRank1Killed(t, "gpuipcloss", "[0] rank 0: ipc send and recv failed with the peer lost")
 }
 

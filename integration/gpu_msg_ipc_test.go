@@ -117,11 +117,11 @@ func (s *devSink) Receive(c pa.Context) {
 }
 
 // TestGPUMessagingIPC: device-buffer actor messages between two processes
-// on the fake cuda driver, with CUDA IPC on and off, over shared memory and
+// on the cuda backend (a real GPU when there is one, else the fake driver), with CUDA IPC on and off, over shared memory and
 // TCP: bytes, order among plain messages, Send and SendDevice, a landing
 // buffer of the wrong size reported on both ends, the transfer path taken.
 func TestGPUMessagingIPC(t *testing.T) {
-	useFakeCUDA(t)
+	useCUDA(t)
 	for _, tc := range []struct {
 		name, ipc string
 		c         cfg
@@ -293,7 +293,7 @@ func (k *killingSink) Receive(c pa.Context) {
 // dies before it acknowledges; the sender's Completion fails with the loss,
 // and so does a later Send.
 func TestGPUMessagingIPCPeerLost(t *testing.T) {
-	useFakeCUDA(t)
+	useCUDA(t)
 	requireRank1Killed(t, "gpumsgipcloss", "[0] rank 0: completion and send failed with the peer lost")
 }
 

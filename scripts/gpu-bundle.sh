@@ -1,0 +1,30 @@
+#!/bin/sh
+# gpu-bundle.sh builds, on a machine with Go and UCX, everything the CUDA
+# checks need on a GPU machine that has neither: the test binaries of the
+# packages with a cuda leg, the troupe and jacobi3d programs, and the shared
+# libraries they load (UCX and its transport modules), compressed into .gpu/
+# (ignored by git). scripts/gpu-check.sh runs them there.
+set -eu
+cd "$(dirname "$0")/.."
+out=.gpu
+rm -rf "$out" && mkdir -p "$out/bin" "$out/lib/ucx"
+flags='-ldflags=-s -w'
+go test -c "$flags" -o "$out/bin/gpu.test" ./gpu/
+go test -c "$flags" -o "$out/bin/integration.test" ./integration/
+go test -c "$flags" -o "$out/bin/jacobi.test" ./samples/jacobi3d/jacobi/
+go test -c "$flags" -o "$out/bin/jacobi3d.test" ./samples/jacobi3d/
+go build "$flags" -o "$out/bin/troupe" ./cmd/troupe
+go build "$flags" -o "$out/bin/jacobi3d" ./samples/jacobi3d
+# UCX, its CMA transport module (no InfiniBand there) and what they link,
+# but not the C library: the GPU machine's newer glibc runs binaries linked
+# against ours.
+moddir=$(pkg-config --variable=libdir ucx)/ucx
+for f in "$out"/bin/* "$moddir"/libuct_cma.so.0; do ldd "$f" 2>/dev/null; done |
+	awk '$3 ~ /^\// {print $3}' | sort -u |
+	grep -Ev '/(libc|libm|libpthread|libdl|librt|ld-linux[^/]*)\.so' |
+	while read -r l; do cp -L "$l" "$out/lib/"; done
+cp -L "$moddir"/libuct_cma.so.0 "$out/lib/ucx/"
+tar -C "$out" -cJf "$out.tar.xz" bin lib
+rm -rf "$out"/bin "$out"/lib
+mv "$out.tar.xz" "$out/bundle.tar.xz"
+ls -l "$out"

@@ -1,0 +1,53 @@
+#!/bin/bash
+# gpu-check.sh runs, on a GPU machine without Go, what scripts/gpu-bundle.sh
+# built: the CUDA test suites on the real driver, the GPU benchmark and
+# Jacobi3D on the device. Each step's output goes to $OUT/<step>.log (or
+# ./gpu-logs) and a summary line per step to stdout.
+#   scripts/gpu-check.sh [step...]   steps: info gpu integration jacobi bench run
+set -u
+cd "$(dirname "$0")/.."
+root=$PWD
+logs=${OUT:-$root/gpu-logs}
+mkdir -p "$logs"
+g=/tmp/troupe-gpu
+if [ ! -x "$g/bin/troupe" ]; then
+	mkdir -p "$g" && tar -C "$g" -xJf .gpu/bundle.tar.xz || exit 1
+fi
+export LD_LIBRARY_PATH=$g/lib UCX_MODULE_DIR=$g/lib/ucx UCX_LOG_LEVEL=error
+B=$g/bin
+steps=${*:-info gpu integration jacobi bench run}
+
+step() { # step NAME DIR SECONDS COMMAND...: run COMMAND in DIR for at most SECONDS, log it, summarise
+	local name=$1 dir=$2 limit=$3 t0=$SECONDS rc
+	shift 3
+	(cd "$dir" && timeout -k 5 "$limit" "$@") >"$logs/$name.log" 2>&1
+	rc=$?
+	echo "== $name: exit $rc, $((SECONDS - t0)) s; $(grep -cE '^(---|    ---) PASS' "$logs/$name.log") PASS, $(grep -cE -- '--- FAIL' "$logs/$name.log") FAIL, $(grep -cE -- '--- SKIP' "$logs/$name.log") SKIP"
+	grep -E -- '--- (FAIL|SKIP)' "$logs/$name.log" | head -20
+}
+
+for s in $steps; do
+	case $s in
+	info)
+		nvidia-smi -L >"$logs/info.log" 2>&1
+		"$B/troupe" info >>"$logs/info.log" 2>&1
+		cat "$logs/info.log" ;;
+	gpu)
+		step gpu gpu 150 env TROUPE_GPU=cuda "$B/gpu.test" -test.v -test.count=1 -test.timeout=300s ;;
+	integration)
+		step integration integration 240 "$B/integration.test" -test.v -test.count=1 -test.timeout=400s \
+			-test.run 'TestGPUCUDA|TestGPUChannelIPC|TestGPUChannelsCUDAIPC|TestGPUMessagingIPC' ;;
+	jacobi)
+		step jacobi samples/jacobi3d/jacobi 120 "$B/jacobi.test" -test.v -test.count=1 -test.timeout=300s -test.run 'TestRunGPUCUDA'
+		step jacobi3d samples/jacobi3d 150 "$B/jacobi3d.test" -test.v -test.count=1 -test.timeout=300s -test.run 'TestProcessesGPU' ;;
+	bench)
+		timeout -k 5 150 "$B/troupe" bench gpu --backend cuda >"$logs/bench.log" 2>&1
+		echo "== bench gpu: exit $?"; cat "$logs/bench.log" ;;
+	run)
+		for api in channel messaging; do
+			timeout -k 5 60 "$B/troupe" run -n 4 --tls shm -- "$B/jacobi3d" -gpu -gpu-api $api -grid 192 -blocks 2x2x2 -warmup 5 -iters 50 -check=false
+		done >"$logs/run.log" 2>&1
+		timeout -k 5 60 "$B/troupe" run -n 4 --tls shm -- "$B/jacobi3d" -grid 192 -blocks 2x2x2 -warmup 5 -iters 50 -check=false >>"$logs/run.log" 2>&1
+		echo "== run: exit $?"; grep -E 'gpu_|iter_ms|comm_ms|residual|rror' "$logs/run.log" ;;
+	esac
+done
