@@ -50,9 +50,7 @@ static struct {
 	CUresult (*cuMemFree)(CUdeviceptr);
 	CUresult (*cuMemHostAlloc)(void **, size_t, unsigned int);
 	CUresult (*cuMemFreeHost)(void *);
-	CUresult (*cuMemcpy)(CUdeviceptr, CUdeviceptr, size_t);
 	CUresult (*cuMemcpyAsync)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
-	CUresult (*cuMemsetD8)(CUdeviceptr, unsigned char, size_t);
 	CUresult (*cuMemsetD8Async)(CUdeviceptr, unsigned char, size_t, CUstream);
 	CUresult (*cuStreamCreate)(CUstream *, unsigned int);
 	CUresult (*cuStreamDestroy)(CUstream);
@@ -104,9 +102,7 @@ static const char *tr_load(const char *path) {
 		{(void **)&tr.cuMemFree, {"cuMemFree_v2"}, 0},
 		{(void **)&tr.cuMemHostAlloc, {"cuMemHostAlloc"}, 0},
 		{(void **)&tr.cuMemFreeHost, {"cuMemFreeHost"}, 0},
-		{(void **)&tr.cuMemcpy, {"cuMemcpy"}, 0},
 		{(void **)&tr.cuMemcpyAsync, {"cuMemcpyAsync"}, 0},
-		{(void **)&tr.cuMemsetD8, {"cuMemsetD8_v2"}, 0},
 		{(void **)&tr.cuMemsetD8Async, {"cuMemsetD8Async"}, 0},
 		{(void **)&tr.cuStreamCreate, {"cuStreamCreate"}, 0},
 		{(void **)&tr.cuStreamDestroy, {"cuStreamDestroy_v2", "cuStreamDestroy"}, 0},
@@ -191,9 +187,23 @@ static CUresult tr_mem_free(CUcontext c, CUdeviceptr p) { SETCTX(c); return tr.c
 // CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP
 static CUresult tr_mem_host_alloc(CUcontext c, void **p, size_t n) { SETCTX(c); return tr.cuMemHostAlloc(p, n, 0x01 | 0x02); }
 static CUresult tr_mem_free_host(CUcontext c, void *p) { SETCTX(c); return tr.cuMemFreeHost(p); }
-static CUresult tr_memcpy(CUcontext c, CUdeviceptr d, CUdeviceptr s, size_t n) { SETCTX(c); return tr.cuMemcpy(d, s, n); }
+// Synchronous copies and memsets run on the calling thread's default stream
+// (CU_STREAM_PER_THREAD) and wait for it. cuMemcpy and cuMemsetD8 are not
+// synchronous enough: a copy from pageable memory or a memset may return
+// before the bytes reach device memory, and they run on the legacy stream,
+// which our non-blocking streams do not wait for.
+#define TR_STREAM_PER_THREAD ((CUstream)0x2)
+static CUresult tr_memcpy(CUcontext c, CUdeviceptr d, CUdeviceptr s, size_t n) {
+	SETCTX(c);
+	CUresult r = tr.cuMemcpyAsync(d, s, n, TR_STREAM_PER_THREAD);
+	return r != 0 ? r : tr.cuStreamSynchronize(TR_STREAM_PER_THREAD);
+}
 static CUresult tr_memcpy_async(CUcontext c, CUdeviceptr d, CUdeviceptr s, size_t n, CUstream st) { SETCTX(c); return tr.cuMemcpyAsync(d, s, n, st); }
-static CUresult tr_memset(CUcontext c, CUdeviceptr d, unsigned char v, size_t n) { SETCTX(c); return tr.cuMemsetD8(d, v, n); }
+static CUresult tr_memset(CUcontext c, CUdeviceptr d, unsigned char v, size_t n) {
+	SETCTX(c);
+	CUresult r = tr.cuMemsetD8Async(d, v, n, TR_STREAM_PER_THREAD);
+	return r != 0 ? r : tr.cuStreamSynchronize(TR_STREAM_PER_THREAD);
+}
 static CUresult tr_memset_async(CUcontext c, CUdeviceptr d, unsigned char v, size_t n, CUstream st) { SETCTX(c); return tr.cuMemsetD8Async(d, v, n, st); }
 // CU_STREAM_NON_BLOCKING
 static CUresult tr_stream_create(CUcontext c, CUstream *s) { SETCTX(c); return tr.cuStreamCreate(s, 0x1); }
@@ -404,7 +414,7 @@ func (l *cuLib) memFreeHost(c cuContext, mem []byte) error {
 }
 
 func (l *cuLib) memcpy(c cuContext, dst, src uint64, n int) error {
-	return cuErr("cuMemcpy", C.tr_memcpy(c, C.CUdeviceptr(dst), C.CUdeviceptr(src), C.size_t(n)))
+	return cuErr("cuMemcpyAsync (per-thread stream, synchronized)", C.tr_memcpy(c, C.CUdeviceptr(dst), C.CUdeviceptr(src), C.size_t(n)))
 }
 
 func (l *cuLib) memcpyAsync(c cuContext, dst, src uint64, n int, s cuStream) error {
@@ -412,7 +422,7 @@ func (l *cuLib) memcpyAsync(c cuContext, dst, src uint64, n int, s cuStream) err
 }
 
 func (l *cuLib) memsetD8(c cuContext, dst uint64, v byte, n int) error {
-	return cuErr("cuMemsetD8_v2", C.tr_memset(c, C.CUdeviceptr(dst), C.uchar(v), C.size_t(n)))
+	return cuErr("cuMemsetD8Async (per-thread stream, synchronized)", C.tr_memset(c, C.CUdeviceptr(dst), C.uchar(v), C.size_t(n)))
 }
 
 func (l *cuLib) memsetD8Async(c cuContext, dst uint64, v byte, n int, s cuStream) error {

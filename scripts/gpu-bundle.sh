@@ -15,6 +15,9 @@ go test -c "$flags" -o "$out/bin/jacobi.test" ./samples/jacobi3d/jacobi/
 go test -c "$flags" -o "$out/bin/jacobi3d.test" ./samples/jacobi3d/
 go build "$flags" -o "$out/bin/troupe" ./cmd/troupe
 go build "$flags" -o "$out/bin/jacobi3d" ./samples/jacobi3d
+go build "$flags" -o "$out/bin/faces" ./samples/faces
+# the raw UCX reference of `troupe bench pingpong --compare`
+cp "$(command -v ucx_perftest)" "$out/bin/"
 # UCX, its CMA transport module (no InfiniBand there) and what they link,
 # but not the C library: the GPU machine's newer glibc runs binaries linked
 # against ours.

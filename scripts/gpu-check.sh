@@ -3,7 +3,8 @@
 # built: the CUDA test suites on the real driver, the GPU benchmark and
 # Jacobi3D on the device. Each step's output goes to $OUT/<step>.log (or
 # ./gpu-logs) and a summary line per step to stdout.
-#   scripts/gpu-check.sh [step...]   steps: info gpu integration jacobi bench run
+#   scripts/gpu-check.sh [step...]
+# steps: info gpu integration jacobi bench run faces pingpong
 set -u
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -15,6 +16,7 @@ if [ ! -x "$g/bin/troupe" ]; then
 fi
 export LD_LIBRARY_PATH=$g/lib UCX_MODULE_DIR=$g/lib/ucx UCX_LOG_LEVEL=error
 B=$g/bin
+export PATH=$B:$PATH
 steps=${*:-info gpu integration jacobi bench run}
 
 step() { # step NAME DIR SECONDS COMMAND...: run COMMAND in DIR for at most SECONDS, log it, summarise
@@ -49,5 +51,17 @@ for s in $steps; do
 		done >"$logs/run.log" 2>&1
 		timeout -k 5 60 "$B/troupe" run -n 4 --tls shm -- "$B/jacobi3d" -grid 192 -blocks 2x2x2 -warmup 5 -iters 50 -check=false >>"$logs/run.log" 2>&1
 		echo "== run: exit $?"; grep -E 'gpu_|iter_ms|comm_ms|residual|rror' "$logs/run.log" ;;
+	faces) # each mode alone; a rank still running after 25 s dumps its goroutines
+		for m in plain queue; do
+			(sleep 25; pkill -QUIT -x faces) &
+			w=$!
+			timeout -k 5 40 "$B/troupe" run -n 4 --tls shm -- "$B/faces" -L 8 -iters 5 -mode $m
+			echo "faces $m: exit $?"
+			kill $w 2>/dev/null
+		done >"$logs/faces.log" 2>&1
+		grep -E 'faces (plain|queue)|match|rror' "$logs/faces.log" ;;
+	pingpong)
+		timeout -k 5 120 "$B/troupe" bench pingpong --compare 3 >"$logs/pingpong.log" 2>&1
+		echo "== pingpong: exit $?"; cat "$logs/pingpong.log" ;;
 	esac
 done

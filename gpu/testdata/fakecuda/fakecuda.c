@@ -288,8 +288,13 @@ static void *worker(void *arg) {
 	return NULL;
 }
 
+// The implicit streams (CU_STREAM_LEGACY 0x1, CU_STREAM_PER_THREAD 0x2)
+// take copies and memsets only, and run them at once: they are complete
+// when the call returns, so synchronizing such a stream has nothing to do.
+static int implicit_stream(stream *s) { return (uintptr_t)s == 1 || (uintptr_t)s == 2; }
+
 static CUresult push(stream *s, op o) {
-	if (s == NULL) return ERR_INVALID_HANDLE;
+	if (s == NULL || implicit_stream(s)) return ERR_INVALID_HANDLE;
 	op *p = malloc(sizeof *p);
 	*p = o;
 	p->next = NULL;
@@ -402,20 +407,6 @@ CUresult cuMemFree_v2(CUdeviceptr p) { return drop_alloc((uintptr_t)p, M_DEVICE)
 CUresult cuMemHostAlloc(void **p, size_t n, unsigned flags) { (void)flags; return add_alloc(p, n, M_HOST, 0); }
 CUresult cuMemFreeHost(void *p) { return drop_alloc((uintptr_t)p, M_HOST); }
 
-CUresult cuMemcpy(CUdeviceptr d, CUdeviceptr s, size_t n) {
-	memmove((void *)(uintptr_t)d, (void *)(uintptr_t)s, n);
-	return OK;
-}
-
-CUresult cuMemsetD8_v2(CUdeviceptr d, unsigned char v, size_t n) {
-	pthread_mutex_lock(&g);
-	alloc *a = find((uintptr_t)d);
-	pthread_mutex_unlock(&g);
-	if (a == NULL) return ERR_INVALID_VALUE;
-	memset((void *)(uintptr_t)d, v, n);
-	return OK;
-}
-
 CUresult cuStreamCreate(stream **out, unsigned flags) {
 	(void)flags;
 	stream *s = calloc(1, sizeof *s);
@@ -435,6 +426,7 @@ CUresult cuStreamDestroy_v2(stream *s) {
 }
 
 CUresult cuStreamSynchronize(stream *s) {
+	if (implicit_stream(s)) return OK;
 	if (s == NULL) return ERR_INVALID_HANDLE;
 	pthread_mutex_lock(&g);
 	unsigned long long target = s->enq;
@@ -452,6 +444,10 @@ CUresult cuStreamQuery(stream *s) {
 }
 
 CUresult cuMemcpyAsync(CUdeviceptr d, CUdeviceptr s, size_t n, stream *st) {
+	if (implicit_stream(st)) {
+		memmove((void *)(uintptr_t)d, (void *)(uintptr_t)s, n);
+		return OK;
+	}
 	return push(st, (op){.kind = OP_COPY, .dst = (uintptr_t)d, .src = (uintptr_t)s, .n = n});
 }
 
@@ -460,6 +456,10 @@ CUresult cuMemsetD8Async(CUdeviceptr d, unsigned char v, size_t n, stream *st) {
 	alloc *a = find((uintptr_t)d);
 	pthread_mutex_unlock(&g);
 	if (a == NULL) return ERR_INVALID_VALUE;
+	if (implicit_stream(st)) {
+		memset((void *)(uintptr_t)d, v, n);
+		return OK;
+	}
 	return push(st, (op){.kind = OP_SET, .dst = (uintptr_t)d, .v = v, .n = n});
 }
 
