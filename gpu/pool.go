@@ -26,6 +26,13 @@ type PoolConfig struct {
 // PinnedPool recycles pinned host buffers in power-of-two size classes. It
 // is bounded: Get fails with ErrPoolExhausted (GetWait waits) when a new
 // buffer would take the pool over MaxBytes.
+//
+// The buffers the pool lets go (beyond MaxIdlePerClass, or to make room for
+// another class) are freed by a goroutine of the pool, never by the caller
+// of Put or Get: on CUDA, freeing pinned memory waits until the device is
+// idle, and a transport agent that Puts a buffer may be what a stream on
+// the device is waiting for (a stream-triggered queue's completion). Until
+// that goroutine has freed them they are no longer counted in MaxBytes.
 type PinnedPool struct {
 	sys *System
 	cfg PoolConfig
@@ -37,6 +44,9 @@ type PinnedPool struct {
 	held    int // bytes allocated (in use + idle)
 	changed chan struct{}
 	closed  bool
+
+	release     []*allocation // let go, not freed yet
+	releaseDone chan struct{} // non-nil while a releaser runs; closed when it ends
 }
 
 // NewPinnedPool creates a pool of pinned host buffers.
@@ -171,9 +181,35 @@ func (p *PinnedPool) dropIdleLocked() bool {
 	return false
 }
 
+// freeLocked hands a to the releaser goroutine, starting it if needed.
 func (p *PinnedPool) freeLocked(a *allocation) {
-	a.pool = nil
-	_ = Free(Buffer{a: a, ptr: a.base, n: a.size})
+	p.release = append(p.release, a)
+	if p.releaseDone == nil {
+		p.releaseDone = make(chan struct{})
+		go p.releaser()
+	}
+}
+
+// releaser frees the allocations let go until none is left.
+func (p *PinnedPool) releaser() {
+	for {
+		p.mu.Lock()
+		list := p.release
+		p.release = nil
+		if len(list) == 0 {
+			close(p.releaseDone)
+			p.releaseDone = nil
+			p.mu.Unlock()
+			return
+		}
+		p.mu.Unlock()
+		for _, a := range list {
+			p.sys.mu.Lock()
+			a.pool = nil
+			p.sys.mu.Unlock()
+			_ = Free(Buffer{a: a, ptr: a.base, n: a.size})
+		}
+	}
 }
 
 // Put returns a Buffer obtained from Get (any slice of it with the same
@@ -211,12 +247,17 @@ func (p *PinnedPool) Stats() (heldBytes, inUse, idle int) {
 	return p.held, len(p.inUse), idle
 }
 
-// Close frees idle buffers; buffers in use are freed when Put.
+// Close frees idle buffers and waits until the buffers let go so far are
+// freed; buffers in use are freed when Put.
 func (p *PinnedPool) Close() error {
 	p.mu.Lock()
-	defer p.mu.Unlock()
 	p.closed = true
 	for p.dropIdleLocked() {
+	}
+	done := p.releaseDone
+	p.mu.Unlock()
+	if done != nil {
+		<-done
 	}
 	return nil
 }

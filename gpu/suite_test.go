@@ -640,6 +640,26 @@ func testPinnedPool(t *testing.T, s *System) {
 
 	_, err = s.NewPinnedPool(PoolConfig{MinSize: 4096, MaxSize: 1 << 20, MaxBytes: 1 << 16})
 	assert.Error(t, err)
+
+	// Buffers let go beyond MaxIdlePerClass are freed by the pool's releaser,
+	// and all of them by the time Close returns.
+	p2, err := s.NewPinnedPool(PoolConfig{MinSize: 4096, MaxSize: 4096, MaxBytes: 4 * 4096, MaxIdlePerClass: 1})
+	require.NoError(t, err)
+	var bufs []Buffer
+	for range 4 {
+		b, err := p2.Get(4096)
+		require.NoError(t, err)
+		bufs = append(bufs, b)
+	}
+	for _, b := range bufs {
+		require.NoError(t, p2.Put(b))
+	}
+	held, inUse, idle := p2.Stats()
+	assert.Equal(t, []int{4096, 0, 1}, []int{held, inUse, idle}, "three let go, one kept idle")
+	require.NoError(t, p2.Close())
+	for i, b := range bufs {
+		assert.True(t, b.a.freed.Load(), "buffer %d freed by Close", i)
+	}
 }
 
 func testIPC(t *testing.T, s *System) {

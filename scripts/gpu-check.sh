@@ -4,7 +4,7 @@
 # Jacobi3D on the device. Each step's output goes to $OUT/<step>.log (or
 # ./gpu-logs) and a summary line per step to stdout.
 #   scripts/gpu-check.sh [step...]
-# steps: info gpu integration jacobi bench run faces pingpong
+# steps: info gpu integration jacobi bench benchhost run faces pingpong
 set -u
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -45,6 +45,9 @@ for s in $steps; do
 	bench)
 		timeout -k 5 150 "$B/troupe" bench gpu --backend cuda >"$logs/bench.log" 2>&1
 		echo "== bench gpu: exit $?"; cat "$logs/bench.log" ;;
+	benchhost) # the same on the host backend, small sizes: what the machine costs without CUDA
+		timeout -k 5 100 "$B/troupe" bench gpu --backend host --max 65536 >"$logs/benchhost.log" 2>&1
+		echo "== bench gpu host: exit $?"; cat "$logs/benchhost.log" ;;
 	run)
 		for api in channel messaging; do
 			timeout -k 5 60 "$B/troupe" run -n 4 --tls shm -- "$B/jacobi3d" -gpu -gpu-api $api -grid 192 -blocks 2x2x2 -warmup 5 -iters 50 -check=false
