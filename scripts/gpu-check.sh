@@ -4,7 +4,7 @@
 # Jacobi3D on the device. Each step's output goes to $OUT/<step>.log (or
 # ./gpu-logs) and a summary line per step to stdout.
 #   scripts/gpu-check.sh [step...]
-# steps: info gpu integration jacobi bench benchhost run faces pingpong
+# steps: info gpu gpubench integration jacobi bench benchhost run faces pingpong
 set -u
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -45,6 +45,9 @@ for s in $steps; do
 	bench)
 		timeout -k 5 150 "$B/troupe" bench gpu --backend cuda >"$logs/bench.log" 2>&1
 		echo "== bench gpu: exit $?"; cat "$logs/bench.log" ;;
+	gpubench) # stream copy + synchronize, per direction and size
+		(cd gpu && timeout -k 5 120 "$B/gpu.test" -test.run '^$' -test.bench StreamCopy -test.benchtime 2000x) >"$logs/gpubench.log" 2>&1
+		echo "== gpubench: exit $?"; grep -E 'Benchmark|ok|FAIL' "$logs/gpubench.log" ;;
 	benchhost) # the same on the host backend, small sizes: what the machine costs without CUDA
 		timeout -k 5 100 "$B/troupe" bench gpu --backend host --max 65536 >"$logs/benchhost.log" 2>&1
 		echo "== bench gpu host: exit $?"; cat "$logs/benchhost.log" ;;
