@@ -75,7 +75,7 @@ func TestDeviceIPCMalformed(t *testing.T) {
 					desc = make([]byte, transport.DeviceDescSize)
 				}
 				var seq uint64
-				seq, c = rts[0].devSends.add(1)
+				seq, c = rts[0].devSends.add(1, rts[0].t)
 				data = withSeq(desc, seq)
 			}
 			post(tc.typ, 64, data)
@@ -96,7 +96,7 @@ func TestDeviceIPCMalformed(t *testing.T) {
 	}
 	// A forged acknowledgement (no such message) is counted, not obeyed.
 	errsBefore := rts[0].Stats().DecodeErrors.Load()
-	seq, c := rts[0].devSends.add(1)
+	seq, c := rts[0].devSends.add(1, rts[0].t)
 	hdr := appendString(appendUint(appendUint(nil, 1), seq+1000), "")
 	if _, err := rts[1].t.SendAM(0, amDeviceAck, hdr, nil, transport.AMEager); err != nil {
 		t.Fatal(err)

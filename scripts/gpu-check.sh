@@ -48,6 +48,14 @@ for s in $steps; do
 	gpubench) # stream copy + synchronize, per direction and size
 		(cd gpu && timeout -k 5 120 "$B/gpu.test" -test.run '^$' -test.bench StreamCopy -test.benchtime 2000x) >"$logs/gpubench.log" 2>&1
 		echo "== gpubench: exit $?"; grep -E 'Benchmark|ok|FAIL' "$logs/gpubench.log" ;;
+	probe) # small-message latency on cuda under variations, with execution traces
+		{
+			TROUPE_BENCH_TRACE=/tmp/gtrace timeout -k 5 60 "$B/troupe" bench gpu --backend cuda --max 8192 --scale 0.3
+			for r in 0 1; do gzip -c /tmp/gtrace.rank$r >"$logs/trace.rank$r.gz"; done
+			echo "# GOMAXPROCS=4"; GOMAXPROCS=4 timeout -k 5 60 "$B/troupe" bench gpu --backend cuda --max 8192 --scale 0.3
+			echo "# tcp"; timeout -k 5 60 "$B/troupe" bench gpu --backend cuda --max 8192 --scale 0.3 --tls tcp
+		} >"$logs/probe.log" 2>&1
+		grep -vE '^# (msg|troupe)' "$logs/probe.log" ;;
 	benchhost) # the same on the host backend, small sizes: what the machine costs without CUDA
 		timeout -k 5 100 "$B/troupe" bench gpu --backend host --max 65536 >"$logs/benchhost.log" 2>&1
 		echo "== bench gpu host: exit $?"; cat "$logs/benchhost.log" ;;

@@ -788,6 +788,20 @@ func (t *Transport) Await(ctx context.Context, done <-chan struct{}) error {
 	}
 }
 
+// ExpectReply tells the progress goroutine that the caller waits for a
+// message another rank will send soon (an acknowledgement, a reply) without
+// progressing the worker itself: until the returned function is called, the
+// progress goroutine keeps polling for up to a millisecond after its last
+// activity instead of sleeping on the worker's event fd, as it does for a
+// parked Wait. Waking a sleeping progress goroutine costs tens to hundreds
+// of microseconds on a virtual machine (docs/gpu.md).
+func (t *Transport) ExpectReply() (done func()) {
+	t.parked.Add(1)
+	t.wake()
+	var once sync.Once
+	return func() { once.Do(func() { t.parked.Add(-1) }) }
+}
+
 // Wait blocks until the request completes or ctx ends. A receive is cancelled
 // when ctx ends (unless it completed first) and reports ctx's error; a send,
 // put or get cannot be recalled: Wait returns ctx's error while the operation

@@ -246,3 +246,35 @@ func TestClosedAndInvalid(t *testing.T) {
 		t.Fatalf("send after close: %v", err)
 	}
 }
+
+// TestExpectReply: the progress goroutine counts an expected reply as a
+// parked waiter until the returned function runs (once, however often it
+// is called), and messages still flow meanwhile.
+func TestExpectReply(t *testing.T) {
+	ts := localJob(t, 2, ProgressDirect)
+	done := ts[0].ExpectReply()
+	done2 := ts[0].ExpectReply()
+	if got := ts[0].parked.Load(); got != 2 {
+		t.Fatalf("parked = %d with two replies expected, want 2", got)
+	}
+	ctx := context.Background()
+	r, err := ts[0].Irecv(1, 7, make([]byte, 4))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ts[1].Send(ctx, 0, 7, []byte("ping")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	done()
+	done()
+	if got := ts[0].parked.Load(); got != 1 {
+		t.Fatalf("parked = %d after one done (called twice), want 1", got)
+	}
+	done2()
+	if got := ts[0].parked.Load(); got != 0 {
+		t.Fatalf("parked = %d after both, want 0", got)
+	}
+}

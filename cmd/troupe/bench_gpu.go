@@ -155,6 +155,11 @@ func gpuBenchRank(ctx context.Context, f gpuBenchFlags) error {
 		return err
 	}
 	defer closeOut()
+	stopTrace, err := benchTrace(t.Rank())
+	if err != nil {
+		return err
+	}
+	defer stopTrace()
 	b, err := newGPUBench(t, sys, f)
 	if err != nil {
 		return err

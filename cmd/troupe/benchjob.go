@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime/pprof"
+	"runtime/trace"
 	"strconv"
 	"strings"
 	"syscall"
@@ -59,6 +60,29 @@ func benchOut(rank int) (enc *json.Encoder, closeOut func() error, err error) {
 		return nil, nil, fmt.Errorf("opening %s: %w", envBenchOut, err)
 	}
 	return json.NewEncoder(fh), fh.Close, nil
+}
+
+// envBenchTrace, when set, makes each rank of a benchmark job that calls
+// benchTrace write a Go execution trace (runtime/trace) to
+// $TROUPE_BENCH_TRACE.rank<N>, for `go tool trace`.
+const envBenchTrace = "TROUPE_BENCH_TRACE"
+
+// benchTrace starts the rank's execution trace when envBenchTrace asks for
+// one; the returned function stops it.
+func benchTrace(rank int) (stop func(), err error) {
+	base := os.Getenv(envBenchTrace)
+	if base == "" {
+		return func() {}, nil
+	}
+	fh, err := os.Create(fmt.Sprintf("%s.rank%d", base, rank))
+	if err != nil {
+		return nil, err
+	}
+	if err := trace.Start(fh); err != nil {
+		fh.Close()
+		return nil, err
+	}
+	return func() { trace.Stop(); fh.Close() }, nil
 }
 
 // writeBenchRows writes rows, on rank 0 only, to the benchmark job's
