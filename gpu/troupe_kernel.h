@@ -27,7 +27,13 @@
 #include <__clang_cuda_builtin_vars.h>
 #define TROUPE_KERNEL(name, T, a) extern "C" __attribute__((global)) void name(T a)
 #define TROUPE_DEVICE static __attribute__((device)) __attribute__((always_inline)) inline
-#define troupe_atomic_max_u64(p, v) __nvvm_atom_max_gen_ull((p), (v))
+// The plain read first: a reduction where every thread folds its value
+// into one word would otherwise serialise on that word's atomics; most
+// threads find a larger maximum there already and skip the atomic.
+TROUPE_DEVICE unsigned long long troupe_atomic_max_u64(unsigned long long *p, unsigned long long v) {
+	unsigned long long cur = *(volatile unsigned long long *)p;
+	return cur < v ? __nvvm_atom_max_gen_ull(p, v) : cur;
+}
 
 #elif !defined(__CUDA__)
 // Host compilation for the test driver, which owns these thread-locals and

@@ -514,7 +514,7 @@ func (c *Channel) ipcCopy(dev *gpu.Device, dst, src gpu.Buffer) error {
 		return gpu.Copy(dst, src)
 	}
 	defer release()
-	return copyAndWait(dev, s, dst, src)
+	return copyAndWait(s, dst, src)
 }
 
 // useStream returns the channel's receive stream on dev and a function to
