@@ -712,6 +712,10 @@ func (b *block) contribute(v any, op string) {
 // timings, and (when checking) the interior itself.
 func (b *block) finish() {
 	b.done = true
+	// The rank's timed window ends with its last sweep, not after the field
+	// is read back and hashed (a large -gpu block spends longer on that
+	// than on its sweeps).
+	idle, wall, last := b.rs.finish()
 	u := b.u
 	if b.dv != nil {
 		// The sends of the last faces must have left before Run frees them.
@@ -725,7 +729,6 @@ func (b *block) finish() {
 		}
 	}
 	b.contribute(b.geo.HashPartial(u, b.cfg.NX, b.cfg.NY), actor.Sum)
-	idle, wall, last := b.rs.finish()
 	stats := []float64{b.kernel.Seconds(), b.kernelW.Seconds(), 0, 0, 0}
 	if last {
 		stats[2], stats[3], stats[4] = idle.Seconds(), wall.Seconds(), 1
