@@ -10,6 +10,7 @@ out=.gpu
 rm -rf "$out" && mkdir -p "$out/bin" "$out/lib/ucx"
 flags='-ldflags=-s -w'
 go test -c "$flags" -o "$out/bin/gpu.test" ./gpu/
+go test -c -race "$flags" -o "$out/bin/gpu-race.test" ./gpu/
 go test -c "$flags" -o "$out/bin/integration.test" ./integration/
 go test -c "$flags" -o "$out/bin/jacobi.test" ./samples/jacobi3d/jacobi/
 go test -c "$flags" -o "$out/bin/jacobi3d.test" ./samples/jacobi3d/

@@ -4,7 +4,7 @@
 # Jacobi3D on the device. Each step's output goes to $OUT/<step>.log (or
 # ./gpu-logs) and a summary line per step to stdout.
 #   scripts/gpu-check.sh [step...]
-# steps: info gpu gpubench integration jacobi bench benchhost run faces pingpong
+# steps: info gpu gpurace gpubench integration jacobi bench benchhost run faces pingpong
 set -u
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -45,6 +45,8 @@ for s in $steps; do
 	bench)
 		timeout -k 5 150 "$B/troupe" bench gpu --backend cuda >"$logs/bench.log" 2>&1
 		echo "== bench gpu: exit $?"; cat "$logs/bench.log" ;;
+	gpurace) # the gpu suite on cuda under the race detector
+		step gpurace gpu 200 env TROUPE_GPU=cuda "$B/gpu-race.test" -test.v -test.count=1 -test.timeout=180s ;;
 	gpubench) # stream copy + synchronize, per direction and size
 		(cd gpu && timeout -k 5 120 "$B/gpu.test" -test.run '^$' -test.bench StreamCopy -test.benchtime 2000x) >"$logs/gpubench.log" 2>&1
 		echo "== gpubench: exit $?"; grep -E 'Benchmark|ok|FAIL' "$logs/gpubench.log" ;;
