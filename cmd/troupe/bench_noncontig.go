@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -42,6 +44,16 @@ type noncontigFlags struct {
 // ncSchemeOrder is the column order of the table.
 var ncSchemeOrder = []datatype.Scheme{datatype.SchemePack, datatype.SchemeSGL, datatype.SchemeZCopy, datatype.SchemeAuto}
 
+// ncTurns is the cycle in which the schemes take turns (indexes into
+// ncSchemeOrder): read cyclically, every scheme runs right after every other
+// scheme exactly once (an Euler circuit of the complete directed graph on
+// the four schemes). A scheme leaves the machine in a state the next one
+// meets: garbage, zero-copy's key-pool refills, caches warmed by packing
+// the same layout. With a fixed or rotated order each scheme keeps its
+// predecessor: the adaptive default, measured right after zero-copy, paid
+// for zero-copy's garbage.
+var ncTurns = []int{0, 1, 0, 2, 0, 3, 1, 2, 1, 3, 2, 3}
+
 // Vector sweep: blocks of 64 B .. 16 KiB, 16 .. 1024 of them, stride twice
 // the block.
 var (
@@ -59,15 +71,17 @@ OSU-style ping-pong latency (half the round trip) of typed transfers, the same
 layout on both sides, for each fixed scheme and for the adaptive default
 (after warm-up, so its layouts are cached and registered): a vector sweep
 (blocks of 64 B to 16 KiB, 16 to 1024 blocks, stride twice the block; named
-vec_<block>x<count>) and the 13 DDTBench layouts. Each scheme is measured in
---rounds interleaved rounds and the best round is reported.`,
+vec_<block>x<count>) and the 13 DDTBench layouts. The schemes take turns in
+short batches, in an order in which each follows each other equally often,
+for --rounds rounds; each scheme's best batch is reported. (With --actor, each way runs whole rounds and the best round is
+reported.)`,
 		Args: cobra.NoArgs,
 	}
 	fl := cmd.Flags()
 	fl.StringVar(&f.tls, "tls", "shm", "UCX transports: shm, tcp, or a UCX_TLS value")
 	fl.BoolVar(&f.json, "json", false, `print one JSON object per point: {"layout":"vec_4096x64","scheme":"pack|sgl|zcopy|adaptive","lat_us":...}`)
 	fl.Float64Var(&f.scale, "scale", 1, "iteration count multiplier")
-	fl.IntVar(&f.rounds, "rounds", 3, "interleaved rounds per point (best is reported)")
+	fl.IntVar(&f.rounds, "rounds", 4, "rounds per point; in each the schemes take turns in batches, each scheme 3 batches (the best batch is reported)")
 	fl.StringSliceVar(&f.layouts, "layout", nil, "only these layouts (vec_<block>x<count> or DDTBench names)")
 	fl.BoolVar(&f.noVec, "no-vectors", false, "skip the vector sweep")
 	fl.BoolVar(&f.noApp, "no-apps", false, "skip the DDTBench layouts")
@@ -175,11 +189,11 @@ func runNoncontigJob(ctx context.Context, f noncontigFlags) ([]ncPoint, error) {
 	return runBenchJob[ncPoint](ctx, 2, f.tls, args, nil)
 }
 
-// ncIters picks the iteration count of one measurement from its size and
+// ncIters picks the ping-pongs per scheme of one round from the size and
 // block count (a zero-copy or SGL transfer of 65536 tiny blocks takes
 // hundreds of milliseconds).
 func ncIters(bytes, blocks int64, scale float64) (iters, warmup int) {
-	n := min(max(64<<20/max(bytes, 1), 10), 500, max(200000/max(blocks, 1), 3))
+	n := min(max(32<<20/max(bytes, 1), 10), 250, max(100000/max(blocks, 1), 3))
 	return max(int(float64(n)*scale), 3), 5
 }
 
@@ -213,44 +227,50 @@ func noncontigRank(ctx context.Context, f noncontigFlags) error {
 			return err
 		}
 		buf, bytes, iters, warmup := r.buf, r.bytes, r.iters, r.warmup
-		best := map[datatype.Scheme]float64{}
-		for round := 0; round < f.rounds; round++ {
-			// Rotate the order each round: a scheme that leaves work behind
-			// (zero-copy's background key-pool refills, SGL's registrations)
-			// must not always slow the same next scheme down.
-			for k := range ncSchemeOrder {
-				s := ncSchemeOrder[(k+round)%len(ncSchemeOrder)]
-				o := transport.TypedOptions{Scheme: s, Base: int(c.base)}
-				tag := ci % (transport.MaxUserTag + 1)
-				one := func() error {
-					if t.Rank() == 0 {
-						if err := t.SendTypedWith(ctx, peer, tag, buf, c.dt, 1, o); err != nil {
-							return err
-						}
-						_, err := t.RecvTypedWith(ctx, peer, tag, buf, c.dt, 1, o)
-						return err
-					}
-					if _, err := t.RecvTypedWith(ctx, peer, tag, buf, c.dt, 1, o); err != nil {
-						return err
-					}
-					return t.SendTypedWith(ctx, peer, tag, buf, c.dt, 1, o)
+		one := func(s datatype.Scheme) error {
+			o := transport.TypedOptions{Scheme: s, Base: int(c.base)}
+			tag := ci % (transport.MaxUserTag + 1)
+			if t.Rank() == 0 {
+				if err := t.SendTypedWith(ctx, peer, tag, buf, c.dt, 1, o); err != nil {
+					return err
 				}
+				_, err := t.RecvTypedWith(ctx, peer, tag, buf, c.dt, 1, o)
+				return err
+			}
+			if _, err := t.RecvTypedWith(ctx, peer, tag, buf, c.dt, 1, o); err != nil {
+				return err
+			}
+			return t.SendTypedWith(ctx, peer, tag, buf, c.dt, 1, o)
+		}
+		// The schemes take turns batch by batch (ncTurns), so that a slow
+		// spell of the shared machine hits them alike. Each batch starts
+		// from a collected heap and with a few untimed ping-pongs, which
+		// bring back what the previous scheme took from the caches. Each
+		// scheme's best batch is reported: the machine's noise only ever
+		// adds time.
+		batch := max(iters/4, 3)
+		samples := make([][]float64, len(ncSchemeOrder))
+		for round := 0; round < f.rounds; round++ {
+			for _, k := range ncTurns {
+				s := ncSchemeOrder[k]
+				runtime.GC()
 				for i := 0; i < warmup; i++ {
-					if err := one(); err != nil {
+					if err := one(s); err != nil {
 						return fmt.Errorf("%s %v warm-up: %w", c.name, s, err)
 					}
 				}
 				start := time.Now()
-				for i := 0; i < iters; i++ {
-					if err := one(); err != nil {
+				for i := 0; i < batch; i++ {
+					if err := one(s); err != nil {
 						return fmt.Errorf("%s %v: %w", c.name, s, err)
 					}
 				}
-				lat := float64(time.Since(start).Microseconds()) / float64(2*iters)
-				if b, ok := best[s]; !ok || lat < b {
-					best[s] = lat
-				}
+				samples[k] = append(samples[k], float64(time.Since(start).Nanoseconds())/float64(2e3*batch))
 			}
+		}
+		best := map[datatype.Scheme]float64{}
+		for k, s := range ncSchemeOrder {
+			best[s] = slices.Min(samples[k])
 		}
 		if enc != nil {
 			for _, s := range ncSchemeOrder {
@@ -299,7 +319,11 @@ func printNoncontig(out io.Writer, f noncontigFlags, pts []ncPoint) error {
 	if f.actor {
 		what, cols = "actor Typed-field", []string{"am", "pack", "sgl", "zcopy", "adaptive"}
 	}
-	fmt.Fprintf(out, "# %s ping-pong latency (us, one way), 2 ranks, UCX_TLS=%s, best of %d rounds\n", what, bootstrap.UCXTLS(f.tls), f.rounds)
+	how := fmt.Sprintf("best of %d interleaved batches", f.rounds*len(ncTurns)/len(ncSchemeOrder))
+	if f.actor {
+		how = fmt.Sprintf("best of %d rounds", f.rounds)
+	}
+	fmt.Fprintf(out, "# %s ping-pong latency (us, one way), 2 ranks, UCX_TLS=%s, %s\n", what, bootstrap.UCXTLS(f.tls), how)
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintf(tw, "layout\tbytes\tblocks\t%s\tbest fixed\tadaptive/best\t\n", strings.Join(cols, "\t"))
 	within := 0
