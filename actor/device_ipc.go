@@ -3,6 +3,7 @@ package actor
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"reflect"
 	"sync"
@@ -25,10 +26,13 @@ import (
 // (transport.ImportDevice), delivers the message in its turn, and
 // acknowledges with an amDeviceAck message carrying the sequence number and
 // the outcome. The sender's Completion is done on that acknowledgement: only
-// then may it reuse its buffer. A copy that fails (a landing buffer of the
-// wrong size, memory that cannot take the copy, a driver error) makes the
-// message undeliverable on the receiver (dead letters, with the reason) and
-// fails the sender's Completion with the same reason.
+// then may it reuse its buffer. A receiver that cannot take the copy by
+// CUDA IPC at all (landing memory that is not cuda memory, a handle the
+// driver refuses) gets the bytes from the sender instead
+// (device_fallback.go). A copy that fails otherwise (a landing buffer of
+// the wrong size, a failing driver) makes the message undeliverable on the
+// receiver (dead letters, with the reason) and fails the sender's
+// Completion with the same reason.
 
 // amDeviceAck is the active message acknowledging a CUDA IPC device
 // message.
@@ -49,6 +53,7 @@ type Completion struct {
 	err  error
 	rank int                  // the receiving rank
 	t    *transport.Transport // the sender's, while an acknowledgement is to come
+	buf  gpu.Buffer           // the buffer sent, for a receiver that declines the descriptor
 }
 
 // completed is a Completion that is already done.
@@ -108,17 +113,19 @@ func (e *DeviceIPCError) Error() string {
 }
 
 // deviceSends tracks the IPC device messages whose acknowledgement has not
-// come.
+// come, and the goroutines sending the bytes of those a receiver declined.
 type deviceSends struct {
 	mu      sync.Mutex
 	seq     uint64
 	pending map[uint64]*Completion
+	closed  bool           // no more resends
+	resends sync.WaitGroup // resendBytes goroutines
 }
 
-// add registers a Completion for a message to rank r sent through t; its
-// sequence number goes in the message.
-func (d *deviceSends) add(r int, t *transport.Transport) (uint64, *Completion) {
-	c := &Completion{done: make(chan struct{}), rank: r, t: t}
+// add registers a Completion for buf's message to rank r sent through t;
+// its sequence number goes in the message.
+func (d *deviceSends) add(r int, t *transport.Transport, buf gpu.Buffer) (uint64, *Completion) {
+	c := &Completion{done: make(chan struct{}), rank: r, t: t, buf: buf}
 	d.mu.Lock()
 	d.seq++
 	seq := d.seq
@@ -144,6 +151,41 @@ func (d *deviceSends) finish(seq uint64, r int, err error) bool {
 	c.err = err
 	close(c.done)
 	return true
+}
+
+// buffer returns the buffer of pending message seq to rank r (the zero
+// Buffer if there is none).
+func (d *deviceSends) buffer(seq uint64, r int) gpu.Buffer {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if c := d.pending[seq]; c != nil && c.rank == r {
+		return c.buf
+	}
+	return gpu.Buffer{}
+}
+
+// goResend runs f in a goroutine that closeResends waits for; false (and f
+// does not run) once closeResends was called.
+func (d *deviceSends) goResend(f func()) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return false
+	}
+	d.resends.Add(1)
+	go func() {
+		defer d.resends.Done()
+		f()
+	}()
+	return true
+}
+
+// closeResends refuses further resends and waits for those under way.
+func (d *deviceSends) closeResends() {
+	d.mu.Lock()
+	d.closed = true
+	d.mu.Unlock()
+	d.resends.Wait()
 }
 
 // failRank fails the Completions of messages to rank r (r < 0: all).
@@ -191,7 +233,7 @@ func (rt *Runtime) deviceIPC(r int, ct *codecType, msg any, ptr bool) (*ipcSend,
 		rt.log.Debug("device buffer not exported; sending its bytes", zap.Error(err))
 		return nil, msg
 	}
-	seq, c := rt.devSends.add(r, rt.t)
+	seq, c := rt.devSends.add(r, rt.t, b)
 	x := &ipcSend{data: binary.LittleEndian.AppendUint64(desc, seq), n: b.Len(), seq: seq, c: c}
 	cp := reflect.New(ct.typ)
 	cp.Elem().Set(v)
@@ -260,8 +302,14 @@ func (rt *Runtime) receiveDeviceIPC(in *inPeer, m *transport.AMMessage, it *inIt
 	// polling meanwhile so that the acknowledgement and the messages behind
 	// this one do not wait for it to wake.
 	expecting := rt.t.ExpectReply()
+	declined := false // the bytes came instead (device_fallback.go)
 	in.await(it, func(context.Context) (transport.Status, error) {
-		return transport.Status{}, rt.t.ImportDevice(in.rank, desc, dst)
+		err := rt.t.ImportDevice(in.rank, desc, dst)
+		if errors.Is(err, transport.ErrIPCDeclined) {
+			declined = true
+			err = rt.fetchDeclined(in.rank, seq, dst, err)
+		}
+		return transport.Status{}, err
 	}, func(_ transport.Status, err error) {
 		defer expecting()
 		it.ready = true
@@ -272,7 +320,9 @@ func (rt *Runtime) receiveDeviceIPC(in *inPeer, m *transport.AMMessage, it *inIt
 			it.err = derr.Error()
 		} else {
 			rt.stats.DeviceLanded.Add(1)
-			rt.stats.DeviceIPC.Add(1)
+			if !declined {
+				rt.stats.DeviceIPC.Add(1)
+			}
 			it.msg = msg
 		}
 		if it.err != "" && owned {

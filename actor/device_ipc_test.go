@@ -10,6 +10,7 @@ import (
 
 	pa "github.com/asynkron/protoactor-go/actor"
 
+	"github.com/troupe-hpc/troupe/gpu"
 	"github.com/troupe-hpc/troupe/transport"
 )
 
@@ -75,7 +76,7 @@ func TestDeviceIPCMalformed(t *testing.T) {
 					desc = make([]byte, transport.DeviceDescSize)
 				}
 				var seq uint64
-				seq, c = rts[0].devSends.add(1, rts[0].t)
+				seq, c = rts[0].devSends.add(1, rts[0].t, gpu.Buffer{})
 				data = withSeq(desc, seq)
 			}
 			post(tc.typ, 64, data)
@@ -96,7 +97,7 @@ func TestDeviceIPCMalformed(t *testing.T) {
 	}
 	// A forged acknowledgement (no such message) is counted, not obeyed.
 	errsBefore := rts[0].Stats().DecodeErrors.Load()
-	seq, c := rts[0].devSends.add(1, rts[0].t)
+	seq, c := rts[0].devSends.add(1, rts[0].t, gpu.Buffer{})
 	hdr := appendString(appendUint(appendUint(nil, 1), seq+1000), "")
 	if _, err := rts[1].t.SendAM(0, amDeviceAck, hdr, nil, transport.AMEager); err != nil {
 		t.Fatal(err)

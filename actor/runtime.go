@@ -119,10 +119,11 @@ type Runtime struct {
 	watchMu sync.Mutex
 	watches []map[watchKey]*pa.PID // per rank: remote watchee + local watcher
 
-	devSends deviceSends // CUDA IPC device messages awaiting acknowledgement
-	devOnce  sync.Once
-	dev      *gpu.Device
-	devErr   error
+	devSends   deviceSends   // CUDA IPC device messages awaiting acknowledgement
+	devResends deviceResends // declined CUDA IPC device messages awaiting their bytes
+	devOnce    sync.Once
+	dev        *gpu.Device
+	devErr     error
 
 	closed   atomic.Bool
 	stop     chan struct{}
@@ -143,14 +144,20 @@ type Stats struct {
 	DeviceLanded   atomic.Uint64 // gpu.Buffer fields landed in device memory
 	DeviceIPC      atomic.Uint64 // of those, copied from the sender's memory by CUDA IPC
 	DeviceIPCSent  atomic.Uint64 // gpu.Buffer fields sent as CUDA IPC descriptors
-	TypedUnpacked  atomic.Uint64 // Typed fields unpacked into PostReceiveTyped buffers
-	TypedSent      atomic.Uint64 // Typed fields sent by the typed-transfer protocol
-	TypedReceived  atomic.Uint64 // Typed fields received by the typed-transfer protocol
-	DeadLetters    atomic.Uint64 // undeliverable received messages
-	CreditWaits    atomic.Uint64 // sends that waited for credits
-	CreditsBack    atomic.Uint64 // credit messages sent back to senders
-	DecodeErrors   atomic.Uint64 // malformed envelopes or bodies received
-	WatchesByLoss  atomic.Uint64 // Terminated messages generated for lost ranks
+	// DeviceIPCDeclined counts CUDA IPC descriptors this rank could not
+	// take (its landing memory, or its driver, refused) and received the
+	// bytes of instead; DeviceIPCResent the bytes this rank sent for
+	// descriptors a receiver declined.
+	DeviceIPCDeclined atomic.Uint64
+	DeviceIPCResent   atomic.Uint64
+	TypedUnpacked     atomic.Uint64 // Typed fields unpacked into PostReceiveTyped buffers
+	TypedSent         atomic.Uint64 // Typed fields sent by the typed-transfer protocol
+	TypedReceived     atomic.Uint64 // Typed fields received by the typed-transfer protocol
+	DeadLetters       atomic.Uint64 // undeliverable received messages
+	CreditWaits       atomic.Uint64 // sends that waited for credits
+	CreditsBack       atomic.Uint64 // credit messages sent back to senders
+	DecodeErrors      atomic.Uint64 // malformed envelopes or bodies received
+	WatchesByLoss     atomic.Uint64 // Terminated messages generated for lost ranks
 }
 
 // Address returns the actor-system address of rank r.
@@ -317,6 +324,12 @@ func start(ctx context.Context, t *transport.Transport, opts Options) (*Runtime,
 	if err := t.SetInlineAMHandler(amDeviceAck, rt.onDeviceAck); err != nil {
 		return nil, fmt.Errorf("actor: %w", err)
 	}
+	if err := t.SetAMHandler(amDeviceResend, rt.onDeviceResend); err != nil {
+		return nil, fmt.Errorf("actor: %w", err)
+	}
+	if err := t.SetAMHandler(amDeviceBytes, rt.onDeviceBytes); err != nil {
+		return nil, fmt.Errorf("actor: %w", err)
+	}
 	lost := t.PeerLost()
 	rt.bg.Add(1)
 	go rt.watchPeers(lost)
@@ -411,9 +424,11 @@ func (rt *Runtime) shutdown(ctx context.Context) error {
 	}
 	close(rt.stop)
 	rt.bg.Wait()
+	rt.devResends.failRank(-1, ErrClosed) // landing goroutines waiting for bytes
 	for _, in := range rt.in {
 		in.wait()
 	}
+	rt.devSends.closeResends()
 	rt.devSends.failRank(-1, ErrClosed)
 	rt.stopLocalActors()
 	rt.sys.Shutdown()
@@ -469,6 +484,7 @@ func (rt *Runtime) peerLost(ev transport.PeerEvent) {
 	}
 	rt.out[ev.Rank].close(&transport.PeerLostError{Rank: ev.Rank, Op: "actor-send", Reason: ev.Reason})
 	rt.devSends.failRank(ev.Rank, &transport.PeerLostError{Rank: ev.Rank, Op: "actor-send-device", Reason: ev.Reason})
+	rt.devResends.failRank(ev.Rank, &transport.PeerLostError{Rank: ev.Rank, Op: "actor-recv-device", Reason: ev.Reason})
 	rt.watchMu.Lock()
 	ws := rt.watches[ev.Rank]
 	rt.watches[ev.Rank] = nil

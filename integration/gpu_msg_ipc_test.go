@@ -120,24 +120,39 @@ func (s *devSink) Receive(c pa.Context) {
 // on the cuda backend (a real GPU when there is one, else the fake driver), with CUDA IPC on and off, over shared memory and
 // TCP: bytes, order among plain messages, Send and SendDevice, a landing
 // buffer of the wrong size reported on both ends, the transfer path taken.
+//
+// In the declined case the driver refuses every handle (the fake driver's
+// FAKECUDA_IPC_OPEN, as a real driver does for a device the importing
+// process cannot reach): each receiver asks for the bytes instead, and the
+// messages arrive intact and in order all the same.
 func TestGPUMessagingIPC(t *testing.T) {
 	useCUDA(t)
 	for _, tc := range []struct {
 		name, ipc string
 		c         cfg
+		declined  bool
 	}{
-		{"shm-ipc", "on", cfg{"shm", "direct"}},
-		{"tcp-ipc", "on", cfg{"tcp", "direct"}},
-		{"shm-staged", "off", cfg{"shm", "direct"}},
+		{"shm-ipc", "on", cfg{"shm", "direct"}, false},
+		{"tcp-ipc", "on", cfg{"tcp", "direct"}, false},
+		{"shm-staged", "off", cfg{"shm", "direct"}, false},
+		{"shm-declined", "on", cfg{"shm", "direct"}, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Setenv(transport.EnvGPUIPC, tc.ipc)
+			path := fmt.Sprint(tc.ipc == "on")
+			if tc.declined {
+				if os.Getenv(gpu.EnvCUDALibrary) == "" {
+					t.Skip("a driver that refuses CUDA IPC handles is the fake driver's (FAKECUDA_IPC_OPEN); this machine's GPU is in use")
+				}
+				t.Setenv("FAKECUDA_IPC_OPEN", "217") // CUDA_ERROR_PEER_ACCESS_UNSUPPORTED
+				path = "declined"
+			}
 			res := runJob(t, "gpumsgipc", 2, tc.c)
 			for r := 0; r < 2; r++ {
 				requireLines(t, res, fmt.Sprintf("[%d] rank %d: gpu backend cuda", r, r),
 					fmt.Sprintf("[%d] rank %d: device messages ok", r, r),
 					fmt.Sprintf("[%d] rank %d: wrong landing size reported to the sender", r, r),
-					fmt.Sprintf("[%d] rank %d: by ipc=%v", r, r, tc.ipc == "on"))
+					fmt.Sprintf("[%d] rank %d: by ipc=%s", r, r, path))
 			}
 		})
 	}
@@ -172,8 +187,29 @@ func gpuMsgIPC(ctx context.Context, r *rank) error {
 			}
 		}
 		st := rt.Stats()
+		if os.Getenv("FAKECUDA_IPC_OPEN") != "" {
+			// Every descriptor declined: sent as descriptors, the bytes
+			// resent and received that way, nothing imported.
+			switch {
+			case !ipc:
+				return errors.New("not a CUDA IPC peer")
+			case st.DeviceIPC.Load() != 0 || r.t.GPUIPCStats().Imported != 0:
+				return fmt.Errorf("%d device messages copied by IPC with a driver that refuses handles", st.DeviceIPC.Load())
+			case st.DeviceIPCSent.Load() == 0 || st.DeviceIPCResent.Load() != st.DeviceIPCSent.Load()-1:
+				// The wrong-size message is refused before any import.
+				return fmt.Errorf("%d descriptors sent, %d resent as bytes: want all but one resent", st.DeviceIPCSent.Load(), st.DeviceIPCResent.Load())
+			case st.DeviceIPCDeclined.Load() != st.DeviceIPCResent.Load():
+				// Both ranks sent the same messages.
+				return fmt.Errorf("%d descriptors declined here, %d resent from here: want equal", st.DeviceIPCDeclined.Load(), st.DeviceIPCResent.Load())
+			}
+			r.logf("by ipc=declined")
+			return nil
+		}
 		if ipc != (st.DeviceIPC.Load() > 0) || ipc != (st.DeviceIPCSent.Load() > 0) {
 			return fmt.Errorf("ipc peer %v, but %d device messages sent and %d received by IPC", ipc, st.DeviceIPCSent.Load(), st.DeviceIPC.Load())
+		}
+		if st.DeviceIPCDeclined.Load() != 0 || st.DeviceIPCResent.Load() != 0 {
+			return fmt.Errorf("%d descriptors declined, %d resent, with a driver that takes handles", st.DeviceIPCDeclined.Load(), st.DeviceIPCResent.Load())
 		}
 		if g := r.t.GPUIPCStats(); ipc && (g.Exported == 0 || g.Imported == 0 || g.MapHits == 0) {
 			return fmt.Errorf("CUDA IPC stats %+v: want exports, imports and mapping cache hits", g)

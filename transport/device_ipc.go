@@ -19,6 +19,13 @@ import (
 // DeviceDescSize is the size of a descriptor made by ExportDevice.
 const DeviceDescSize = ipcDescSize
 
+// ErrIPCDeclined is wrapped by ImportDevice's error when this process
+// cannot take the copy by CUDA IPC at all (the destination is not cuda
+// memory, or the driver refuses the handle, as it does for a device this
+// process cannot reach): nothing was copied, and the exporter's bytes may
+// still be moved another way.
+var ErrIPCDeclined = errors.New("transport: CUDA IPC declined")
+
 // deviceImports is the transport's state for ImportDevice.
 type deviceImports struct {
 	mu      sync.Mutex
@@ -69,9 +76,10 @@ func DeviceDescLength(desc []byte) (int, error) {
 // ImportDevice copies the device memory that desc (from ExportDevice on
 // rank peer) describes into dst, cuda memory of exactly that size, and
 // returns once the copy is done. A malformed descriptor, a size mismatch
-// (ErrSizeMismatch), memory that cannot take the copy and a failing
-// driver are errors; dst is then unchanged or partly written, and the
-// exporter's memory is untouched.
+// (ErrSizeMismatch), memory that cannot take the copy or a handle the
+// driver will not open (both ErrIPCDeclined: dst is unchanged) and a
+// failing copy are errors; dst is then unchanged or partly written, and
+// the exporter's memory is untouched.
 func (t *Transport) ImportDevice(peer int, desc []byte, dst gpu.Buffer) error {
 	d, err := decodeIPCDesc(desc)
 	switch {
@@ -87,7 +95,7 @@ func (t *Transport) ImportDevice(peer int, desc []byte, dst gpu.Buffer) error {
 	}
 	dev := ipcDevice(endBuf{g: dst, isG: true})
 	if dev == nil {
-		return fmt.Errorf("transport: device import from rank %d into %s memory: %w", peer, dst.Kind(), gpu.ErrUnsupportedKind)
+		return fmt.Errorf("transport: device import from rank %d into %s memory: %w (%w)", peer, dst.Kind(), ErrIPCDeclined, gpu.ErrUnsupportedKind)
 	}
 	cache, s, err := t.dimp.use(t, peer, dev)
 	if err != nil {
@@ -96,7 +104,7 @@ func (t *Transport) ImportDevice(peer int, desc []byte, dst gpu.Buffer) error {
 	defer t.dimp.users.Done()
 	src, err := cache.open(dev, d)
 	if err != nil {
-		return fmt.Errorf("transport: device import from rank %d: %w", peer, err)
+		return fmt.Errorf("transport: device import from rank %d: %w: %w", peer, ErrIPCDeclined, err)
 	}
 	err = copyAndWait(s, dst, src)
 	// This import's reference; the cache keeps the mapping.

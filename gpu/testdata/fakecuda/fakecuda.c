@@ -25,6 +25,9 @@
 //        FAKECUDA_IPC=1 lets cuIpcOpenMemHandle succeed in the exporting
 //        process (it maps a second view of the memory there).
 //        FAKECUDA_DEVICES=<n> sets the device count (default 1).
+//        FAKECUDA_IPC_OPEN=<n> makes cuIpcOpenMemHandle return CUresult n
+//        (a driver refusing another process's handle, as for a device this
+//        process cannot reach).
 
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -567,6 +570,8 @@ CUresult cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr p) {
 // names another allocation (the memfd's name carries the id).
 CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *p, CUipcMemHandle h, unsigned flags) {
 	(void)flags;
+	const char *refuse = getenv("FAKECUDA_IPC_OPEN");
+	if (refuse != NULL && atoi(refuse) != 0) return (CUresult)atoi(refuse);
 	ipc_handle x;
 	memcpy(&x, h.reserved, sizeof x);
 	if (memcmp(x.magic, ipc_magic, sizeof x.magic) != 0 || x.size == 0) return ERR_INVALID_HANDLE;
