@@ -3,6 +3,7 @@ package actor
 import (
 	"bytes"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -116,5 +117,84 @@ func TestDeviceBufferMessages(t *testing.T) {
 	}
 	if rts[1].Stats().DeviceLanded.Load() != 2 {
 		t.Fatalf("DeviceLanded = %d", rts[1].Stats().DeviceLanded.Load())
+	}
+}
+
+// TestDeviceLandingRejected: a device message whose bytes cannot land (the
+// hook's buffer has the wrong size) on the staged path is a dead letter on
+// the receiver, and the sender hears of it either way: a sender actor gets
+// the *UndeliverableError, and a message sent without one is counted on
+// the sending rank and published there as a dead letter.
+func TestDeviceLandingRejected(t *testing.T) {
+	dev := hostDevice(t)
+	rts := startLocalWith(t, 2, Options{Device: dev})
+	src, err := dev.Alloc(100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	small, err := dev.Alloc(99)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sink := &deviceSink{dst: small, seen: make(chan halo, 1)}
+	if _, err := rts[1].Root().SpawnNamed(rts[1].Props(func() pa.Actor { return sink }), "sink"); err != nil {
+		t.Fatal(err)
+	}
+	target := rts[0].PID(1, "sink")
+	const why = "PostReceiveDevice returned 99 bytes for a device payload of 100"
+
+	// Without a sender: the sending rank's event stream and counter.
+	dead := make(chan *UndeliverableError, 1)
+	sub := rts[0].System().EventStream.Subscribe(func(ev any) {
+		if dl, ok := ev.(*pa.DeadLetterEvent); ok {
+			if ue, ok := dl.Message.(*UndeliverableError); ok {
+				dead <- ue
+			}
+		}
+	})
+	defer rts[0].System().EventStream.Unsubscribe(sub)
+	if err := rts[0].Send(target, &halo{Iter: 1, Face: src}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case ue := <-dead:
+		if !strings.Contains(ue.Reason, why) || !strings.Contains(ue.Target, "sink") {
+			t.Fatalf("dead letter on the sending rank: %v", ue)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the sending rank did not hear that its device message could not land")
+	}
+	if n := rts[0].Stats().DeviceRejected.Load(); n != 1 {
+		t.Fatalf("DeviceRejected = %d, want 1", n)
+	}
+
+	// With a sender actor: it gets the error itself.
+	got := make(chan *UndeliverableError, 1)
+	from, err := rts[0].Root().SpawnNamed(rts[0].PropsFromFunc(func(c pa.Context) {
+		if ue, ok := c.Message().(*UndeliverableError); ok {
+			got <- ue
+		}
+	}), "from")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rts[0].SendFrom(from, target, &halo{Iter: 2, Face: src}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case ue := <-got:
+		if !strings.Contains(ue.Reason, why) {
+			t.Fatalf("sender actor got %v", ue)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the sender actor did not hear that its device message could not land")
+	}
+	if n := rts[0].Stats().DeviceRejected.Load(); n != 1 {
+		t.Fatalf("DeviceRejected = %d after a send with a sender actor, want still 1", n)
+	}
+	select {
+	case h := <-sink.seen:
+		t.Fatalf("the sink received %+v", h)
+	default:
 	}
 }

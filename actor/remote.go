@@ -382,6 +382,10 @@ type inItem struct {
 	cost     int
 	hooked   bool          // its data lands in the PostReceive hook's buffer
 	deferred *deferredData // its actor completes it (deferred.go)
+	// landFailed: its device payload could not land (wrong size, no
+	// memory, a failed copy); the sending rank hears of it even when no
+	// sender actor does (device_reject.go).
+	landFailed bool
 }
 
 func (in *inPeer) wait() { in.pending.Wait() }
@@ -627,6 +631,7 @@ func (rt *Runtime) decodeDevice(it *inItem, ct *codecType, host []byte) {
 	}
 	if err != nil {
 		it.err = "device payload: " + err.Error()
+		it.landFailed = true
 		return
 	}
 	msg, err := decodeBodyDevice(ct, it.e.Body, it.e.Flags&flagPointer != 0, nil, dst)
@@ -658,6 +663,9 @@ func (rt *Runtime) deliver(it *inItem) {
 	if it.err != "" {
 		in.credit(it.cost)
 		rt.undeliverable(target, nil, sender, it.err)
+		if sender == nil && it.landFailed {
+			rt.rejectDevice(e.Source, target, it.err)
+		}
 		return
 	}
 	msg := it.msg

@@ -150,14 +150,17 @@ type Stats struct {
 	// descriptors a receiver declined.
 	DeviceIPCDeclined atomic.Uint64
 	DeviceIPCResent   atomic.Uint64
-	TypedUnpacked     atomic.Uint64 // Typed fields unpacked into PostReceiveTyped buffers
-	TypedSent         atomic.Uint64 // Typed fields sent by the typed-transfer protocol
-	TypedReceived     atomic.Uint64 // Typed fields received by the typed-transfer protocol
-	DeadLetters       atomic.Uint64 // undeliverable received messages
-	CreditWaits       atomic.Uint64 // sends that waited for credits
-	CreditsBack       atomic.Uint64 // credit messages sent back to senders
-	DecodeErrors      atomic.Uint64 // malformed envelopes or bodies received
-	WatchesByLoss     atomic.Uint64 // Terminated messages generated for lost ranks
+	// DeviceRejected counts device messages this rank sent without a
+	// sender actor that could not land on their receiver (device_reject.go).
+	DeviceRejected atomic.Uint64
+	TypedUnpacked  atomic.Uint64 // Typed fields unpacked into PostReceiveTyped buffers
+	TypedSent      atomic.Uint64 // Typed fields sent by the typed-transfer protocol
+	TypedReceived  atomic.Uint64 // Typed fields received by the typed-transfer protocol
+	DeadLetters    atomic.Uint64 // undeliverable received messages
+	CreditWaits    atomic.Uint64 // sends that waited for credits
+	CreditsBack    atomic.Uint64 // credit messages sent back to senders
+	DecodeErrors   atomic.Uint64 // malformed envelopes or bodies received
+	WatchesByLoss  atomic.Uint64 // Terminated messages generated for lost ranks
 }
 
 // Address returns the actor-system address of rank r.
@@ -328,6 +331,9 @@ func start(ctx context.Context, t *transport.Transport, opts Options) (*Runtime,
 		return nil, fmt.Errorf("actor: %w", err)
 	}
 	if err := t.SetAMHandler(amDeviceBytes, rt.onDeviceBytes); err != nil {
+		return nil, fmt.Errorf("actor: %w", err)
+	}
+	if err := t.SetAMHandler(amDeviceRejected, rt.onDeviceRejected); err != nil {
 		return nil, fmt.Errorf("actor: %w", err)
 	}
 	lost := t.PeerLost()

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -275,13 +276,26 @@ func sendDeviceMessages(ctx context.Context, r *rank, rt *actor.Runtime, sys *gp
 			return fmt.Errorf("SendDevice %d completion: %w", i, err)
 		}
 	}
-	// A landing buffer of the wrong size: by IPC the sender learns it from
-	// Send; staged, the receiver alone can tell (dead letter, and the
-	// sink's count stays put).
+	// A landing buffer of the wrong size (a dead letter on the receiver,
+	// the sink's count stays put): by IPC the sender learns it from Send;
+	// staged, Send has returned, and the receiver tells the sending rank,
+	// which publishes the dead letter on its own event stream.
 	bad, err := whole.Slice(0, devBadSize)
 	if err != nil {
 		return err
 	}
+	rejected := make(chan *actor.UndeliverableError, 1)
+	sub := rt.System().EventStream.Subscribe(func(ev any) {
+		if dl, ok := ev.(*pa.DeadLetterEvent); ok {
+			if ue, ok := dl.Message.(*actor.UndeliverableError); ok {
+				select {
+				case rejected <- ue:
+				default:
+				}
+			}
+		}
+	})
+	defer rt.System().EventStream.Unsubscribe(sub)
 	err = rt.Send(sink, &devMsg{N: n, Buf: bad})
 	var derr *actor.DeviceIPCError
 	switch {
@@ -289,6 +303,18 @@ func sendDeviceMessages(ctx context.Context, r *rank, rt *actor.Runtime, sys *gp
 		return fmt.Errorf("Send with a wrong landing size: got %v, want a *DeviceIPCError", err)
 	case !ipc && err != nil:
 		return fmt.Errorf("staged Send with a wrong landing size: %w", err)
+	case !ipc:
+		select {
+		case ue := <-rejected:
+			if want := fmt.Sprintf("for a device payload of %d", devBadSize); !strings.Contains(ue.Reason, want) {
+				return fmt.Errorf("staged Send with a wrong landing size: the sending rank heard %q", ue.Reason)
+			}
+		case <-time.After(actorTimeout):
+			return errors.New("staged Send with a wrong landing size: the sending rank never heard")
+		}
+		if n := rt.Stats().DeviceRejected.Load(); n != 1 {
+			return fmt.Errorf("DeviceRejected = %d, want 1", n)
+		}
 	}
 	r.logf("wrong landing size reported to the sender")
 	res, err := rt.Request(sink, &devVerdict{N: n}, actorTimeout)

@@ -1,0 +1,63 @@
+package actor
+
+import (
+	pa "github.com/asynkron/protoactor-go/actor"
+	"go.uber.org/zap"
+
+	"github.com/troupe-hpc/troupe/transport"
+)
+
+// A device message whose bytes could not land on the receiver (a
+// PostReceiveDevice buffer of the wrong size, no device memory, a failed
+// copy) is undeliverable there. A sender actor that named itself (SendFrom,
+// Request, RequestFuture) gets the *UndeliverableError with the reason, as
+// for any undeliverable message; on the CUDA IPC path the sender's
+// Completion fails too. A message sent without a sender (Send, a context's
+// Send) on the staged path would leave its sending rank unaware, so the
+// receiver tells that rank with an amDeviceRejected message: the sending
+// rank counts it (Stats.DeviceRejected), logs it at warn level and
+// publishes the *UndeliverableError as a dead letter on its own event
+// stream.
+
+// amDeviceRejected tells a rank that a device message it sent could not
+// land.
+const amDeviceRejected uint16 = 0x46
+
+// rejectDevice tells rank r that its message to target could not land.
+func (rt *Runtime) rejectDevice(r int, target *pa.PID, reason string) {
+	if r == rt.rank {
+		rt.deviceRejected(target, reason)
+		return
+	}
+	if len(reason) > maxAckReason {
+		reason = reason[:maxAckReason]
+	}
+	hdr := appendString(appendString(appendUint(nil, uint64(rt.rank)), target.Id), reason)
+	if _, err := rt.t.SendAM(r, amDeviceRejected, hdr, nil, transport.AMEager); err != nil {
+		rt.log.Debug("device rejection not sent", zap.Int("peer", r), zap.Error(err))
+	}
+}
+
+// onDeviceRejected (sending rank) takes a receiver's rejection.
+func (rt *Runtime) onDeviceRejected(m *transport.AMMessage) {
+	r := &wireReader{b: m.Header}
+	src := r.uint()
+	target, reason := r.string(), r.string()
+	if r.err == nil && r.off != len(m.Header) {
+		r.fail("%d trailing bytes", len(m.Header)-r.off)
+	}
+	if r.err != nil || src >= uint64(rt.size) {
+		rt.stats.DecodeErrors.Add(1)
+		rt.log.Warn("malformed device rejection", zap.Binary("header", m.Header))
+		return
+	}
+	rt.deviceRejected(rt.PID(int(src), target), reason)
+}
+
+// deviceRejected records that a device message to target could not land.
+func (rt *Runtime) deviceRejected(target *pa.PID, reason string) {
+	rt.stats.DeviceRejected.Add(1)
+	rt.log.Warn("a device message sent without a sender could not land", zap.Stringer("to", target), zap.String("reason", reason))
+	ue := &UndeliverableError{Target: target.String(), Reason: reason}
+	rt.sys.EventStream.Publish(&pa.DeadLetterEvent{PID: target, Message: ue})
+}
