@@ -147,9 +147,7 @@ func (rt *Runtime) onDeviceResend(m *transport.AMMessage) {
 	r := &wireReader{b: m.Header}
 	src, seq := r.uint(), r.uint()
 	why := r.string()
-	if r.err == nil && r.off != len(m.Header) {
-		r.fail("%d trailing bytes", len(m.Header)-r.off)
-	}
+	r.end()
 	var buf gpu.Buffer
 	if r.err == nil && src < uint64(rt.size) {
 		buf = rt.devSends.buffer(seq, int(src))
@@ -201,9 +199,7 @@ func (rt *Runtime) onDeviceBytes(m *transport.AMMessage) {
 	r := &wireReader{b: m.Header}
 	src, seq := r.uint(), r.uint()
 	failed := r.string()
-	if r.err == nil && r.off != len(m.Header) {
-		r.fail("%d trailing bytes", len(m.Header)-r.off)
-	}
+	r.end()
 	var w resendWait
 	if r.err == nil && src < uint64(rt.size) {
 		w = rt.devResends.take(int(src), seq)

@@ -350,9 +350,7 @@ func (rt *Runtime) onDeviceAck(m *transport.AMMessage) {
 	r := &wireReader{b: m.Header}
 	src, seq := r.uint(), r.uint()
 	reason := r.string()
-	if r.err == nil && r.off != len(m.Header) {
-		r.fail("%d trailing bytes", len(m.Header)-r.off)
-	}
+	r.end()
 	if r.err != nil || src >= uint64(rt.size) {
 		rt.stats.DecodeErrors.Add(1)
 		rt.log.Warn("malformed device acknowledgement", zap.Binary("header", m.Header))

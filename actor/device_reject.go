@@ -43,9 +43,7 @@ func (rt *Runtime) onDeviceRejected(m *transport.AMMessage) {
 	r := &wireReader{b: m.Header}
 	src := r.uint()
 	target, reason := r.string(), r.string()
-	if r.err == nil && r.off != len(m.Header) {
-		r.fail("%d trailing bytes", len(m.Header)-r.off)
-	}
+	r.end()
 	if r.err != nil || src >= uint64(rt.size) {
 		rt.stats.DecodeErrors.Add(1)
 		rt.log.Warn("malformed device rejection", zap.Binary("header", m.Header))

@@ -128,9 +128,7 @@ func decodeEnvelopeInto(e *envelope, b []byte, size int, targets *targetCache) e
 	plen := r.uint()
 	srank := r.uint()
 	e.Body = r.bin()
-	if r.err == nil && r.off != len(b) {
-		r.fail("%d trailing bytes", len(b)-r.off)
-	}
+	r.end()
 	switch {
 	case r.err != nil:
 	case flags >= 1<<6:

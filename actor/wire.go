@@ -82,6 +82,13 @@ type wireReader struct {
 	err error
 }
 
+// end fails the read if bytes are left after what was read.
+func (r *wireReader) end() {
+	if r.err == nil && r.off != len(r.b) {
+		r.fail("%d trailing bytes", len(r.b)-r.off)
+	}
+}
+
 func (r *wireReader) fail(format string, args ...any) {
 	if r.err == nil {
 		r.err = &DecodeError{Offset: r.off, Reason: fmt.Sprintf(format, args...)}
@@ -260,9 +267,7 @@ const maxDepth = 64
 func validateMsgpack(b []byte) error {
 	r := &wireReader{b: b}
 	r.skip(0)
-	if r.err == nil && r.off != len(b) {
-		r.fail("%d trailing bytes", len(b)-r.off)
-	}
+	r.end()
 	return r.err
 }
 
