@@ -111,9 +111,7 @@ func (rt *Runtime) fetchDeclined(r int, seq uint64, dst gpu.Buffer, why error) e
 		}
 	}
 	reason := why.Error()
-	if len(reason) > maxAckReason {
-		reason = reason[:maxAckReason]
-	}
+	reason = clipReason(reason)
 	hdr := appendString(appendUint(appendUint(nil, uint64(rt.rank)), seq), reason)
 	if _, err := rt.t.SendAM(r, amDeviceResend, hdr, nil, transport.AMEager); err != nil {
 		rt.devResends.take(r, seq)
@@ -176,9 +174,7 @@ func (rt *Runtime) resendBytes(rank int, seq uint64, buf gpu.Buffer) {
 		failed = fmt.Sprintf("the sender could not copy its device buffer to host memory: %v", err)
 		host = nil
 	}
-	if len(failed) > maxAckReason {
-		failed = failed[:maxAckReason]
-	}
+	failed = clipReason(failed)
 	req, err := rt.t.SendAM(rank, amDeviceBytes, appendString(hdr, failed), host, transport.AMAuto)
 	if err == nil {
 		_, err = req.Wait(context.Background())

@@ -45,6 +45,14 @@ const deviceIPCData = transport.DeviceDescSize + 8
 // maxAckReason bounds the reason an acknowledgement carries.
 const maxAckReason = 512
 
+// clipReason cuts a reason to maxAckReason bytes for the wire.
+func clipReason(s string) string {
+	if len(s) > maxAckReason {
+		return s[:maxAckReason]
+	}
+	return s
+}
+
 // Completion reports when the gpu.Buffer of a message sent with SendDevice
 // may be reused: Done is closed then, and Err says whether the receiver got
 // the bytes.
@@ -335,9 +343,7 @@ func (rt *Runtime) receiveDeviceIPC(in *inPeer, m *transport.AMMessage, it *inIt
 // ackDevice tells rank r the outcome of its IPC device message seq ("":
 // copied).
 func (rt *Runtime) ackDevice(r int, seq uint64, reason string) {
-	if len(reason) > maxAckReason {
-		reason = reason[:maxAckReason]
-	}
+	reason = clipReason(reason)
 	hdr := appendUint(appendUint(make([]byte, 0, 24+len(reason)), uint64(rt.rank)), seq)
 	hdr = appendString(hdr, reason)
 	if _, err := rt.t.SendAM(r, amDeviceAck, hdr, nil, transport.AMEager); err != nil {

@@ -29,9 +29,7 @@ func (rt *Runtime) rejectDevice(r int, target *pa.PID, reason string) {
 		rt.deviceRejected(target, reason)
 		return
 	}
-	if len(reason) > maxAckReason {
-		reason = reason[:maxAckReason]
-	}
+	reason = clipReason(reason)
 	hdr := appendString(appendString(appendUint(nil, uint64(rt.rank)), target.Id), reason)
 	if _, err := rt.t.SendAM(r, amDeviceRejected, hdr, nil, transport.AMEager); err != nil {
 		rt.log.Debug("device rejection not sent", zap.Int("peer", r), zap.Error(err))
