@@ -61,8 +61,31 @@ func BenchmarkStreamCopy(b *testing.B) {
 							}
 						}
 					})
+					if n == 8 {
+						// The synchronous call, for comparison with
+						// CopyAsync + Synchronize above.
+						b.Run(fmt.Sprintf("%s/%d/Copy", c.name, n), func(b *testing.B) {
+							b.SetBytes(int64(n))
+							for b.Loop() {
+								if err := Copy(dst, src); err != nil {
+									b.Fatal(err)
+								}
+							}
+						})
+					}
 				}
 			}
+			b.Run("WriteValue64", func(b *testing.B) {
+				w, _ := d1.Slice(0, 8)
+				for b.Loop() {
+					if err := WriteValue64(st, w, 1); err != nil {
+						b.Fatal(err)
+					}
+					if err := st.Synchronize(); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
 		})
 	}
 }

@@ -183,6 +183,11 @@ type Transport struct {
 	// progress goroutine to do what ovEnter does (it cannot itself).
 	entered  atomic.Bool
 	sleeping atomic.Bool
+	// asideLong: the progress goroutine stands aside for a millisecond
+	// (loop) because nothing was in flight; an operation that starts then
+	// (track) calls it back, since its completion may need this side's
+	// progress (a rendezvous send answers the receiver's request for data).
+	asideLong atomic.Bool
 	stopping atomic.Bool
 	kick     chan struct{}
 	loopDone chan struct{}
@@ -507,10 +512,12 @@ func (t *Transport) loop() {
 				aside = asideInFlight
 			}
 			timer.Reset(aside)
+			t.asideLong.Store(aside > asideInFlight)
 			select {
 			case <-t.kick:
 			case <-timer.C:
 			}
+			t.asideLong.Store(false)
 			idle = time.Time{}
 			continue
 		}
@@ -928,6 +935,12 @@ func (t *Transport) track(r *Request, ureq ucx.Request, pins ...unsafe.Pointer) 
 		}
 	}
 	t.ops[ureq] = r
+	if t.asideLong.Load() {
+		select {
+		case t.kick <- struct{}{}:
+		default:
+		}
+	}
 	if r.peer < 0 {
 		return // not tied to one peer (an active message's data)
 	}
