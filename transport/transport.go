@@ -407,6 +407,14 @@ func (t *Transport) submitCall(s submission) {
 	}
 }
 
+// sleepThread blocks the calling thread for d with the kernel's timer,
+// which, unlike a Go timer of a few microseconds in an otherwise idle
+// process, wakes it on time.
+func sleepThread(d time.Duration) {
+	ts := unix.NsecToTimespec(d.Nanoseconds())
+	_ = unix.Nanosleep(&ts, nil)
+}
+
 // wake makes sure the progress goroutine is not asleep.
 func (t *Transport) wake() {
 	select {
@@ -511,13 +519,28 @@ func (t *Transport) loop() {
 			if t.posting() || t.inFlight() {
 				aside = asideInFlight
 			}
-			timer.Reset(aside)
-			t.asideLong.Store(aside > asideInFlight)
-			select {
-			case <-t.kick:
-			case <-timer.C:
+			if aside == asideInFlight {
+				// A Go timer this short fires a millisecond late once the
+				// process has nothing else to run (the runtime's poller
+				// sleeps in whole milliseconds), and what is in flight may
+				// need this side's progress: a rendezvous send waits for
+				// the receiver's request for its data, which does not wake
+				// the event fd. Sleep the thread instead; a kick that came
+				// meanwhile is answered by going round now.
+				sleepThread(asideInFlight)
+				select {
+				case <-t.kick:
+				default:
+				}
+			} else {
+				timer.Reset(aside)
+				t.asideLong.Store(true)
+				select {
+				case <-t.kick:
+				case <-timer.C:
+				}
+				t.asideLong.Store(false)
 			}
-			t.asideLong.Store(false)
 			idle = time.Time{}
 			continue
 		}
