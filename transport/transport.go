@@ -188,9 +188,9 @@ type Transport struct {
 	// (track) calls it back, since its completion may need this side's
 	// progress (a rendezvous send answers the receiver's request for data).
 	asideLong atomic.Bool
-	stopping atomic.Bool
-	kick     chan struct{}
-	loopDone chan struct{}
+	stopping  atomic.Bool
+	kick      chan struct{}
+	loopDone  chan struct{}
 }
 
 type seqKey struct {
