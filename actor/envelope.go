@@ -2,6 +2,7 @@ package actor
 
 import (
 	"fmt"
+	"sync/atomic"
 
 	pa "github.com/asynkron/protoactor-go/actor"
 )
@@ -70,11 +71,26 @@ func decodeEnvelope(b []byte, size int) (envelope, error) {
 
 // targetCache keeps the PIDs of the local actors messages were sent to,
 // so that a message to a known target allocates neither its id nor its
-// PID. Only the goroutine delivering active messages uses it.
+// PID, and the target's process, so that it is not looked up by name for
+// every message. Only the goroutine delivering active messages uses the
+// map; entries are shared with the items it decodes.
 type targetCache struct {
 	addr string
-	m    map[string]*pa.PID
-	last *pa.PID // the PID of the target decodeEnvelopeInto saw last
+	m    map[string]*target
+	last *target // the target decodeEnvelopeInto saw last
+}
+
+// target is a targetCache entry.
+type target struct {
+	pid  *pa.PID
+	proc atomic.Pointer[targetProc] // nil until a delivery found it
+}
+
+// targetProc is a target's process as found while no actor of the runtime
+// stopped: valid while Runtime.localEpoch is still epoch.
+type targetProc struct {
+	proc  pa.Process
+	epoch uint64
 }
 
 // maxTargets bounds targetCache: it starts over when full.
@@ -83,19 +99,19 @@ const maxTargets = 4096
 // maxTargetLen is the longest actor id targetCache keeps.
 const maxTargetLen = 64
 
-func (c *targetCache) pid(raw []byte) *pa.PID {
-	if p, ok := c.m[string(raw)]; ok {
-		return p
+func (c *targetCache) get(raw []byte) *target {
+	if t, ok := c.m[string(raw)]; ok {
+		return t
 	}
-	p := pa.NewPID(c.addr, string(raw))
+	t := &target{pid: pa.NewPID(c.addr, string(raw))}
 	if len(raw) > maxTargetLen {
-		return p
+		return t
 	}
 	if len(c.m) >= maxTargets {
 		clear(c.m)
 	}
-	c.m[p.Id] = p
-	return p
+	c.m[t.pid.Id] = t
+	return t
 }
 
 // decodeEnvelopeInto is decodeEnvelope into *e; with targets set, the
@@ -116,8 +132,8 @@ func decodeEnvelopeInto(e *envelope, b []byte, size int, targets *targetCache) e
 	src := r.uint()
 	if targets != nil {
 		if raw := r.stringRaw(); r.err == nil {
-			targets.last = targets.pid(raw)
-			e.Target = targets.last.Id
+			targets.last = targets.get(raw)
+			e.Target = targets.last.pid.Id
 		}
 	} else {
 		e.Target = r.string()

@@ -42,13 +42,13 @@ func FuzzDecodeEnvelope(f *testing.F) {
 	}
 	f.Add([]byte{})
 	f.Add([]byte{0x9a, 0xcc, 0x01}) // version in a longer form than needed
-	cache := &targetCache{addr: Address(0), m: map[string]*pa.PID{}}
+	cache := &targetCache{addr: Address(0), m: map[string]*target{}}
 	f.Fuzz(func(t *testing.T, b []byte) {
 		e, err := decodeEnvelope(b, fuzzRanks)
 		// The runtime's decoding, through its target cache, agrees.
 		var ce envelope
 		cerr := decodeEnvelopeInto(&ce, b, fuzzRanks, cache)
-		if (err == nil) != (cerr == nil) || (err == nil && !reflect.DeepEqual(e, ce)) || (err == nil && cache.last.Id != e.Target) {
+		if (err == nil) != (cerr == nil) || (err == nil && !reflect.DeepEqual(e, ce)) || (err == nil && cache.last.pid.Id != e.Target) {
 			t.Fatalf("%x: %+v %v, through the target cache %+v %v", b, e, err, ce, cerr)
 		}
 		if err != nil {

@@ -71,8 +71,13 @@ func (rt *Runtime) trackMiddleware(next pa.ReceiverFunc) pa.ReceiverFunc {
 			}
 			run.started()
 			rt.trackLocal(c.Self(), c.Actor(), run)
+		case *pa.Stopping:
+			// Its process leaves the registry before Stopped: from now on
+			// deliveries look it up again.
+			rt.localEpoch.Add(1)
 		case *pa.Stopped:
 			rt.local.Delete(c.Self().Id)
+			rt.localEpoch.Add(1)
 		}
 		next(c, env)
 	}

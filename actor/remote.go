@@ -172,7 +172,7 @@ func (rt *Runtime) post(r int, target *pa.PID, msg any, sender *pa.PID, flags ui
 		cost = rt.cost(len(body) + len(data)) // the receiver's memory holds the descriptor only
 	}
 	if e.Flags&flagNoCredit == 0 {
-		if err := out.acquire(rt.t, cost, &rt.stats); err != nil {
+		if err := out.acquire(cost, &rt.stats); err != nil {
 			return nil, err
 		}
 	}
@@ -282,9 +282,12 @@ func newOutPeer(credits int) *outPeer {
 
 // acquire takes n credits, blocking while the peer has not processed
 // enough of what it was sent. The credits come back in an active message,
-// so a blocked sender progresses the transport itself while it waits (as a
-// blocking Recv does) instead of waiting for the progress goroutine to wake.
-func (o *outPeer) acquire(t *transport.Transport, n int, st *Stats) error {
+// which the progress goroutine handles. The blocked sender neither spins
+// nor progresses the worker itself: it would take a core the receiving
+// rank may need to catch up (on a small machine, the two share them), and
+// with a window of DefaultCredits the peer still has three quarters of a
+// window to process when the credits leave it.
+func (o *outPeer) acquire(n int, st *Stats) error {
 	waited := false
 	for {
 		o.mu.Lock()
@@ -303,7 +306,7 @@ func (o *outPeer) acquire(t *transport.Transport, n int, st *Stats) error {
 			st.CreditWaits.Add(1)
 			waited = true
 		}
-		_ = t.Await(context.Background(), ch)
+		<-ch
 	}
 }
 
@@ -375,7 +378,7 @@ const headerCost = "troupe.cost"
 // inItem is one received message on its way to delivery.
 type inItem struct {
 	e        envelope
-	target   *pa.PID // the target's PID, when it has no request id (shared: read only)
+	target   *target // the target's cache entry, when it has no request id (shared)
 	msg      any
 	err      string // why it cannot be delivered
 	ready    bool
@@ -651,8 +654,10 @@ func (rt *Runtime) decodeDevice(it *inItem, ct *codecType, host []byte) {
 func (rt *Runtime) deliver(it *inItem) {
 	e := &it.e
 	in := rt.in[e.Source]
-	target := it.target
-	if target == nil {
+	var target *pa.PID
+	if it.target != nil {
+		target = it.target.pid
+	} else {
 		target = pa.NewPID(rt.addrs[rt.rank], e.Target)
 		target.RequestId = e.TargetReq
 	}
@@ -672,7 +677,7 @@ func (rt *Runtime) deliver(it *inItem) {
 	if it.deferred != nil {
 		msg = it.deferred
 	}
-	proc, found := rt.sys.ProcessRegistry.GetLocal(e.Target)
+	proc, found, tracked := rt.localProcess(it.target, e.Target)
 	if e.Flags&flagSystem != 0 {
 		if t, ok := it.msg.(*pa.Terminated); ok && t.Who != nil {
 			rt.dropWatch(e.Source, t.Who.Id, e.Target)
@@ -694,7 +699,6 @@ func (rt *Runtime) deliver(it *inItem) {
 		return
 	}
 	rt.answered(e.Target)
-	_, tracked := rt.local.Load(e.Target)
 	if !tracked || it.cost == 0 {
 		in.credit(it.cost)
 		if sender == nil {
@@ -711,6 +715,25 @@ func (rt *Runtime) deliver(it *inItem) {
 		hdr = map[string]string{HeaderSourceRank: in.hdr[HeaderSourceRank], headerCost: strconv.Itoa(it.cost)}
 	}
 	proc.SendUserMessage(target, &pa.MessageEnvelope{Header: hdr, Message: msg, Sender: sender})
+}
+
+// localProcess finds the local process with id, and whether it is one of
+// the runtime's actors (spawned with Props), through the target's cache
+// entry when there is one (tg may be nil). The runtime's actors are cached:
+// their stops change localEpoch, which voids the cache.
+func (rt *Runtime) localProcess(tg *target, id string) (proc pa.Process, found, tracked bool) {
+	epoch := rt.localEpoch.Load()
+	if tg != nil {
+		if c := tg.proc.Load(); c != nil && c.epoch == epoch {
+			return c.proc, true, true
+		}
+	}
+	proc, found = rt.sys.ProcessRegistry.GetLocal(id)
+	_, tracked = rt.local.Load(id)
+	if tg != nil && found && tracked {
+		tg.proc.Store(&targetProc{proc: proc, epoch: epoch})
+	}
+	return proc, found, tracked
 }
 
 // Buffer pool for landing data: power-of-two classes from 4 KiB. Smaller

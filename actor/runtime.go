@@ -34,10 +34,10 @@ const (
 
 // DefaultCredits is the default per-peer eager credit window, in units: a
 // message costs 1 unit plus 1 per CreditBytes of body and payload.
-const DefaultCredits = 1024
+const DefaultCredits = 16384
 
 // CreditBytes is how many message bytes cost one extra credit unit.
-const CreditBytes = 8 << 10
+const CreditBytes = 512
 
 // DefaultSpin is how long an actor rank's progress goroutine keeps polling
 // after its last activity before it sleeps on the worker's event fd. Actor
@@ -105,11 +105,14 @@ type Runtime struct {
 	typedMin    atomic.Int64
 	typedScheme atomic.Int32
 
-	remotes    []*remoteProcess
-	out        []*outPeer
-	in         []*inPeer
-	local      sync.Map // actor id -> *localActor, for actors spawned with Props
-	targets    targetCache
+	remotes []*remoteProcess
+	out     []*outPeer
+	in      []*inPeer
+	local   sync.Map // actor id -> *localActor, for actors spawned with Props
+	targets targetCache
+	// localEpoch changes whenever one of the runtime's actors stops:
+	// processes cached in targets are trusted only within one epoch.
+	localEpoch atomic.Uint64
 	dispatcher *poolDispatcher // runs the mailboxes of actors spawned with Props
 
 	reqMu sync.Mutex
@@ -295,7 +298,7 @@ func start(ctx context.Context, t *transport.Transport, opts Options) (*Runtime,
 		return slog.New(zapslog.NewHandler(core, zapslog.WithName("protoactor")))
 	}))
 	rt.sys.ProcessRegistry.Address = Address(rt.rank)
-	rt.targets = targetCache{addr: Address(rt.rank), m: map[string]*pa.PID{}}
+	rt.targets = targetCache{addr: Address(rt.rank), m: map[string]*target{}}
 	rt.dispatcher = newPoolDispatcher(defaultThroughput, rt.stop)
 	rt.addrs = make([]string, rt.size)
 	rt.remotes = make([]*remoteProcess, rt.size)

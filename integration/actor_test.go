@@ -863,18 +863,16 @@ func floodStalls() map[int]bool {
 // grow (VmHWM during the flood minus VmRSS before it) while 1,000,000
 // ticks pass through it.
 //
-// With per-peer credits a sender has at most actor.DefaultCredits (1024)
+// With per-peer credits a sender has at most actor.DefaultCredits (16384)
 // units outstanding to a rank, one unit per message plus one per
-// actor.CreditBytes (8 KiB) of body, and a unit comes back only once the
-// actor has processed its message. So rank 1 never holds more than
-// floodSenders x DefaultCredits x CreditBytes = 16 MiB of message bytes for
-// any mix of sizes (the bound), and never more than floodSenders x 1024 =
-// 2,048 unprocessed ticks, which with every piece of bookkeeping (decoded
-// value, protoactor envelope, mailbox slot, receive item; well under 1 KiB
-// each) take under 2 MiB. The remaining 14 MiB is headroom for the garbage
-// collector (GOGC=100 lets the heap reach twice the live data) and for
-// memory the runtime and UCX touch on first use of the message path.
-// Measured: about 6 MiB (backlog peaking at 2,047 ticks). Without flow
+// actor.CreditBytes (512 B) of body, and a unit comes back only once the
+// actor has processed its message. A unit stands for 512 bytes of the
+// receiver's memory: a small message's bookkeeping (decoded value,
+// protoactor envelope, mailbox slot; about 320 B measured) or 512 B of its
+// bytes. So rank 1 never holds more than floodSenders x DefaultCredits x
+// CreditBytes = 16 MiB for any mix of sizes (the bound); here that is at
+// most floodSenders x 16384 = 32,768 unprocessed ticks.
+// Measured: about 10 MiB (backlog peaking at 32,763 ticks). Without flow
 // control (TROUPE_ITEST_FLOOD_CREDITS=100000000) the same flood queues some
 // 400,000 ticks and grows RSS by about 60 MiB: the bound tells them apart.
 const floodRSSBound = floodSenders * actor.DefaultCredits * actor.CreditBytes

@@ -33,10 +33,18 @@ type AMMessage struct {
 	cma *cmaAM   // the data stays in the sender's memory (cma.go)
 	id  uint16   // the handler's id
 	ov  *amTrack // the overlap engine's record (Plan)
+	// bundled: the message came in a bundle (coalesce.go); its header and
+	// data point into the bundle, which is released with its batch, or
+	// into copies once kept. ev is then the zero Event.
+	bundled bool
+	data    []byte
 }
 
 // Data returns eager data (nil for rendezvous messages).
 func (m *AMMessage) Data() []byte {
+	if m.bundled {
+		return m.data
+	}
 	if m.cma != nil {
 		return nil
 	}
@@ -45,7 +53,13 @@ func (m *AMMessage) Data() []byte {
 
 // Keep keeps the message (header and data) valid after the handler returns;
 // the caller must then call RecvData or Release exactly once.
-func (m *AMMessage) Keep() { m.kept = true }
+func (m *AMMessage) Keep() {
+	if m.bundled && !m.kept {
+		// The bundle is released once its last message is handled.
+		m.Header, m.data = bytes.Clone(m.Header), bytes.Clone(m.data)
+	}
+	m.kept = true
+}
 
 // RecvData moves the message's data into dst: for rendezvous messages the
 // data is fetched straight into dst (zero copy); eager data is copied. The
@@ -72,7 +86,7 @@ func (m *AMMessage) RecvData(dst []byte) (*Request, error) {
 		return r, nil
 	}
 	if !m.Rendezvous {
-		copy(dst, m.ev.AMData())
+		copy(dst, m.Data())
 		t.mu.Lock()
 		if t.w != nil {
 			m.ev.ReleaseData(t.w)
@@ -191,6 +205,7 @@ func (t *Transport) SendAM(dst int, id uint16, header, data []byte, mode uint32)
 			t.fail(r, err)
 			return
 		}
+		t.bundleFlush(dst) // posts before this send leave before it
 		ureq, err := t.w.AMSend(p.ep, id, header, ucx.Buffer{Ptr: bytesPtr(data), Len: len(data)}, mode)
 		t.settle(r, ureq, err, bytesPtr(header), bytesPtr(data))
 	})
@@ -249,8 +264,24 @@ func (t *Transport) PostAM(dst int, id uint16, header, data []byte) error {
 	t.mu.Lock()
 	t.callers.Add(-1)
 	p, err := t.peerLocked(dst, "am-send")
+	wakeLoop := false
 	if err == nil {
-		done, perr := t.w.AMPost(p.ep, id, header, data, AMAuto)
+		var done bool
+		var perr error
+		if t.canCoalesce(p, len(header)+len(data)) {
+			// Earlier posts still wait for the peer: join its bundle
+			// (coalesce.go). Progress only if the bundle, full, went out
+			// into UCX's queue.
+			var queued bool
+			started := p.bundled == 0
+			queued, perr = t.bundleAdd(p, id, header, data)
+			done = !queued
+			// A sleeping progress goroutine must come to send it.
+			wakeLoop = started && t.sleeping.Load()
+		} else {
+			t.bundleFlush(dst) // a larger post leaves after the bundle
+			done, perr = t.w.AMPost(p.ep, id, header, data, AMAuto)
+		}
 		switch {
 		case perr != nil:
 			err = fmt.Errorf("transport: am-send rank %d: %w", dst, perr)
@@ -270,7 +301,7 @@ func (t *Transport) PostAM(dst int, id uint16, header, data []byte) error {
 	}
 	handOff := t.ov != nil && (len(t.cma.jobs) > 0 || len(t.amq) > 0)
 	t.mu.Unlock()
-	if handOff {
+	if handOff || wakeLoop {
 		t.wake()
 	}
 	return err
@@ -282,9 +313,9 @@ func (t *Transport) PostFailed() uint64 {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.w == nil {
-		return t.postFailed
+		return t.postFailed + t.bundleFailed
 	}
-	return t.w.PostFailed()
+	return t.w.PostFailed() + t.bundleFailed
 }
 
 // asidePosting is how long the progress goroutine stands aside after a
@@ -320,6 +351,9 @@ func (t *Transport) postProgress() int {
 	for len(evs) > 0 {
 		t.handle(evs)
 		evs = t.w.Drain()
+	}
+	if len(t.bundling) > 0 {
+		t.bundlesFlush(false)
 	}
 	t.postsInFlight.Store(int64(t.w.PostsInFlight()))
 	if len(t.cma.jobs) > 0 || (progressed && t.arrival != nil) || t.ov != nil || (len(t.amq) > 0 && !t.amqInline()) {
@@ -433,6 +467,10 @@ func (t *Transport) deliverOne(ev *ucx.Event) bool {
 			return false
 		}
 		m.cma, m.Size, m.Rendezvous, id = c, int(c.d.n), true, c.amID
+	}
+	if id == amBundle {
+		t.deliverBundle(ev)
+		return true
 	}
 	m.id = id
 	if h := (*t.amh.Load())[id].h; h != nil {

@@ -355,6 +355,7 @@ func startCMASend(t *Transport, r *Request) {
 	if !ok {
 		return
 	}
+	t.bundleFlush(r.peer) // posts before this send leave before it
 	c := &cmaSend{id: t.cma.next}
 	t.cma.next++
 	binary.LittleEndian.PutUint64(c.desc[0:], cmaMagic)
@@ -769,6 +770,7 @@ func (t *Transport) startCMAAM(r *Request, id uint16, header []byte) {
 		t.fail(r, err)
 		return
 	}
+	t.bundleFlush(r.peer) // posts before this send leave before it
 	c := &cmaSend{id: t.cma.next}
 	t.cma.next++
 	d := make([]byte, cmaAMSize)

@@ -82,6 +82,10 @@ type Options struct {
 	// channel must agree, which the start-up exchange ensures
 	// (channel_ipc.go, docs/gpu.md).
 	DisableGPUIPC bool
+	// NoCoalesce sends every PostAM as its own active message, even when
+	// the peer is not keeping up (also TROUPE_COALESCE=off); by default
+	// small posts to such a peer leave in bundles (coalesce.go).
+	NoCoalesce bool
 	// Log receives transport logs (every entry carries a "rank" field); nil
 	// means LoggerFromEnv: standard error, warn level unless TROUPE_LOG says
 	// otherwise.
@@ -107,6 +111,9 @@ func (o *Options) defaults() {
 	if v, ok := syscallGetenv("TROUPE_PROGRESS_LOCK"); ok && (v == "1" || v == "y" || v == "on") {
 		o.LockThread = true
 	}
+	if v, ok := syscallGetenv("TROUPE_COALESCE"); ok && (v == "0" || v == "n" || v == "off") {
+		o.NoCoalesce = true
+	}
 	if o.KeepAlive == 0 {
 		o.KeepAlive = 200 * time.Millisecond
 	}
@@ -120,6 +127,21 @@ func (o *Options) defaults() {
 // Kicking it the moment the waiter leaves instead made every Wait of a
 // bandwidth window hand the worker over, halving 64 KiB bandwidth.
 const asideInFlight = 50 * time.Microsecond
+
+// slowPeerPoll is how often the progress goroutine progresses the worker
+// while nothing but posted sends waiting for slow peers keeps it busy. Only
+// progress moves UCX's queue into a peer's receive queue once it has room,
+// and no event says when; polling without a pause would take a core the
+// peer may need (on a small machine, the receiving rank itself), while the
+// messages already in the peer's queue keep it busy for far longer than
+// this (docs/transport.md, "Coalescing posted messages").
+const slowPeerPoll = 20 * time.Microsecond
+
+// slowPeer reports whether posted sends wait in UCX's queue or in bundles
+// for a peer that is not keeping up.
+func (t *Transport) slowPeer() bool {
+	return t.postsInFlight.Load() > 0 || t.bundlesPending.Load() > 0
+}
 
 // parkedSpin is how long the progress goroutine keeps polling after its last
 // activity while a waiter is parked.
@@ -170,11 +192,17 @@ type Transport struct {
 	amh     atomic.Pointer[map[uint16]amHandler]
 
 	postFailed    uint64       // PostFailed's count once the worker is gone
+	bundleFailed  uint64       // posts lost in bundles that were not sent (coalesce.go)
+	bundling      []int        // ranks whose peers have a bundle waiting
 	postPendingAt atomic.Int64 // when a PostAM last progressed the worker itself (unix ns)
 	postsInFlight atomic.Int64 // PostAM sends UCX had not completed at the last look
 	postsQueued   atomic.Int64 // PostAM sends UCX queued (the peer's queue was full)
 
 	inlineDelivered atomic.Int64 // active messages delivered inside PostAM
+
+	bundlesPending atomic.Int32 // len(bundling), for the progress goroutine
+	bundlesSent    atomic.Int64 // bundles sent (CoalesceStats)
+	bundledMsgs    atomic.Int64 // the messages they carried
 
 	spinners atomic.Int32 // waiters progressing the worker themselves
 	callers  atomic.Int32 // direct-mode calls waiting for the worker lock
@@ -230,6 +258,8 @@ type peer struct {
 	lost    *PeerLostError
 	pending map[*Request]struct{}
 	rkeys   map[string]*ucx.Rkey
+	bundle  []byte // posts waiting to leave as one bundle (coalesce.go)
+	bundled int    // how many
 }
 
 // New creates the rank's UCX context and worker, exchanges worker addresses
@@ -315,6 +345,12 @@ func New(ctx context.Context, opts Options) (*Transport, error) {
 	}
 	t.reg = newRegCache(defaultRegCacheUnused, t.mapMemory, t.unmapMemory)
 	go t.loop()
+	// Never called: deliverOne hands each message of a bundle to its own
+	// handler.
+	if err := t.SetAMHandler(amBundle, func(*AMMessage) {}); err != nil {
+		t.Close()
+		return nil, fmt.Errorf("transport: rank %d: %w", t.rank, err)
+	}
 	if t.cma.on {
 		err := t.SetAMHandler(amCMAAck, t.onCMAAck)
 		if err == nil {
@@ -457,6 +493,9 @@ func (t *Transport) progressHandled() (active, handed bool) {
 		t.handle(evs)
 		evs = t.w.Drain()
 	}
+	if len(t.bundling) > 0 && t.bundlesFlush(false) {
+		active = true
+	}
 	t.postsInFlight.Store(int64(t.w.PostsInFlight()))
 	if progressed {
 		active = true
@@ -505,7 +544,15 @@ func (t *Transport) loop() {
 	direct := t.opts.Progress == ProgressDirect
 	var idle time.Time
 	polls := 0
+	pacing := false
 	for !t.stopping.Load() {
+		if pacing {
+			if direct && t.parked.Load() == 0 && t.spinners.Load() == 0 && t.slowPeer() {
+				sleepThread(slowPeerPoll)
+			} else {
+				pacing = false
+			}
+		}
 		if direct && (t.spinners.Load() > 0 || t.posting()) {
 			// A waiter is progressing the worker itself; competing for the
 			// worker lock would only slow it down. Come back when it parks
@@ -573,11 +620,17 @@ func (t *Transport) loop() {
 			continue
 		}
 		spin := t.opts.Spin
-		if t.parked.Load() > 0 || t.postsInFlight.Load() > 0 {
+		if direct && t.parked.Load() == 0 && now.Sub(idle) >= spin && t.slowPeer() {
+			// Only posted sends for a slow peer are left, and the worker
+			// cannot sleep on its event fd while UCX queues sends (arming
+			// reports busy): poll at a pace instead (slowPeerPoll).
+			pacing = true
+			continue
+		}
+		if t.parked.Load() > 0 {
 			// Somebody waits for an operation in flight (a long rendezvous,
-			// say), or posted sends wait in UCX's queue for a slow peer to
-			// make room: keep them moving without an event-fd round trip
-			// per step, but not forever if the peer is simply slow.
+			// say): keep it moving without an event-fd round trip per
+			// step, but not forever if the peer is simply slow.
 			spin = max(spin, parkedSpin)
 		}
 		if now.Sub(idle) < spin || (!direct && t.spinners.Load() > 0) {
@@ -587,6 +640,13 @@ func (t *Transport) loop() {
 		}
 		idle = time.Time{}
 		t.mu.Lock()
+		if len(t.bundling) > 0 {
+			// Do not sleep on posts waiting in a bundle: send them, into
+			// UCX's queue if need be.
+			t.bundlesFlush(true)
+			t.mu.Unlock()
+			continue
+		}
 		err := t.w.Arm()
 		pending := len(t.submit) > 0
 		t.mu.Unlock()
@@ -1018,6 +1078,7 @@ func (t *Transport) peerFailed(rank int, reason string) {
 		return
 	}
 	p.lost = &PeerLostError{Rank: rank, Op: "endpoint", Reason: reason}
+	t.bundleDrop(p)
 	t.log.Warn("peer lost", zap.Int("peer", rank), zap.String("reason", reason))
 	for r := range p.pending {
 		r.failErr = &PeerLostError{Rank: rank, Op: r.op, Reason: reason}
@@ -1088,6 +1149,7 @@ func (t *Transport) Close() error {
 			t.w.Cancel(r.ureq)
 		}
 	}
+	t.bundlesFlush(true) // posted before Close: they leave with the rest
 	var closing []ucx.Request
 	for _, p := range t.peers {
 		if p == nil || p.ep == nil {

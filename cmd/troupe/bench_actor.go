@@ -237,6 +237,9 @@ func actorBenchRank(ctx context.Context, f actorBenchFlags) error {
 	if err := rt.Transport().Bootstrap().Barrier(ctx, "bench.actor.done"); err != nil {
 		return err
 	}
+	if b, m := rt.Transport().CoalesceStats(); b > 0 {
+		fmt.Fprintf(os.Stderr, "# rank %d coalesced %d posted messages into %d bundles (%.1f a bundle)\n", rt.Rank(), m, b, float64(m)/float64(b))
+	}
 	if s, on := rt.Transport().OverlapStats(); on && rt.Rank() == 1 {
 		st := rt.Stats()
 		fmt.Fprintf(os.Stderr, "# receiving rank, overlap engine on: %d rendezvous messages, %d prefetched, %d onloaded (%d for a full pool, %d too large)\n",

@@ -313,6 +313,7 @@ ucs_status_ptr_t troupe_am_send(ucp_ep_h ep, uint16_t id, const void *hdr, size_
  * lives until UCX is done with it. */
 typedef struct {
     troupe_queue_t *q;
+    uint64_t *ep_inflight; /* the endpoint's count of posts in flight, or NULL */
     size_t hdr_len;
 } post_block_t;
 
@@ -320,15 +321,18 @@ static void post_cb(void *req, ucs_status_t status, void *user) {
     post_block_t *b = user;
     if (status != UCS_OK) b->q->post_failed++;
     b->q->post_inflight--;
+    if (b->ep_inflight != NULL) (*b->ep_inflight)--;
     free(b);
     ucp_request_free(req);
 }
 
 ucs_status_t troupe_am_post(ucp_ep_h ep, uint16_t id, const void *hdr, size_t hdr_len,
-                            const void *buf, size_t len, uint32_t flags, troupe_queue_t *q) {
+                            const void *buf, size_t len, uint32_t flags, troupe_queue_t *q,
+                            uint64_t *ep_inflight) {
     post_block_t *b = malloc(sizeof(*b) + hdr_len + len);
     if (b == NULL) return UCS_ERR_NO_MEMORY;
     b->q = q;
+    b->ep_inflight = ep_inflight;
     b->hdr_len = hdr_len;
     char *h = (char *)(b + 1), *d = h + hdr_len;
     if (hdr_len > 0) memcpy(h, hdr, hdr_len);
@@ -344,6 +348,7 @@ ucs_status_t troupe_am_post(ucp_ep_h ep, uint16_t id, const void *hdr, size_t hd
                                          len > 0 ? d : NULL, len, &p);
     if (UCS_PTR_IS_PTR(r)) { /* post_cb frees the block */
         q->post_inflight++;
+        if (ep_inflight != NULL) (*ep_inflight)++;
         return UCS_INPROGRESS;
     }
     free(b);

@@ -95,9 +95,12 @@ ucs_status_ptr_t troupe_am_send(ucp_ep_h ep, uint16_t id, const void *hdr, size_
  * returns. No request comes back and no event is queued: the block is freed
  * at once when the send completes immediately (UCS_OK), else in the send's
  * callback (UCS_INPROGRESS), which counts a failure in q->post_failed. Any
- * other status is an error and nothing was sent. */
+ * other status is an error and nothing was sent. A send in flight is counted
+ * in q->post_inflight and, when ep_inflight is not NULL, in *ep_inflight
+ * (the endpoint's own count). */
 ucs_status_t troupe_am_post(ucp_ep_h ep, uint16_t id, const void *hdr, size_t hdr_len,
-                            const void *buf, size_t len, uint32_t flags, troupe_queue_t *q);
+                            const void *buf, size_t len, uint32_t flags, troupe_queue_t *q,
+                            uint64_t *ep_inflight);
 /* troupe_am_release frees what n AM events hold: their header copies and
  * their eager data (held by UCX or copied). Rendezvous descriptors are
  * dropped (ucp_am_data_release). */
@@ -106,9 +109,10 @@ void troupe_am_release(ucp_worker_h w, troupe_ev_t *ev, size_t n);
  * the header, data and events may be Go memory without Go pointers, read
  * or written only during the call. */
 static inline int troupe_am_post_u(uintptr_t ep, uint16_t id, uintptr_t hdr, size_t hdr_len,
-                                   uintptr_t buf, size_t len, uint32_t flags, uintptr_t q) {
+                                   uintptr_t buf, size_t len, uint32_t flags, uintptr_t q,
+                                   uintptr_t ep_inflight) {
     return (int)troupe_am_post((ucp_ep_h)ep, id, (const void *)hdr, hdr_len, (const void *)buf,
-                               len, flags, (troupe_queue_t *)q);
+                               len, flags, (troupe_queue_t *)q, (uint64_t *)ep_inflight);
 }
 static inline void troupe_am_release_u(uintptr_t w, uintptr_t ev, size_t n) {
     troupe_am_release((ucp_worker_h)w, (troupe_ev_t *)ev, n);

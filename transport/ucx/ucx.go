@@ -150,6 +150,10 @@ type Worker struct {
 	// scan every entry's pointer fields on every call.
 	ev  *C.troupe_ev_t
 	nev int
+	// counts are the endpoints' posts-in-flight counters (C memory, which
+	// send callbacks decrement): freed with the worker, after which no
+	// callback runs.
+	counts []*C.uint64_t
 }
 
 // eventBatch is how many events one Progress or Drain call returns at most.
@@ -187,6 +191,10 @@ func (w *Worker) Close() {
 		}
 	}
 	C.ucp_worker_destroy(w.h)
+	for _, c := range w.counts {
+		C.free(unsafe.Pointer(c))
+	}
+	w.counts = nil
 	C.troupe_queue_free(w.q)
 	C.free(unsafe.Pointer(w.ev))
 	w.h, w.q, w.ev = nil, nil, nil
@@ -398,8 +406,14 @@ func result(op string, p C.ucs_status_ptr_t) (Request, error) {
 
 // Endpoint is a UCP endpoint (ucp_ep_h).
 type Endpoint struct {
-	h C.ucp_ep_h
+	h     C.ucp_ep_h
+	posts *C.uint64_t // AMPost sends to this endpoint in flight
 }
+
+// PostsInFlight is the number of AMPost sends to the endpoint that UCX has
+// not completed yet (queued because the peer's receive queue was full, or
+// still moving).
+func (ep *Endpoint) PostsInFlight() int { return int(*ep.posts) }
 
 // Handle identifies the endpoint in EventEPError events.
 func (ep *Endpoint) Handle() uintptr { return uintptr(unsafe.Pointer(ep.h)) }
@@ -417,10 +431,15 @@ func (w *Worker) Connect(addr []byte, peerErrors bool) (*Endpoint, error) {
 	if peerErrors {
 		pe = 1
 	}
-	ep := &Endpoint{}
+	ep := &Endpoint{posts: (*C.uint64_t)(C.calloc(1, C.size_t(unsafe.Sizeof(C.uint64_t(0)))))}
+	if ep.posts == nil {
+		return nil, &Error{Op: "ucp_ep_create", Status: C.UCS_ERR_NO_MEMORY}
+	}
 	if err := check("ucp_ep_create", C.troupe_ep_create(w.h, ca, w.q, pe, &ep.h)); err != nil {
+		C.free(unsafe.Pointer(ep.posts))
 		return nil, err
 	}
+	w.counts = append(w.counts, ep.posts)
 	return ep, nil
 }
 
@@ -582,7 +601,7 @@ func (w *Worker) AMPost(ep *Endpoint, id uint16, header, data []byte, flags uint
 	// pointers on every message. The memory is only read during the call
 	// (the goroutine's stack cannot move while it is in C), and the slices
 	// stay alive until the call returns.
-	st := C.troupe_am_post_u(C.uintptr_t(uintptr(unsafe.Pointer(ep.h))), C.uint16_t(id), C.uintptr_t(hp), C.size_t(len(header)), C.uintptr_t(dp), C.size_t(len(data)), C.uint32_t(flags), C.uintptr_t(uintptr(unsafe.Pointer(w.q))))
+	st := C.troupe_am_post_u(C.uintptr_t(uintptr(unsafe.Pointer(ep.h))), C.uint16_t(id), C.uintptr_t(hp), C.size_t(len(header)), C.uintptr_t(dp), C.size_t(len(data)), C.uint32_t(flags), C.uintptr_t(uintptr(unsafe.Pointer(w.q))), C.uintptr_t(uintptr(unsafe.Pointer(ep.posts))))
 	runtime.KeepAlive(header)
 	runtime.KeepAlive(data)
 	switch Status(st) {
