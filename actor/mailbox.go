@@ -1,0 +1,201 @@
+package actor
+
+import (
+	"runtime"
+	"sync"
+	"sync/atomic"
+
+	pa "github.com/asynkron/protoactor-go/actor"
+)
+
+// mailbox is the mailbox of actors spawned with Runtime.Props: protoactor's
+// default unbounded mailbox in behaviour (system messages first, suspension,
+// throughput yields, failures escalated, the same middleware calls), with a
+// queue built for one busy producer, the goroutine that delivers remote
+// messages. protoactor's queue takes a lock per message on both sides, so
+// the actor's goroutine spent much of a 64 B flood spinning on the lock the
+// delivering goroutine held (docs/actor.md, Measurements). Here the actor's
+// goroutine takes everything queued under one lock and works through it
+// without the lock.
+type mailbox struct {
+	mu   sync.Mutex
+	user []any // posted user messages, oldest first (mu)
+	sys  []any // posted system messages, oldest first (mu)
+
+	// The consumer's batch (only the goroutine running the mailbox): user
+	// messages taken from user, next is the first not yet invoked.
+	batch []any
+	next  int
+
+	status    atomic.Int32 // mailboxIdle or mailboxRunning
+	userCount atomic.Int32 // user messages posted and not yet invoked
+	sysCount  atomic.Int32
+	suspended atomic.Bool
+
+	invoker     pa.MessageInvoker
+	dispatcher  pa.Dispatcher
+	middlewares []pa.MailboxMiddleware
+}
+
+const (
+	mailboxIdle int32 = iota
+	mailboxRunning
+)
+
+// newMailbox returns a producer of mailboxes with the given middlewares.
+func newMailbox(middlewares ...pa.MailboxMiddleware) pa.MailboxProducer {
+	return func() pa.Mailbox { return &mailbox{middlewares: middlewares} }
+}
+
+// PostUserMessage queues a user message and schedules the mailbox. As in
+// protoactor's mailbox, the messages of a MessageBatch are posted one by
+// one before the batch itself.
+func (m *mailbox) PostUserMessage(message any) {
+	if b, ok := message.(pa.MessageBatch); ok {
+		for _, msg := range b.GetMessages() {
+			m.PostUserMessage(msg)
+		}
+	}
+	if env, ok := message.(*pa.MessageEnvelope); ok {
+		if b, ok := env.Message.(pa.MessageBatch); ok {
+			for _, msg := range b.GetMessages() {
+				m.PostUserMessage(msg)
+			}
+		}
+	}
+	for _, mw := range m.middlewares {
+		mw.MessagePosted(message)
+	}
+	m.mu.Lock()
+	m.user = append(m.user, message)
+	m.mu.Unlock()
+	m.userCount.Add(1)
+	m.schedule()
+}
+
+// PostSystemMessage queues a system message and schedules the mailbox.
+func (m *mailbox) PostSystemMessage(message any) {
+	for _, mw := range m.middlewares {
+		mw.MessagePosted(message)
+	}
+	m.mu.Lock()
+	m.sys = append(m.sys, message)
+	m.mu.Unlock()
+	m.sysCount.Add(1)
+	m.schedule()
+}
+
+// RegisterHandlers sets who processes the messages and who runs the mailbox.
+func (m *mailbox) RegisterHandlers(invoker pa.MessageInvoker, dispatcher pa.Dispatcher) {
+	m.invoker, m.dispatcher = invoker, dispatcher
+}
+
+// Start tells the middlewares the mailbox started.
+func (m *mailbox) Start() {
+	for _, mw := range m.middlewares {
+		mw.MailboxStarted()
+	}
+}
+
+// UserMessageCount is the number of user messages not yet processed.
+func (m *mailbox) UserMessageCount() int { return int(m.userCount.Load()) }
+
+func (m *mailbox) schedule() {
+	if m.status.CompareAndSwap(mailboxIdle, mailboxRunning) {
+		m.dispatcher.Schedule(m.process)
+	}
+}
+
+// process runs the mailbox until it is empty or suspended, then goes idle,
+// unless messages came meanwhile.
+func (m *mailbox) process() {
+	for {
+		m.run()
+		m.status.Store(mailboxIdle)
+		sys, user := m.sysCount.Load(), m.userCount.Load()
+		if (sys > 0 || (!m.suspended.Load() && user > 0)) && m.status.CompareAndSwap(mailboxIdle, mailboxRunning) {
+			continue
+		}
+		if user == 0 && !m.suspended.Load() {
+			for _, mw := range m.middlewares {
+				mw.MailboxEmpty()
+			}
+		}
+		return
+	}
+}
+
+// run invokes messages, system ones first, until none is left or the
+// mailbox is suspended; a panic is escalated as the actor's failure.
+func (m *mailbox) run() {
+	var msg any
+	defer func() {
+		if r := recover(); r != nil {
+			m.invoker.EscalateFailure(r, msg)
+		}
+	}()
+	i, t := 0, m.dispatcher.Throughput()
+	for {
+		if i > t {
+			i = 0
+			runtime.Gosched()
+		}
+		i++
+		if m.sysCount.Load() > 0 {
+			msg = m.popSystem()
+			m.sysCount.Add(-1)
+			switch msg.(type) {
+			case *pa.SuspendMailbox:
+				m.suspended.Store(true)
+			case *pa.ResumeMailbox:
+				m.suspended.Store(false)
+			default:
+				m.invoker.InvokeSystemMessage(msg)
+			}
+			for _, mw := range m.middlewares {
+				mw.MessageReceived(msg)
+			}
+			continue
+		}
+		if m.suspended.Load() {
+			return
+		}
+		if msg = m.popUser(); msg == nil {
+			return
+		}
+		m.userCount.Add(-1)
+		m.invoker.InvokeUserMessage(msg)
+		for _, mw := range m.middlewares {
+			mw.MessageReceived(msg)
+		}
+	}
+}
+
+func (m *mailbox) popSystem() any {
+	m.mu.Lock()
+	msg := m.sys[0]
+	m.sys[0] = nil
+	m.sys = m.sys[1:]
+	m.mu.Unlock()
+	return msg
+}
+
+// popUser returns the next user message, or nil if there is none: from the
+// batch, else after swapping the posted messages into the batch.
+func (m *mailbox) popUser() any {
+	if m.next == len(m.batch) {
+		m.mu.Lock()
+		// The emptied batch becomes the producer's queue: the two slices
+		// take turns, so steady traffic allocates nothing.
+		m.batch, m.user = m.user, m.batch[:0]
+		m.mu.Unlock()
+		m.next = 0
+		if len(m.batch) == 0 {
+			return nil
+		}
+	}
+	msg := m.batch[m.next]
+	m.batch[m.next] = nil
+	m.next++
+	return msg
+}
