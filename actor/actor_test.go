@@ -129,3 +129,37 @@ func TestSendOrder(t *testing.T) {
 		t.Fatalf("only %d of %d messages arrived", next, n)
 	}
 }
+
+// TestTargetCacheAcrossStopAndRespawn: deliveries cache the target's
+// process; once the actor stops, requests to its name get ErrNoActor (not
+// a dead mailbox), and a new actor spawned under the name gets them.
+func TestTargetCacheAcrossStopAndRespawn(t *testing.T) {
+	rts := startLocal(t, 2)
+	pid, err := rts[1].System().Root.SpawnNamed(echoProps(rts[1]), "echo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	remote := rts[0].PID(1, "echo")
+	for i := 0; i < 10; i++ { // cached by now
+		if _, err := rts[0].Request(remote, &ping{N: i}, 5*time.Second); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := rts[1].System().Root.StopFuture(pid).Wait(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rts[0].Request(remote, &ping{}, 5*time.Second); !errors.Is(err, ErrNoActor) {
+		t.Fatalf("request to the stopped actor: %v, want ErrNoActor", err)
+	}
+	if _, err := rts[1].System().Root.SpawnNamed(rts[1].PropsFromFunc(func(c pa.Context) {
+		if p, ok := c.Message().(*ping); ok {
+			c.Respond(&pong{N: p.N + 100})
+		}
+	}), "echo"); err != nil {
+		t.Fatal(err)
+	}
+	res, err := rts[0].Request(remote, &ping{N: 1}, 5*time.Second)
+	if err != nil || res.(*pong).N != 101 {
+		t.Fatalf("request to the new actor: %v %v", res, err)
+	}
+}

@@ -86,10 +86,13 @@ type target struct {
 	proc atomic.Pointer[targetProc] // nil until a delivery found it
 }
 
-// targetProc is a target's process as found while no actor of the runtime
-// stopped: valid while Runtime.localEpoch is still epoch.
+// targetProc is what a delivery found about a target: its process and,
+// for one of the runtime's actors, its record. Cached in the target while
+// Runtime.localEpoch is still epoch.
 type targetProc struct {
 	proc  pa.Process
+	found bool
+	la    *localActor // nil: not one of the runtime's actors
 	epoch uint64
 }
 

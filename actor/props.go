@@ -88,6 +88,7 @@ func (rt *Runtime) trackLocal(pid *pa.PID, a pa.Actor, run *actorRun) {
 	la := &localActor{pid: pid, actor: a, run: run}
 	la.hook, _ = a.(PostReceiver)
 	rt.local.Store(pid.Id, la)
+	rt.localEpoch.Add(1) // a new instance, maybe with other hooks
 }
 
 // creditMiddleware returns credits after an actor processes a remote message.

@@ -578,7 +578,7 @@ func (rt *Runtime) landing(it *inItem, ct *codecType, size int) []byte {
 	if it.e.Flags&flagBodyHdr == 0 || ct == nil || it.err != "" || ct.device >= 0 || ct.typed >= 0 {
 		return getBuf(size)
 	}
-	if la, ok := rt.local.Load(it.e.Target); ok && la.(*localActor).hook != nil {
+	if la := rt.localTarget(it.target, it.e.Target).la; la != nil && la.hook != nil {
 		inc := &Incoming{
 			Target: rt.PID(rt.rank, it.e.Target),
 			Type:   ct.name,
@@ -587,7 +587,7 @@ func (rt *Runtime) landing(it *inItem, ct *codecType, size int) []byte {
 		if it.e.Sender != "" {
 			inc.Sender = rt.PID(it.e.SenderRank, it.e.Sender)
 		}
-		if dst := la.(*localActor).hook.PostReceive(inc); dst != nil {
+		if dst := la.hook.PostReceive(inc); dst != nil {
 			if len(dst) == size {
 				rt.stats.HookLanded.Add(1)
 				it.hooked = true
@@ -677,7 +677,8 @@ func (rt *Runtime) deliver(it *inItem) {
 	if it.deferred != nil {
 		msg = it.deferred
 	}
-	proc, found, tracked := rt.localProcess(it.target, e.Target)
+	lt := rt.localTarget(it.target, e.Target)
+	proc, found, tracked := lt.proc, lt.found, lt.la != nil
 	if e.Flags&flagSystem != 0 {
 		if t, ok := it.msg.(*pa.Terminated); ok && t.Who != nil {
 			rt.dropWatch(e.Source, t.Who.Id, e.Target)
@@ -717,23 +718,27 @@ func (rt *Runtime) deliver(it *inItem) {
 	proc.SendUserMessage(target, &pa.MessageEnvelope{Header: hdr, Message: msg, Sender: sender})
 }
 
-// localProcess finds the local process with id, and whether it is one of
-// the runtime's actors (spawned with Props), through the target's cache
-// entry when there is one (tg may be nil). The runtime's actors are cached:
-// their stops change localEpoch, which voids the cache.
-func (rt *Runtime) localProcess(tg *target, id string) (proc pa.Process, found, tracked bool) {
+// localTarget finds the local process with id and, if it is one of the
+// runtime's actors (spawned with Props), its record, through the target's
+// cache entry when there is one (tg may be nil). The runtime's actors are
+// cached: their starts and stops change localEpoch, which voids the cache.
+func (rt *Runtime) localTarget(tg *target, id string) targetProc {
 	epoch := rt.localEpoch.Load()
 	if tg != nil {
 		if c := tg.proc.Load(); c != nil && c.epoch == epoch {
-			return c.proc, true, true
+			return *c
 		}
 	}
-	proc, found = rt.sys.ProcessRegistry.GetLocal(id)
-	_, tracked = rt.local.Load(id)
-	if tg != nil && found && tracked {
-		tg.proc.Store(&targetProc{proc: proc, epoch: epoch})
+	c := targetProc{epoch: epoch}
+	c.proc, c.found = rt.sys.ProcessRegistry.GetLocal(id)
+	if v, ok := rt.local.Load(id); ok {
+		c.la = v.(*localActor)
 	}
-	return proc, found, tracked
+	if tg != nil && c.found && c.la != nil {
+		cached := c
+		tg.proc.Store(&cached)
+	}
+	return c
 }
 
 // Buffer pool for landing data: power-of-two classes from 4 KiB. Smaller

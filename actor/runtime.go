@@ -110,7 +110,7 @@ type Runtime struct {
 	in      []*inPeer
 	local   sync.Map // actor id -> *localActor, for actors spawned with Props
 	targets targetCache
-	// localEpoch changes whenever one of the runtime's actors stops:
+	// localEpoch changes whenever one of the runtime's actors starts or stops:
 	// processes cached in targets are trusted only within one epoch.
 	localEpoch atomic.Uint64
 	dispatcher *poolDispatcher // runs the mailboxes of actors spawned with Props

@@ -322,11 +322,12 @@ func actorBenchDriver(ctx context.Context, rt *actor.Runtime, f actorBenchFlags)
 }
 
 // tputMessages is the number of messages a throughput test of size bytes
-// sends: 200,000 of 64 B, 20,000 of 64 KiB, 4,000 of 1 MiB.
+// sends: 1,000,000 of 64 B (as many as protobench sends), 20,000 of
+// 64 KiB, 4,000 of 1 MiB.
 func tputMessages(size int) int {
 	switch {
 	case size <= 4<<10:
-		return 200000
+		return 1000000
 	case size <= 256<<10:
 		return 20000
 	default:
