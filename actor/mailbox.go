@@ -63,25 +63,24 @@ func (m *mailbox) PostUserMessage(message any) {
 			}
 		}
 	}
-	for _, mw := range m.middlewares {
-		mw.MessagePosted(message)
-	}
-	m.mu.Lock()
-	m.user = append(m.user, message)
-	m.mu.Unlock()
-	m.userCount.Add(1)
-	m.schedule()
+	m.post(&m.user, &m.userCount, message)
 }
 
 // PostSystemMessage queues a system message and schedules the mailbox.
 func (m *mailbox) PostSystemMessage(message any) {
+	m.post(&m.sys, &m.sysCount, message)
+}
+
+// post appends message to q (user or sys), counts it in n and schedules
+// the mailbox.
+func (m *mailbox) post(q *[]any, n *atomic.Int32, message any) {
 	for _, mw := range m.middlewares {
 		mw.MessagePosted(message)
 	}
 	m.mu.Lock()
-	m.sys = append(m.sys, message)
+	*q = append(*q, message)
 	m.mu.Unlock()
-	m.sysCount.Add(1)
+	n.Add(1)
 	m.schedule()
 }
 
