@@ -46,6 +46,7 @@ test: deps
 	$(GO) test -run '^$$' -fuzz '^FuzzValidateMsgpack$$' -fuzztime 30000x ./actor/
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeBody$$' -fuzztime 20000x ./actor/
 	$(GO) test -run '^$$' -fuzz '^FuzzFastDecode$$' -fuzztime 20000x ./actor/
+	$(GO) test -run '^$$' -fuzz '^FuzzBundleFrames$$' -fuzztime 50000x ./transport/
 	UCX_LOG_LEVEL=error $(GO) test -count=1 -run '^TestActorFlood$$' ./integration/
 	UCX_LOG_LEVEL=error $(GO) test -race -count=1 -timeout 20m $(RACE_PKGS)
 
