@@ -448,6 +448,13 @@ func (t *Transport) deliverBatch(q []ucx.Event) {
 // released) for deliverAM to release with the rest of its batch; it
 // releases a CMA message itself, which owes its sender an acknowledgement.
 func (t *Transport) deliverOne(ev *ucx.Event) bool {
+	if ev.AMID() == amBundle {
+		// Its messages are delivered one by one; the bundle is released
+		// with the batch. (A CMA descriptor naming amBundle is no bundle:
+		// it goes below, to the placeholder handler, and is released.)
+		t.deliverBundle(ev)
+		return true
+	}
 	// One AMMessage serves every message whose handler neither keeps it nor
 	// plans it with the overlap engine (amMu is held): handlers may not use
 	// it after they return.
@@ -467,10 +474,6 @@ func (t *Transport) deliverOne(ev *ucx.Event) bool {
 			return false
 		}
 		m.cma, m.Size, m.Rendezvous, id = c, int(c.d.n), true, c.amID
-	}
-	if id == amBundle {
-		t.deliverBundle(ev)
-		return true
 	}
 	m.id = id
 	if h := (*t.amh.Load())[id].h; h != nil {
