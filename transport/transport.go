@@ -582,9 +582,13 @@ func (t *Transport) loop() {
 			} else {
 				timer.Reset(aside)
 				t.asideLong.Store(true)
-				select {
-				case <-t.kick:
-				case <-timer.C:
+				// A spinner that left before asideLong was set did not
+				// call us back (spinDone).
+				if t.spinners.Load() > 0 {
+					select {
+					case <-t.kick:
+					case <-timer.C:
+					}
 				}
 				t.asideLong.Store(false)
 			}
@@ -823,7 +827,7 @@ func (r *Request) Done() <-chan struct{} {
 func (t *Transport) spinWait(done func() bool) bool {
 	deadline := time.Now().Add(t.opts.WaitSpin)
 	t.spinners.Add(1)
-	defer t.spinners.Add(-1)
+	defer t.spinDone()
 	for i := 0; !done(); i++ {
 		if t.opts.Progress == ProgressDirect {
 			t.progressOnce()
@@ -838,6 +842,19 @@ func (t *Transport) spinWait(done func() bool) bool {
 		}
 	}
 	return true
+}
+
+// spinDone ends a spinWait. The last spinner out calls back a progress
+// goroutine that stands aside for it: otherwise nobody would progress the
+// worker until its millisecond timer fired (late, in an idle process), and
+// a message arriving meanwhile would wait for it.
+func (t *Transport) spinDone() {
+	if t.spinners.Add(-1) == 0 && t.asideLong.Load() {
+		select {
+		case t.kick <- struct{}{}:
+		default:
+		}
+	}
 }
 
 // inFlight reports whether operations are in flight that the progress
