@@ -57,13 +57,14 @@ func (rt *Runtime) SendFrom(sender *pa.PID, pid *pa.PID, msg any) error {
 
 // SendDevice is SendFrom for a message with a gpu.Buffer field (the GPU
 // Messaging API) that returns before the buffer may be reused, with a
-// Completion that says when it may. Only a buffer of cuda device memory
-// going to another process of this host (CUDA IPC: the receiver copies
-// from the buffer itself) keeps the Completion pending until the receiver
-// has copied; otherwise the bytes were staged before SendDevice returned,
-// or the target is on this rank and receives the message as it is, and
-// the Completion is done at once. SendFrom is SendDevice followed by
-// waiting for the Completion.
+// Completion that says when it may. A buffer of cuda device memory going
+// to another process of this host (CUDA IPC: the receiver copies from the
+// buffer itself) keeps the Completion pending until the receiver has
+// copied, and one of PairDeviceMin bytes or more going to another rank
+// otherwise until its pair channel send is done; a smaller one was staged
+// before SendDevice returned, and a target on this rank receives the
+// message as it is: the Completion is done at once. SendFrom is
+// SendDevice followed by waiting for the Completion.
 func (rt *Runtime) SendDevice(sender, pid *pa.PID, msg any) (*Completion, error) {
 	var c *Completion
 	var err error

@@ -18,9 +18,11 @@ import (
 // Transfer paths: cuda device memory for another process of this host goes
 // by CUDA IPC (device_ipc.go: the receiver copies from the sender's
 // memory; SendDevice's Completion says when the buffer may be reused).
-// Otherwise the device bytes are staged through host memory (a copy to the
-// host at the sender, inside Send, and to the device at the receiver), the
-// pipelined-staging path of DESIGN 7 without the pipelining. Either way the
+// Otherwise a buffer of PairDeviceMin bytes or more follows the message on
+// the pair channel (device_pair.go: pipelined staging through pinned host
+// memory, or UCX on the memory, or a copy within the process), and a
+// smaller one is staged through host memory (a copy to the host at the
+// sender, inside Send, and to the device at the receiver). Either way the
 // sender may reuse its device buffer when Send returns.
 
 var deviceType = reflect.TypeFor[gpu.Buffer]()

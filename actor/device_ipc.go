@@ -213,18 +213,35 @@ func (d *deviceSends) failRank(r int, err error) {
 	}
 }
 
-// ipcSend is a message's gpu.Buffer field going by CUDA IPC.
-type ipcSend struct {
-	data []byte // the active message's data: descriptor and sequence number
+// deviceSend is a message's gpu.Buffer field that does not travel as the
+// active message's data: by CUDA IPC (data is the descriptor), or on the
+// pair channel (pair is set, device_pair.go).
+type deviceSend struct {
+	data []byte // CUDA IPC: the active message's data, descriptor and sequence number
 	n    int    // the buffer's length
-	seq  uint64
+	seq  uint64 // CUDA IPC: the acknowledgement's number
 	c    *Completion
+
+	pair *transport.Channel // the pair channel the buffer follows on
+	buf  gpu.Buffer         // the buffer, for the pair channel
+}
+
+// withoutDevice returns msg (v is its value) with its gpu.Buffer field
+// zeroed, as a copy of the same shape (pointer or value).
+func withoutDevice(ct *codecType, v reflect.Value, ptr bool) any {
+	cp := reflect.New(ct.typ)
+	cp.Elem().Set(v)
+	cp.Elem().Field(ct.device).SetZero()
+	if ptr {
+		return cp.Interface()
+	}
+	return cp.Elem().Interface()
 }
 
 // deviceIPC prepares msg's gpu.Buffer field to go to rank r by CUDA IPC and
-// returns msg with the field zeroed. A nil *ipcSend: the field goes as
-// bytes.
-func (rt *Runtime) deviceIPC(r int, ct *codecType, msg any, ptr bool) (*ipcSend, any) {
+// returns msg with the field zeroed. A nil *deviceSend: the field goes
+// otherwise.
+func (rt *Runtime) deviceIPC(r int, ct *codecType, msg any, ptr bool) (*deviceSend, any) {
 	if ct.device < 0 || !rt.t.DeviceIPCPeer(r) {
 		return nil, msg
 	}
@@ -242,14 +259,8 @@ func (rt *Runtime) deviceIPC(r int, ct *codecType, msg any, ptr bool) (*ipcSend,
 		return nil, msg
 	}
 	seq, c := rt.devSends.add(r, rt.t, b)
-	x := &ipcSend{data: binary.LittleEndian.AppendUint64(desc, seq), n: b.Len(), seq: seq, c: c}
-	cp := reflect.New(ct.typ)
-	cp.Elem().Set(v)
-	cp.Elem().Field(ct.device).SetZero()
-	if ptr {
-		return x, cp.Interface()
-	}
-	return x, cp.Elem().Interface()
+	x := &deviceSend{data: binary.LittleEndian.AppendUint64(desc, seq), n: b.Len(), seq: seq, c: c}
+	return x, withoutDevice(ct, v, ptr)
 }
 
 // receiveDeviceIPC receives an IPC device message: it lands the bytes by

@@ -1,6 +1,7 @@
 package actor
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -130,7 +131,9 @@ func TestDeviceIPCMalformed(t *testing.T) {
 }
 
 // TestSendDeviceNoIPC: without CUDA IPC (in-process ranks, or a rank of
-// this process), SendDevice's Completion is done when it returns.
+// this process), SendDevice's Completion for a small buffer is done when it
+// returns; a large one goes on the pair channel and completes with its
+// send.
 func TestSendDeviceNoIPC(t *testing.T) {
 	dev := hostDevice(t)
 	rts := startLocalWith(t, 2, Options{Device: dev})
@@ -157,6 +160,32 @@ func TestSendDeviceNoIPC(t *testing.T) {
 		if h := <-sink.seen; h.Iter != r || h.Face.Len() != 100 {
 			t.Fatalf("to rank %d: got %+v", r, h)
 		}
+	}
+	big, _ := dev.Alloc(PairDeviceMin)
+	want := make([]byte, PairDeviceMin)
+	for i := range want {
+		want[i] = byte(i * 7)
+	}
+	if err := gpu.CopyFromHost(big, want); err != nil {
+		t.Fatal(err)
+	}
+	c, err := rts[0].SendDevice(nil, rts[0].PID(1, "sink"), &halo{Iter: 9, Face: big})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Wait(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	h := <-sink.seen
+	got := make([]byte, PairDeviceMin)
+	if err := gpu.CopyToHost(got, h.Face); err != nil {
+		t.Fatal(err)
+	}
+	if h.Iter != 9 || !bytes.Equal(got, want) {
+		t.Fatalf("pair channel message %d: bytes equal %v", h.Iter, bytes.Equal(got, want))
+	}
+	if s, r := rts[0].Stats().DevicePairSent.Load(), rts[1].Stats().DevicePair.Load(); s != 1 || r != 1 {
+		t.Fatalf("pair channel: %d sent, %d landed; want 1 and 1", s, r)
 	}
 	if _, err := rts[0].SendDevice(nil, nil, &halo{}); err == nil {
 		t.Fatal("SendDevice to a nil PID succeeded")

@@ -2,6 +2,7 @@ package actor
 
 import (
 	"fmt"
+	"math/bits"
 	"sync/atomic"
 
 	pa "github.com/asynkron/protoactor-go/actor"
@@ -12,12 +13,13 @@ const wireVersion = 1
 
 // Envelope flags.
 const (
-	flagPointer   = 1 << iota // the body was sent as *T (else T)
-	flagSystem                // a system message (watch, unwatch, terminated, stop)
-	flagBodyHdr               // the body travels in the header; the AM data is the payload
-	flagNoCredit              // runtime traffic that bypasses eager credits
-	flagTypedXfer             // with flagBodyHdr: the Typed field follows by the typed-transfer protocol, PayloadLen packed bytes
-	flagDeviceIPC             // with flagBodyHdr: the gpu.Buffer field's PayloadLen bytes are copied by CUDA IPC; the data is its descriptor (device_ipc.go)
+	flagPointer    = 1 << iota // the body was sent as *T (else T)
+	flagSystem                 // a system message (watch, unwatch, terminated, stop)
+	flagBodyHdr                // the body travels in the header; the AM data is the payload
+	flagNoCredit               // runtime traffic that bypasses eager credits
+	flagTypedXfer              // with flagBodyHdr: the Typed field follows by the typed-transfer protocol, PayloadLen packed bytes
+	flagDeviceIPC              // with flagBodyHdr: the gpu.Buffer field's PayloadLen bytes are copied by CUDA IPC; the data is its descriptor (device_ipc.go)
+	flagDevicePair             // with flagBodyHdr: the gpu.Buffer field's PayloadLen bytes follow on the pair channel; no data (device_pair.go)
 )
 
 // envelope is the header of every actor message on the wire (DESIGN 5.1):
@@ -150,12 +152,12 @@ func decodeEnvelopeInto(e *envelope, b []byte, size int, targets *targetCache) e
 	r.end()
 	switch {
 	case r.err != nil:
-	case flags >= 1<<6:
+	case flags >= 1<<7:
 		r.fail("unknown flags 0x%x", flags)
-	case flags&(flagTypedXfer|flagDeviceIPC) != 0 && flags&flagBodyHdr == 0:
-		r.fail("typed-transfer or device IPC flag without the body-in-header flag")
-	case flags&flagTypedXfer != 0 && flags&flagDeviceIPC != 0:
-		r.fail("both the typed-transfer and the device IPC flag")
+	case flags&(flagTypedXfer|flagDeviceIPC|flagDevicePair) != 0 && flags&flagBodyHdr == 0:
+		r.fail("typed-transfer or device flag without the body-in-header flag")
+	case bits.OnesCount64(flags&(flagTypedXfer|flagDeviceIPC|flagDevicePair)) > 1:
+		r.fail("more than one of the typed-transfer, device IPC and device pair flags")
 	case src >= uint64(size) || srank >= uint64(size):
 		r.fail("source rank %d or sender rank %d outside a job of %d", src, srank, size)
 	case treq > 0xffffffff || typ > 0xffffffff:

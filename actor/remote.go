@@ -3,6 +3,7 @@ package actor
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"math/bits"
 	"strconv"
@@ -93,13 +94,16 @@ func (rt *Runtime) undeliverable(target *pa.PID, msg any, sender *pa.PID, reason
 }
 
 // send encodes msg and sends it to target on rank r. A gpu.Buffer field
-// sent by CUDA IPC is copied by the receiver before send returns.
+// sent by CUDA IPC or on the pair channel may be reused when send returns.
 func (rt *Runtime) send(r int, target *pa.PID, msg any, sender *pa.PID, flags uint32) error {
 	c, err := rt.sendAsync(r, target, msg, sender, flags)
 	if err != nil || c == nil {
 		return err
 	}
-	return rt.waitDevice(c)
+	if err := rt.waitDevice(c); err != nil && !errors.Is(err, errPairDeclined) {
+		return err
+	}
+	return nil
 }
 
 // sendAsync is send returning at once; a non-nil Completion is done when
@@ -120,15 +124,18 @@ func (rt *Runtime) sendAsync(r int, target *pa.PID, msg any, sender *pa.PID, fla
 		return nil, err
 	}
 	dev, msg := rt.deviceIPC(r, ct, msg, ptr)
+	if dev == nil {
+		dev, msg = rt.devicePair(r, ct, msg, ptr)
+	}
 	c, err := rt.post(r, target, msg, sender, flags, ct, ptr, direct, dev)
-	if err != nil && dev != nil {
+	if err != nil && dev != nil && dev.pair == nil {
 		rt.devSends.finish(dev.seq, -1, err)
 	}
 	return c, err
 }
 
 // post encodes and sends the message sendAsync prepared.
-func (rt *Runtime) post(r int, target *pa.PID, msg any, sender *pa.PID, flags uint32, ct *codecType, ptr bool, direct *directTyped, dev *ipcSend) (*Completion, error) {
+func (rt *Runtime) post(r int, target *pa.PID, msg any, sender *pa.PID, flags uint32, ct *codecType, ptr bool, direct *directTyped, dev *deviceSend) (*Completion, error) {
 	// The body, then the envelope, go into one pooled buffer: a message
 	// small enough to be posted is copied by the transport before PostAM
 	// returns, so the buffer serves the next message.
@@ -156,6 +163,9 @@ func (rt *Runtime) post(r int, target *pa.PID, msg any, sender *pa.PID, flags ui
 	case direct != nil:
 		e.Flags |= flagBodyHdr | flagTypedXfer
 		e.Body, e.PayloadLen, data = body, int(direct.bytes), nil
+	case dev != nil && dev.pair != nil:
+		e.Flags |= flagBodyHdr | flagDevicePair
+		e.Body, e.PayloadLen, data = body, dev.n, nil
 	case dev != nil:
 		e.Flags |= flagBodyHdr | flagDeviceIPC
 		e.Body, e.PayloadLen, data = body, dev.n, dev.data
@@ -169,7 +179,7 @@ func (rt *Runtime) post(r int, target *pa.PID, msg any, sender *pa.PID, flags ui
 	out := rt.out[r]
 	cost := rt.cost(len(body) + e.PayloadLen)
 	if dev != nil {
-		cost = rt.cost(len(body) + len(data)) // the receiver's memory holds the descriptor only
+		cost = rt.cost(len(body) + len(data)) // the receiver's memory holds the descriptor at most
 	}
 	if e.Flags&flagNoCredit == 0 {
 		if err := out.acquire(cost, &rt.stats); err != nil {
@@ -184,7 +194,7 @@ func (rt *Runtime) post(r int, target *pa.PID, msg any, sender *pa.PID, flags ui
 		// messages arrive: the message and its transfer's place go out
 		// under one lock; the transfer itself runs after, in this
 		// goroutine.
-		out.typedMu.Lock()
+		out.orderMu.Lock()
 		if err = rt.postAM(r, hdr, data, pooled); err == nil {
 			f := direct.f
 			xfer, err = rt.t.PrepareSendTyped(r, 0, f.Buf, f.Type, int(f.Count), rt.typedOptions(f.Base))
@@ -194,11 +204,23 @@ func (rt *Runtime) post(r int, target *pa.PID, msg any, sender *pa.PID, flags ui
 				if x, ferr := rt.t.PrepareSendTyped(r, 0, nil, datatype.Byte, 0, rt.typedOptions(0)); ferr == nil {
 					go func() { _, _ = x.Run(context.Background()) }()
 				}
-				out.typedMu.Unlock()
+				out.orderMu.Unlock()
 				return nil, fmt.Errorf("actor: sending %s to %s: its Typed field: %w", ct.name, target, err)
 			}
 		}
-		out.typedMu.Unlock()
+		out.orderMu.Unlock()
+	} else if dev != nil && dev.pair != nil {
+		// The receiver posts the pair channel's receives in the order the
+		// messages arrive: the message and the channel send go out under
+		// one lock.
+		out.orderMu.Lock()
+		if err = rt.postAM(r, hdr, data, pooled); err == nil {
+			if err = rt.sendPair(dev); err != nil {
+				out.orderMu.Unlock()
+				return nil, fmt.Errorf("actor: sending %s to %s: its gpu.Buffer field: %w", ct.name, target, err)
+			}
+		}
+		out.orderMu.Unlock()
 	} else {
 		err = rt.postAM(r, hdr, data, pooled)
 	}
@@ -218,8 +240,13 @@ func (rt *Runtime) post(r int, target *pa.PID, msg any, sender *pa.PID, flags ui
 		rt.stats.TypedSent.Add(1)
 	}
 	rt.stats.Sent.Add(1)
-	if dev != nil {
+	switch {
+	case dev != nil && dev.pair != nil:
+		rt.stats.DevicePairSent.Add(1)
+	case dev != nil:
 		rt.stats.DeviceIPCSent.Add(1)
+	}
+	if dev != nil {
 		return dev.c, nil
 	}
 	return nil, nil
@@ -268,7 +295,7 @@ func (rt *Runtime) cost(n int) int {
 
 // outPeer holds the eager credits for sending to one rank.
 type outPeer struct {
-	typedMu sync.Mutex // orders messages with Typed transfers (send)
+	orderMu sync.Mutex // orders messages with Typed transfers or pair channel sends (send)
 	mu      sync.Mutex
 	avail   int
 	err     error         // set when sends to the rank can no longer succeed
@@ -466,6 +493,12 @@ func (rt *Runtime) onMessage(m *transport.AMMessage) {
 		q := new(inItem)
 		*q = it
 		rt.receiveDeviceIPC(in, m, q, ct)
+		return
+	}
+	if e.Flags&flagDevicePair != 0 {
+		q := new(inItem)
+		*q = it
+		rt.receiveDevicePair(in, m, q, ct)
 		return
 	}
 	if !m.Rendezvous {

@@ -123,6 +123,7 @@ type Runtime struct {
 	watches []map[watchKey]*pa.PID // per rank: remote watchee + local watcher
 
 	devSends   deviceSends   // CUDA IPC device messages awaiting acknowledgement
+	pairs      pairChannels  // where large gpu.Buffer fields travel (device_pair.go)
 	devResends deviceResends // declined CUDA IPC device messages awaiting their bytes
 	devOnce    sync.Once
 	dev        *gpu.Device
@@ -147,6 +148,8 @@ type Stats struct {
 	DeviceLanded   atomic.Uint64 // gpu.Buffer fields landed in device memory
 	DeviceIPC      atomic.Uint64 // of those, copied from the sender's memory by CUDA IPC
 	DeviceIPCSent  atomic.Uint64 // gpu.Buffer fields sent as CUDA IPC descriptors
+	DevicePair     atomic.Uint64 // gpu.Buffer fields landed from the pair channel (device_pair.go)
+	DevicePairSent atomic.Uint64 // gpu.Buffer fields sent on the pair channel
 	// DeviceIPCDeclined counts CUDA IPC descriptors this rank could not
 	// take (its landing memory, or its driver, refused) and received the
 	// bytes of instead; DeviceIPCResent the bytes this rank sent for
@@ -293,6 +296,7 @@ func start(ctx context.Context, t *transport.Transport, opts Options) (*Runtime,
 	}
 	_ = rt.SetTypedTransfer(opts.TypedDirectMin, opts.TypedScheme) // checked above
 	rt.credits = max(rt.credits, 4)
+	rt.pairs.min = pairMin()
 	core := rt.log.Core()
 	rt.sys = pa.NewActorSystem(pa.WithLoggerFactory(func(*pa.ActorSystem) *slog.Logger {
 		return slog.New(zapslog.NewHandler(core, zapslog.WithName("protoactor")))
@@ -439,6 +443,9 @@ func (rt *Runtime) shutdown(ctx context.Context) error {
 	}
 	rt.devSends.closeResends()
 	rt.devSends.failRank(-1, ErrClosed)
+	if err := rt.pairs.close(); err != nil {
+		errs = append(errs, fmt.Errorf("actor: closing pair channels: %w", err))
+	}
 	rt.stopLocalActors()
 	rt.sys.Shutdown()
 	if rt.ownT {

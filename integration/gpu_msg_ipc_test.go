@@ -49,9 +49,13 @@ func init() {
 	actor.MustRegister[devVerdict]()
 }
 
-// devBadSize is the size for which the sink's hook returns a buffer one
-// byte short.
-const devBadSize = 777
+// devBadSize and devBadPairSize are the sizes for which the sink's hook
+// returns a buffer one byte short: the second is large enough for the pair
+// channel (actor.PairDeviceMin).
+const (
+	devBadSize     = 777
+	devBadPairSize = actor.PairDeviceMin + 1001
+)
 
 // devSink checks devMsg and devMark messages: consecutive N, bytes equal to
 // the pattern. Its PostReceiveDevice lands each message in a fresh
@@ -65,7 +69,7 @@ type devSink struct {
 
 func (s *devSink) PostReceiveDevice(in *actor.Incoming) gpu.Buffer {
 	n := in.Size
-	if n == devBadSize {
+	if n == devBadSize || n == devBadPairSize {
 		n--
 	}
 	b, err := s.dev.Alloc(n)
@@ -196,9 +200,9 @@ func gpuMsgIPC(ctx context.Context, r *rank) error {
 				return errors.New("not a CUDA IPC peer")
 			case st.DeviceIPC.Load() != 0 || r.t.GPUIPCStats().Imported != 0:
 				return fmt.Errorf("%d device messages copied by IPC with a driver that refuses handles", st.DeviceIPC.Load())
-			case st.DeviceIPCSent.Load() == 0 || st.DeviceIPCResent.Load() != st.DeviceIPCSent.Load()-1:
-				// The wrong-size message is refused before any import.
-				return fmt.Errorf("%d descriptors sent, %d resent as bytes: want all but one resent", st.DeviceIPCSent.Load(), st.DeviceIPCResent.Load())
+			case st.DeviceIPCSent.Load() == 0 || st.DeviceIPCResent.Load() != st.DeviceIPCSent.Load()-2:
+				// The two wrong-size messages are refused before any import.
+				return fmt.Errorf("%d descriptors sent, %d resent as bytes: want all but two resent", st.DeviceIPCSent.Load(), st.DeviceIPCResent.Load())
 			case st.DeviceIPCDeclined.Load() != st.DeviceIPCResent.Load():
 				// Both ranks sent the same messages.
 				return fmt.Errorf("%d descriptors declined here, %d resent from here: want equal", st.DeviceIPCDeclined.Load(), st.DeviceIPCResent.Load())
@@ -208,6 +212,14 @@ func gpuMsgIPC(ctx context.Context, r *rank) error {
 		}
 		if ipc != (st.DeviceIPC.Load() > 0) || ipc != (st.DeviceIPCSent.Load() > 0) {
 			return fmt.Errorf("ipc peer %v, but %d device messages sent and %d received by IPC", ipc, st.DeviceIPCSent.Load(), st.DeviceIPC.Load())
+		}
+		// Without IPC the large buffers (100,000, 1 MiB + 3 and 200,000
+		// bytes, and the wrong-size one) follow on the pair channel.
+		if want := uint64(4); !ipc && (st.DevicePairSent.Load() != want || st.DevicePair.Load() != want-1) {
+			return fmt.Errorf("%d device buffers sent and %d landed on the pair channel, want %d and %d", st.DevicePairSent.Load(), st.DevicePair.Load(), want, want-1)
+		}
+		if ipc && st.DevicePairSent.Load()+st.DevicePair.Load() != 0 {
+			return fmt.Errorf("%d device buffers sent on the pair channel to a CUDA IPC peer", st.DevicePairSent.Load())
 		}
 		if st.DeviceIPCDeclined.Load() != 0 || st.DeviceIPCResent.Load() != 0 {
 			return fmt.Errorf("%d descriptors declined, %d resent, with a driver that takes handles", st.DeviceIPCDeclined.Load(), st.DeviceIPCResent.Load())
@@ -276,14 +288,11 @@ func sendDeviceMessages(ctx context.Context, r *rank, rt *actor.Runtime, sys *gp
 			return fmt.Errorf("SendDevice %d completion: %w", i, err)
 		}
 	}
-	// A landing buffer of the wrong size (a dead letter on the receiver,
+	// Landing buffers of the wrong size (a dead letter on the receiver,
 	// the sink's count stays put): by IPC the sender learns it from Send;
-	// staged, Send has returned, and the receiver tells the sending rank,
-	// which publishes the dead letter on its own event stream.
-	bad, err := whole.Slice(0, devBadSize)
-	if err != nil {
-		return err
-	}
+	// staged or on the pair channel, Send has returned, and the receiver
+	// tells the sending rank, which publishes the dead letter on its own
+	// event stream.
 	rejected := make(chan *actor.UndeliverableError, 1)
 	sub := rt.System().EventStream.Subscribe(func(ev any) {
 		if dl, ok := ev.(*pa.DeadLetterEvent); ok {
@@ -296,26 +305,45 @@ func sendDeviceMessages(ctx context.Context, r *rank, rt *actor.Runtime, sys *gp
 		}
 	})
 	defer rt.System().EventStream.Unsubscribe(sub)
-	err = rt.Send(sink, &devMsg{N: n, Buf: bad})
-	var derr *actor.DeviceIPCError
-	switch {
-	case ipc && !errors.As(err, &derr):
-		return fmt.Errorf("Send with a wrong landing size: got %v, want a *DeviceIPCError", err)
-	case !ipc && err != nil:
-		return fmt.Errorf("staged Send with a wrong landing size: %w", err)
-	case !ipc:
-		select {
-		case ue := <-rejected:
-			if want := fmt.Sprintf("for a device payload of %d", devBadSize); !strings.Contains(ue.Reason, want) {
-				return fmt.Errorf("staged Send with a wrong landing size: the sending rank heard %q", ue.Reason)
-			}
-		case <-time.After(actorTimeout):
-			return errors.New("staged Send with a wrong landing size: the sending rank never heard")
+	for i, size := range []int{devBadSize, devBadPairSize} {
+		bad, err := whole.Slice(0, size)
+		if err != nil {
+			return err
 		}
-		if n := rt.Stats().DeviceRejected.Load(); n != 1 {
-			return fmt.Errorf("DeviceRejected = %d, want 1", n)
+		err = rt.Send(sink, &devMsg{N: n, Buf: bad})
+		var derr *actor.DeviceIPCError
+		switch {
+		case ipc && !errors.As(err, &derr):
+			return fmt.Errorf("Send of %d bytes with a wrong landing size: got %v, want a *DeviceIPCError", size, err)
+		case !ipc && err != nil:
+			return fmt.Errorf("staged Send of %d bytes with a wrong landing size: %w", size, err)
+		case !ipc:
+			select {
+			case ue := <-rejected:
+				if want := fmt.Sprintf("for a device payload of %d", size); !strings.Contains(ue.Reason, want) {
+					return fmt.Errorf("staged Send of %d bytes with a wrong landing size: the sending rank heard %q", size, ue.Reason)
+				}
+			case <-time.After(actorTimeout):
+				return fmt.Errorf("staged Send of %d bytes with a wrong landing size: the sending rank never heard", size)
+			}
+			if got := rt.Stats().DeviceRejected.Load(); got != uint64(i+1) {
+				return fmt.Errorf("DeviceRejected = %d, want %d", got, i+1)
+			}
 		}
 	}
+	// A large message behind the rejected ones arrives intact and in order
+	// (the pair channel's counters stayed in step).
+	after, err := whole.Slice(0, 200_000)
+	if err != nil {
+		return err
+	}
+	if err := gpu.CopyFromHost(after, pattern(200_000, 77)); err != nil {
+		return err
+	}
+	if err := rt.Send(sink, &devMsg{N: n, Seed: 77, Buf: after}); err != nil {
+		return err
+	}
+	n++
 	r.logf("wrong landing size reported to the sender")
 	res, err := rt.Request(sink, &devVerdict{N: n}, actorTimeout)
 	if err != nil {

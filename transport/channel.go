@@ -127,11 +127,42 @@ type channelKey struct {
 // channels holds the open channels of every transport in the process.
 var channels sync.Map // channelKey -> *Channel
 
+// PairChannelBase is the first channel id reserved for pair channels
+// (PairChannel): Channel refuses ids from there on.
+const PairChannelBase = 1 << (ChannelBits - 1)
+
 // Channel creates this rank's end of channel id with peer. The peer creates
 // its end with the same id and this rank as its peer. peer may be this rank:
-// the channel then connects the rank with itself. id must fit
-// ChannelBits bits and not be open already on this rank.
+// the channel then connects the rank with itself. id must be below
+// PairChannelBase and not be open already on this rank.
 func (t *Transport) Channel(id uint32, peer int) (*Channel, error) {
+	if id >= PairChannelBase {
+		return nil, fmt.Errorf("%w: channel id %d: ids from %d on are reserved for pair channels", ErrInvalid, id, PairChannelBase)
+	}
+	return t.openChannel(id, peer)
+}
+
+// PairChannel creates this rank's end of the pair channel with peer: a
+// channel whose id, from the range Channel refuses, is derived from the two
+// ranks, so that both ends find it without agreeing on an id. There is one
+// per pair of ranks; the actor runtime carries large gpu.Buffer fields of
+// messages on it (docs/gpu.md), so other code must not open it beside a
+// runtime. A job too large for the reserved range (more than about 11,500
+// ranks) gets an error wrapping ErrInvalid.
+func (t *Transport) PairChannel(peer int) (*Channel, error) {
+	if err := t.checkRank(peer, "pair channel"); err != nil {
+		return nil, err
+	}
+	lo, hi := min(t.rank, peer), max(t.rank, peer)
+	idx := uint64(lo)*uint64(t.size) + uint64(hi)
+	if idx >= 1<<ChannelBits-PairChannelBase {
+		return nil, fmt.Errorf("%w: no pair channel id for ranks %d and %d of %d", ErrInvalid, lo, hi, t.size)
+	}
+	return t.openChannel(PairChannelBase+uint32(idx), peer)
+}
+
+// openChannel creates this rank's end of channel id with peer.
+func (t *Transport) openChannel(id uint32, peer int) (*Channel, error) {
 	if err := t.checkRank(peer, "channel"); err != nil {
 		return nil, err
 	}

@@ -2,7 +2,9 @@ package transport
 
 import (
 	"bytes"
+	"context"
 	"errors"
+	"fmt"
 	"runtime"
 	"testing"
 	"time"
@@ -392,5 +394,54 @@ func TestChannelSelf(t *testing.T) {
 		if !bytes.Equal(bufs[i], pattern(100+i, i)) {
 			t.Fatalf("message %d differs", i)
 		}
+	}
+}
+
+// TestPairChannel: both ends of a pair derive the same id, from the range
+// Channel refuses, and the channel carries messages; each pair has its own
+// id, and a second end on one rank is refused.
+func TestPairChannel(t *testing.T) {
+	ts := localJob(t, 3, ProgressDirect)
+	if _, err := ts[0].Channel(PairChannelBase, 1); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("reserved id: %v", err)
+	}
+	if _, err := ts[0].PairChannel(3); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("bad peer: %v", err)
+	}
+	ids := map[uint32]bool{}
+	for _, p := range [][2]int{{0, 1}, {2, 0}, {1, 2}} {
+		a, err := ts[p[0]].PairChannel(p[1])
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := ts[p[1]].PairChannel(p[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if a.ID() != b.ID() || a.ID() < PairChannelBase || ids[a.ID()] {
+			t.Fatalf("pair %v: ids %d and %d (seen before: %v)", p, a.ID(), b.ID(), ids[a.ID()])
+		}
+		ids[a.ID()] = true
+		if _, err := ts[p[0]].PairChannel(p[1]); !errors.Is(err, ErrChannelInUse) {
+			t.Fatalf("pair %v opened twice: %v", p, err)
+		}
+		want := []byte(fmt.Sprintf("pair %v", p))
+		got := make([]byte, len(want))
+		rr, err := b.RecvBytes(got)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sr, err := a.SendBytes(want)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := sr.Wait(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		if err := rr.Wait(context.Background()); err != nil || !bytes.Equal(got, want) {
+			t.Fatalf("pair %v: got %q, %v", p, got, err)
+		}
+		_ = a.Close()
+		_ = b.Close()
 	}
 }
