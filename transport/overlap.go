@@ -215,7 +215,7 @@ func (t *Transport) ovPoll(active bool) {
 	if active {
 		ov.dirty = true
 	}
-	if t.entered.Swap(false) {
+	if t.entered.Load() && t.entered.Swap(false) {
 		// Queue mode: a Test call entered the transport (Request.Test).
 		t.ovEnter()
 	}
