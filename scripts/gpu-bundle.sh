@@ -17,6 +17,8 @@ go test -c "$flags" -o "$out/bin/jacobi3d.test" ./samples/jacobi3d/
 go build "$flags" -o "$out/bin/troupe" ./cmd/troupe
 go build "$flags" -o "$out/bin/jacobi3d" ./samples/jacobi3d
 go build "$flags" -o "$out/bin/faces" ./samples/faces
+# the protoactor-go reference of `troupe bench actor --compare`
+go build "$flags" -o "$out/bin/protobench" ./samples/protobench
 # the raw UCX reference of `troupe bench pingpong --compare`
 cp "$(command -v ucx_perftest)" "$out/bin/"
 # UCX, its CMA transport module (no InfiniBand there) and what they link,

@@ -4,7 +4,7 @@
 # Jacobi3D on the device. Each step's output goes to $OUT/<step>.log (or
 # ./gpu-logs) and a summary line per step to stdout.
 #   scripts/gpu-check.sh [step...]
-# steps: info gpu gpurace gpubench integration jacobi bench benchhost run faces pingpong
+# steps: info gpu gpurace gpubench integration jacobi bench benchhost run faces pingpong actor overlap
 set -u
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -79,5 +79,11 @@ for s in $steps; do
 	pingpong)
 		timeout -k 5 120 "$B/troupe" bench pingpong --compare 3 >"$logs/pingpong.log" 2>&1
 		echo "== pingpong: exit $?"; cat "$logs/pingpong.log" ;;
+	actor) # the actor runtime against protoactor-go's gRPC remote, on this machine's CPUs
+		timeout -k 5 200 "$B/troupe" bench actor --compare >"$logs/actor.log" 2>&1
+		echo "== actor: exit $?"; grep -v '^\[' "$logs/actor.log" ;;
+	overlap) # receiver-side overlap, engine on and off, from 1 MiB
+		timeout -k 5 200 "$B/troupe" bench overlap --rounds 3 --min 1048576 >"$logs/overlap.log" 2>&1
+		echo "== overlap: exit $?"; grep -v '^\[' "$logs/overlap.log" ;;
 	esac
 done
