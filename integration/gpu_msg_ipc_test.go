@@ -356,15 +356,19 @@ func sendDeviceMessages(ctx context.Context, r *rank, rt *actor.Runtime, sys *gp
 	return nil
 }
 
-// devKillSize is the size at which the loss scenario's receiver dies inside
+// devKillSize and devKillPairSize are the sizes at which the loss
+// scenario's receiver dies inside
 // its PostReceiveDevice hook, before it copies or acknowledges.
-const devKillSize = 4242
+const (
+	devKillSize     = 4242
+	devKillPairSize = actor.PairDeviceMin + 4242
+)
 
 // killingSink is rank 1's sink in the loss scenario.
 type killingSink struct{ dev *gpu.Device }
 
 func (k *killingSink) PostReceiveDevice(in *actor.Incoming) gpu.Buffer {
-	if in.Size == devKillSize {
+	if in.Size == devKillSize || in.Size == devKillPairSize {
 		syscall.Kill(os.Getpid(), syscall.SIGKILL)
 		select {}
 	}
@@ -380,11 +384,17 @@ func (k *killingSink) Receive(c pa.Context) {
 }
 
 // TestGPUMessagingIPCPeerLost: the receiver of a CUDA IPC device message
-// dies before it acknowledges; the sender's Completion fails with the loss,
-// and so does a later Send.
+// dies before it acknowledges, or, with IPC off, the receiver of a device
+// buffer on the pair channel dies before it posts the channel receive; the
+// sender's Completion fails with the loss, and so does a later Send.
 func TestGPUMessagingIPCPeerLost(t *testing.T) {
 	useCUDA(t)
-	requireRank1Killed(t, "gpumsgipcloss", "[0] rank 0: completion and send failed with the peer lost")
+	for _, ipc := range []string{"on", "off"} {
+		t.Run("ipc-"+ipc, func(t *testing.T) {
+			t.Setenv(transport.EnvGPUIPC, ipc)
+			requireRank1Killed(t, "gpumsgipcloss", "[0] rank 0: completion and send failed with the peer lost")
+		})
+	}
 }
 
 // gpuMsgIPCLoss is one rank of TestGPUMessagingIPCPeerLost.
@@ -420,11 +430,17 @@ func gpuMsgIPCLoss(ctx context.Context, r *rank) error {
 	// finishes its checks first.
 	term := make(chan os.Signal, 1)
 	signal.Notify(term, syscall.SIGTERM)
-	if !r.t.DeviceIPCPeer(1) {
+	killSize := devKillSize
+	switch ipc := r.t.DeviceIPCPeer(1); {
+	case os.Getenv(transport.EnvGPUIPC) == "off" && ipc:
+		return errors.New("rank 1 is a CUDA IPC peer with IPC off")
+	case os.Getenv(transport.EnvGPUIPC) == "off":
+		killSize = devKillPairSize
+	case !ipc:
 		return fmt.Errorf("rank 1 is not a CUDA IPC peer: %+v", r.t.GPUIPCStats())
 	}
 	sink := rt.PID(1, "devsink")
-	buf, err := devWith(sys, pattern(devKillSize+1, 3))
+	buf, err := devWith(sys, pattern(killSize+1, 3))
 	if err != nil {
 		return err
 	}
@@ -433,7 +449,7 @@ func gpuMsgIPCLoss(ctx context.Context, r *rank) error {
 	if _, err := rt.Request(sink, &devMsg{N: 0, Buf: buf}, actorTimeout); err != nil {
 		return fmt.Errorf("before the loss: %w", err)
 	}
-	kill, err := buf.Slice(0, devKillSize)
+	kill, err := buf.Slice(0, killSize)
 	if err != nil {
 		return err
 	}
@@ -447,6 +463,9 @@ func gpuMsgIPCLoss(ctx context.Context, r *rank) error {
 	}
 	if err := rt.Send(sink, &devMsg{N: 2, Buf: buf}); !errors.As(err, &lost) {
 		return fmt.Errorf("Send after the loss: got %v, want a *PeerLostError", err)
+	}
+	if killSize == devKillPairSize && rt.Stats().DevicePairSent.Load() != 2 {
+		return fmt.Errorf("%d device buffers sent on the pair channel, want 2", rt.Stats().DevicePairSent.Load())
 	}
 	r.logf("completion and send failed with the peer lost")
 	return nil
