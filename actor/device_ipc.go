@@ -311,10 +311,7 @@ func (rt *Runtime) receiveDeviceIPC(in *inPeer, m *transport.AMMessage, it *inIt
 		if haveSeq {
 			rt.ackDevice(in.rank, seq, it.err)
 		}
-		it.ready = true
-		in.mu.Lock()
-		in.push(it)
-		in.mu.Unlock()
+		in.pushReady(it)
 		return
 	}
 	// The copy takes the GPU some microseconds; keep the progress goroutine

@@ -175,10 +175,7 @@ func (rt *Runtime) receiveDevicePair(in *inPeer, m *transport.AMMessage, it *inI
 		if it.err == "" {
 			it.err = "device payload: no pair channel: " + err.Error()
 		}
-		it.ready = true
-		in.mu.Lock()
-		in.push(it)
-		in.mu.Unlock()
+		in.pushReady(it)
 		return
 	}
 	var dst gpu.Buffer
@@ -203,10 +200,7 @@ func (rt *Runtime) receiveDevicePair(in *inPeer, m *transport.AMMessage, it *inI
 			owned = false
 		}
 		if cr, err = ch.RecvBytes(nil); err != nil {
-			it.ready = true
-			in.mu.Lock()
-			in.push(it)
-			in.mu.Unlock()
+			in.pushReady(it)
 			return
 		}
 	}

@@ -431,6 +431,15 @@ func (in *inPeer) push(it *inItem) {
 	in.drain()
 }
 
+// pushReady marks it ready (its data landed, or it failed with it.err) and
+// pushes it; in.mu must not be held.
+func (in *inPeer) pushReady(it *inItem) {
+	it.ready = true
+	in.mu.Lock()
+	in.push(it)
+	in.mu.Unlock()
+}
+
 // drain delivers ready messages at the head of the queue. Call with in.mu held.
 func (in *inPeer) drain() {
 	n := 0
@@ -552,10 +561,7 @@ func (rt *Runtime) receiveData(in *inPeer, m *transport.AMMessage, it *inItem, c
 	req, rerr := m.RecvData(dst)
 	if rerr != nil {
 		it.err = "receiving data: " + rerr.Error()
-		it.ready = true
-		in.mu.Lock()
-		in.push(it)
-		in.mu.Unlock()
+		in.pushReady(it)
 		return
 	}
 	if done, werr := req.Finished(); done {

@@ -259,19 +259,13 @@ func (rt *Runtime) typedOptions(base int64) transport.TypedOptions {
 func (rt *Runtime) receiveTyped(in *inPeer, m *transport.AMMessage, it *inItem, ct *codecType) {
 	it.e.Body = append([]byte(nil), it.e.Body...) // the header dies when we return
 	n := it.e.PayloadLen
-	undeliverable := func() {
-		it.ready = true
-		in.mu.Lock()
-		in.push(it)
-		in.mu.Unlock()
-	}
 	switch {
 	case m.Size != 0:
 		it.err = fmt.Sprintf("typed-transfer message with %d bytes of data", m.Size)
 	case n > maxTypedLanding:
 		it.err = fmt.Sprintf("Typed field of %d bytes announced, more than %d", n, maxTypedLanding)
 		rt.log.Warn("typed transfer not received", zap.Int("peer", it.e.Source), zap.Int("bytes", n))
-		undeliverable()
+		in.pushReady(it)
 		return
 	case ct == nil:
 		it.err = fmt.Sprintf("unknown message type id 0x%08x (not registered on rank %d)", it.e.Type, rt.rank)
@@ -301,7 +295,7 @@ func (rt *Runtime) receiveTyped(in *inPeer, m *transport.AMMessage, it *inItem, 
 		xfer, err = rt.t.PrepareRecvTyped(it.e.Source, 0, dst.Buf, datatype.Byte, n, o)
 		if err != nil {
 			it.err = "receiving Typed field: " + err.Error()
-			undeliverable()
+			in.pushReady(it)
 			return
 		}
 	}
