@@ -45,14 +45,44 @@ type noncontigFlags struct {
 var ncSchemeOrder = []datatype.Scheme{datatype.SchemePack, datatype.SchemeSGL, datatype.SchemeZCopy, datatype.SchemeAuto}
 
 // ncTurns is the cycle in which the schemes take turns (indexes into
-// ncSchemeOrder): read cyclically, every scheme runs right after every other
-// scheme exactly once (an Euler circuit of the complete directed graph on
-// the four schemes). A scheme leaves the machine in a state the next one
+// ncSchemeOrder). A scheme leaves the machine in a state the next one
 // meets: garbage, zero-copy's key-pool refills, caches warmed by packing
 // the same layout. With a fixed or rotated order each scheme keeps its
 // predecessor: the adaptive default, measured right after zero-copy, paid
 // for zero-copy's garbage.
-var ncTurns = []int{0, 1, 0, 2, 0, 3, 1, 2, 1, 3, 2, 3}
+var ncTurns = balancedTurns(len(ncSchemeOrder))
+
+// balancedTurns returns a cycle over 0..n-1 in which, read cyclically,
+// every item comes right after every other item exactly once: an Euler
+// circuit of the complete directed graph on n vertices (Hierholzer's
+// algorithm; every vertex has in-degree = out-degree = n-1, so one exists).
+// It has n(n-1) turns, or one turn when n is 1.
+func balancedTurns(n int) []int {
+	if n < 2 {
+		return make([]int, n)
+	}
+	out := make([][]int, n) // out[v]: the edges v->u not walked yet
+	for v := range out {
+		for u := 0; u < n; u++ {
+			if u != v {
+				out[v] = append(out[v], u)
+			}
+		}
+	}
+	stack, circuit := []int{0}, make([]int, 0, n*(n-1)+1)
+	for len(stack) > 0 {
+		v := stack[len(stack)-1]
+		if len(out[v]) > 0 {
+			stack = append(stack, out[v][0])
+			out[v] = out[v][1:]
+			continue
+		}
+		circuit = append(circuit, v)
+		stack = stack[:len(stack)-1]
+	}
+	slices.Reverse(circuit)
+	return circuit[:len(circuit)-1] // closed walk: the last vertex is the first
+}
 
 // Vector sweep: blocks of 64 B .. 16 KiB, 16 .. 1024 of them, stride twice
 // the block.
@@ -73,8 +103,8 @@ layout on both sides, for each fixed scheme and for the adaptive default
 (blocks of 64 B to 16 KiB, 16 to 1024 blocks, stride twice the block; named
 vec_<block>x<count>) and the 13 DDTBench layouts. The schemes take turns in
 short batches, in an order in which each follows each other equally often,
-for --rounds rounds; each scheme's best batch is reported. (With --actor, each way runs whole rounds and the best round is
-reported.)`,
+for --rounds rounds; each scheme's best batch is reported. With --actor the
+five ways (am and the four schemes) take turns the same way.`,
 		Args: cobra.NoArgs,
 	}
 	fl := cmd.Flags()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"runtime"
 	"sync/atomic"
 	"time"
 
@@ -45,6 +46,9 @@ var ncActorWays = []struct {
 	{"zcopy", 1, datatype.SchemeZCopy},
 	{"adaptive", 1, datatype.SchemeAuto},
 }
+
+// ncActorTurns is the balanced cycle in which the actor ways take turns.
+var ncActorTurns = balancedTurns(len(ncActorWays))
 
 // ncPinger is the actor on each rank: its layout is where messages land and
 // what it sends back.
@@ -102,21 +106,25 @@ func noncontigActorRank(ctx context.Context, f noncontigFlags, boot bootstrap.Bo
 			return err
 		}
 		p.field.Store(&actor.Typed{Buf: r.buf, Type: c.dt, Base: c.base, Count: 1})
-		iters, warmup := r.iters, r.warmup
+		// The ways take turns batch by batch in a balanced cycle, each batch
+		// from a collected heap after untimed round trips, as the tagged
+		// benchmark does (ncTurns); each way's best batch is reported.
+		batch, warmup := max(r.iters/4, 3), r.warmup
 		best := map[string]float64{}
 		for round := 0; round < f.rounds; round++ {
-			for k := range ncActorWays {
-				w := ncActorWays[(k+round)%len(ncActorWays)]
+			for turn, k := range ncActorTurns {
+				w := ncActorWays[k]
 				if err := rt.SetTypedTransfer(w.min, w.scheme); err != nil {
 					return err
 				}
-				if err := boot.Barrier(ctx, fmt.Sprintf("nc.%s.%d.%s", c.name, round, w.name)); err != nil {
+				runtime.GC()
+				if err := boot.Barrier(ctx, fmt.Sprintf("nc.%s.%d.%d", c.name, round, turn)); err != nil {
 					return err
 				}
-				if err := ncActorRun(ctx, t.Rank(), rt, self, w.name, warmup, iters, best); err != nil {
+				if err := ncActorRun(ctx, t.Rank(), rt, self, w.name, warmup, batch, best); err != nil {
 					return fmt.Errorf("%s %s: %w", c.name, w.name, err)
 				}
-				if err := boot.Barrier(ctx, fmt.Sprintf("nc.%s.%d.%s.end", c.name, round, w.name)); err != nil {
+				if err := boot.Barrier(ctx, fmt.Sprintf("nc.%s.%d.%d.end", c.name, round, turn)); err != nil {
 					return err
 				}
 			}
@@ -160,7 +168,7 @@ func ncActorRun(ctx context.Context, rank int, rt *actor.Runtime, self *pa.PID, 
 	if err := run(iters); err != nil {
 		return err
 	}
-	lat := float64(time.Since(start).Microseconds()) / float64(2*iters)
+	lat := float64(time.Since(start).Nanoseconds()) / float64(2e3*iters)
 	if b, ok := best[way]; !ok || lat < b {
 		best[way] = lat
 	}
