@@ -51,6 +51,20 @@ func ncXferTag(dir uint64, src uint32, xid uint32, idx uint32) uint64 {
 		uint64(xid&ncXidMask)<<ncIdxBits | uint64(idx&ncIdxMask)
 }
 
+// ncDataTag and ncDataMask select the transfer messages that flow sender to
+// receiver (dir 0): pack and SGL chunks and the zero-copy completion. With
+// the overlap engine on, ovProbe takes them off UCX's queue like tagged
+// messages, and their receives (ncRecv) are matched in the engine's table.
+const (
+	ncDataTag  = uint64(KindTyped)<<kindShift | 1<<59 | dirData<<58
+	ncDataMask = uint64(0xf)<<kindShift | 1<<59 | 1<<58
+)
+
+// ncXferSource returns the sending rank and index of a transfer tag.
+func ncXferSource(tag uint64) (src, idx int) {
+	return int(tag >> (ncXidBits + ncIdxBits) & ncRankMask), int(tag & ncIdxMask)
+}
+
 // Wire messages, little endian.
 
 const (
@@ -203,6 +217,9 @@ func (t *Transport) ncRecv(peer int, tag uint64, b ucx.Buffer, pins []unsafe.Poi
 	t.exec(func() {
 		if _, err := t.peerLocked(peer, r.op); err != nil {
 			t.fail(r, err)
+			return
+		}
+		if t.ov != nil && tag&ncDataMask == ncDataTag && t.ovRecvKey(r, ovKey{wire: tag}, r.bufLen < t.ov.thresh) {
 			return
 		}
 		ureq, err := t.w.TagRecv(r.b, tag, FullMask)

@@ -239,8 +239,9 @@ func (t *Transport) ovEnter() {
 	t.ovStartHeld()
 }
 
-// ovProbe takes every tagged (USER kind) message off UCX's unexpected queue,
-// and every channel message while this rank has channels open, and matches
+// ovProbe takes every tagged (USER kind) message and every typed transfer's
+// data message off UCX's unexpected queue, and every channel message while
+// this rank has channels open, and matches
 // them against the engine's posted receives by their exact wire tag (and
 // chunk index); trace-based sequence numbers (channel counters) make the
 // match unique, so taking messages in any order keeps MPI ordering. CMA
@@ -260,6 +261,14 @@ func (t *Transport) ovProbe() {
 			continue
 		}
 		t.ovTaken(msg, ovKey{wire: info.Tag}, int(src), int(utag), info.Length)
+	}
+	for {
+		msg, info, ok := t.w.TagProbe(ncDataTag, ncDataMask, true)
+		if !ok {
+			break
+		}
+		src, idx := ncXferSource(info.Tag)
+		t.ovTaken(msg, ovKey{wire: info.Tag}, src, idx, info.Length)
 	}
 	if t.chanOpen.Load() == 0 {
 		return
