@@ -14,6 +14,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/troupe-hpc/troupe/datatype"
 	"github.com/troupe-hpc/troupe/overlap"
 	"github.com/troupe-hpc/troupe/transport"
 	"github.com/troupe-hpc/troupe/transport/bootstrap"
@@ -31,6 +32,7 @@ type overlapFlags struct {
 	gatherRanks int
 	gatherSize  int
 	gatherDelay time.Duration
+	typed       bool
 	engine      string // per rank (internal): on or off
 }
 
@@ -102,6 +104,7 @@ shows how long the senders wait for the late root, engine off and on.`,
 	fl.IntVar(&f.gatherRanks, "gather-ranks", 3, "ranks of the skewed gather (0 skips it)")
 	fl.IntVar(&f.gatherSize, "gather-size", 1<<20, "bytes each sender contributes to the gather")
 	fl.DurationVar(&f.gatherDelay, "gather-delay", 2*time.Millisecond, "how late the gather's root is")
+	fl.BoolVar(&f.typed, "typed", false, "send typed (derived-datatype) messages instead of bytes: a vector of 1 KiB blocks at a 2 KiB stride, size packed bytes, the adaptive scheme")
 	fl.StringVar(&f.engine, "engine", "off", "overlap engine of this rank (internal)")
 	_ = fl.MarkHidden("engine")
 	setBenchRun(cmd, func(ctx context.Context) error { return overlapRank(ctx, f) },
@@ -121,7 +124,7 @@ func overlapJob(ctx context.Context, f overlapFlags, n int, engine, role string)
 		"--scale", strconv.FormatFloat(f.scale, 'g', -1, 64),
 		"--calibrate=" + strconv.FormatBool(f.calibrate),
 		"--gather-size", strconv.Itoa(f.gatherSize), "--gather-delay", f.gatherDelay.String(),
-		"--gather-ranks", role}, nil)
+		"--typed=" + strconv.FormatBool(f.typed), "--gather-ranks", role}, nil)
 	if err != nil {
 		return nil, fmt.Errorf("overlap job (engine %s): %w", engine, err)
 	}
@@ -234,7 +237,11 @@ func overlapRun(ctx context.Context, out io.Writer, f overlapFlags) error {
 		}
 		return nil
 	}
-	fmt.Fprintf(out, "# troupe overlap, 2 ranks, UCX_TLS=%s, %d round(s) per engine setting (medians)\n", bootstrap.UCXTLS(f.tls), f.rounds)
+	what := ""
+	if f.typed {
+		what = ", typed messages (vector of 1 KiB blocks, stride 2 KiB)"
+	}
+	fmt.Fprintf(out, "# troupe overlap, 2 ranks, UCX_TLS=%s%s, %d round(s) per engine setting (medians)\n", bootstrap.UCXTLS(f.tls), what, f.rounds)
 	fmt.Fprintf(out, "# rank 1 (sender) waits parked, without spinning (docs/overlap.md, section 8)\n")
 	for _, c := range calib {
 		fmt.Fprintf(out, "# calibration: alpha %.4f ns/B, beta %.1f us, R2 %.3f\n", c.AlphaNsPerB, c.BetaUs, c.R2)
@@ -296,6 +303,13 @@ func overlapRank(ctx context.Context, f overlapFlags) error {
 	}
 	defer boot.Close()
 	opts := transport.Options{Bootstrap: boot}
+	if f.typed && boot.Rank() == 1 {
+		// The sender's typed transfers wait inside the transport (for each
+		// chunk, for the receiver's answer): let them park at once, as
+		// waitQuiet does for byte messages, so that on a machine of few
+		// cores the sender leaves the receiver's cores alone.
+		opts.WaitSpin = time.Nanosecond
+	}
 	var eng *overlap.Engine
 	if f.engine == "on" {
 		if eng, err = overlap.New(overlap.DefaultConfig()); err != nil {
@@ -361,8 +375,12 @@ func overlapBench(ctx context.Context, t *transport.Transport, f overlapFlags, e
 	for _, mode := range []string{"expected", "unexpected"} {
 		for size := f.minSize; size <= f.maxSize; size *= 2 {
 			iters, warmup := overlapIters(size, f.scale)
+			m, err := newOvMessage(size, f.typed)
+			if err != nil {
+				return err
+			}
 			// Pure communication time: the same iteration without compute.
-			comm, _, send, err := overlapLoop(ctx, t, mode, size, iters, warmup, 0, 0)
+			comm, _, send, err := overlapLoop(ctx, t, mode, m, iters, warmup, 0, 0)
 			if err != nil {
 				return err
 			}
@@ -373,11 +391,11 @@ func overlapBench(ctx context.Context, t *transport.Transport, f overlapFlags, e
 				late = 0
 			}
 			if mode == "unexpected" {
-				if comm, _, send, err = overlapLoop(ctx, t, mode, size, iters, warmup, 0, late); err != nil {
+				if comm, _, send, err = overlapLoop(ctx, t, mode, m, iters, warmup, 0, late); err != nil {
 					return err
 				}
 			}
-			total, comp, send2, err := overlapLoop(ctx, t, mode, size, iters, warmup, comm, late)
+			total, comp, send2, err := overlapLoop(ctx, t, mode, m, iters, warmup, comm, late)
 			if err != nil {
 				return err
 			}
@@ -402,8 +420,8 @@ func us(d time.Duration) float64 { return math.Round(float64(d)/100) / 10 }
 // by rank 1). Each iteration: rank 0 tells rank 1 to go; in expected mode it
 // posts its receive first; rank 1 sends; rank 0 computes late (unexpected
 // mode: before posting), then computes work after posting and waits.
-func overlapLoop(ctx context.Context, t *transport.Transport, mode string, size, iters, warmup int, work, late time.Duration) (total, comp, send time.Duration, err error) {
-	buf := make([]byte, size)
+func overlapLoop(ctx context.Context, t *transport.Transport, mode string, m ovMessage, iters, warmup int, work, late time.Duration) (total, comp, send time.Duration, err error) {
+	buf := m.buf
 	ctl := make([]byte, 8)
 	peer := 1 - t.Rank()
 	var sendSum time.Duration
@@ -414,7 +432,7 @@ func overlapLoop(ctx context.Context, t *transport.Transport, mode string, size,
 				return 0, 0, 0, err
 			}
 			start := time.Now()
-			r, err := t.Isend(peer, tagOvData, buf)
+			r, err := m.isend(t, peer, buf)
 			if err != nil {
 				return 0, 0, 0, err
 			}
@@ -429,7 +447,7 @@ func overlapLoop(ctx context.Context, t *transport.Transport, mode string, size,
 		var r *transport.Request
 		start := time.Now()
 		if mode == "expected" {
-			if r, err = t.Irecv(peer, tagOvData, buf); err != nil {
+			if r, err = m.irecv(t, peer, buf); err != nil {
 				return 0, 0, 0, err
 			}
 		}
@@ -439,7 +457,7 @@ func overlapLoop(ctx context.Context, t *transport.Transport, mode string, size,
 		if mode == "unexpected" {
 			compute(late)
 			start = time.Now()
-			if r, err = t.Irecv(peer, tagOvData, buf); err != nil {
+			if r, err = m.irecv(t, peer, buf); err != nil {
 				return 0, 0, 0, err
 			}
 		}
@@ -464,6 +482,41 @@ func overlapLoop(ctx context.Context, t *transport.Transport, mode string, size,
 		return 0, 0, 0, err
 	}
 	return medianDur(totals), medianDur(comps), time.Duration(binary.LittleEndian.Uint64(ctl)), nil
+}
+
+// ovMessage is the benchmark's data message: size bytes, or with dt set
+// one element of dt (size packed bytes) in buf.
+type ovMessage struct {
+	buf []byte
+	dt  *datatype.Type
+}
+
+// newOvMessage returns the data message of size bytes (typed: packed
+// bytes of a vector of 1 KiB blocks at a 2 KiB stride).
+func newOvMessage(size int, typed bool) (ovMessage, error) {
+	if !typed {
+		return ovMessage{buf: make([]byte, size)}, nil
+	}
+	const block = 1 << 10
+	vec, err := datatype.Vector(int64(max(size/block, 1)), block, 2*block, datatype.Byte)
+	if err != nil {
+		return ovMessage{}, err
+	}
+	return ovMessage{buf: make([]byte, vec.Extent()), dt: vec}, nil
+}
+
+func (m ovMessage) isend(t *transport.Transport, peer int, buf []byte) (*transport.Request, error) {
+	if m.dt != nil {
+		return t.IsendTyped(peer, tagOvData, buf, m.dt, 1)
+	}
+	return t.Isend(peer, tagOvData, buf)
+}
+
+func (m ovMessage) irecv(t *transport.Transport, peer int, buf []byte) (*transport.Request, error) {
+	if m.dt != nil {
+		return t.IrecvTyped(peer, tagOvData, buf, m.dt, 1)
+	}
+	return t.Irecv(peer, tagOvData, buf)
 }
 
 // recvQuiet and waitQuiet are how the sender (rank 1) waits: parked on the
