@@ -86,7 +86,7 @@ type Options struct {
 }
 
 // DefaultTypedDirectMin is the default Options.TypedDirectMin.
-const DefaultTypedDirectMin = 1 << 20
+const DefaultTypedDirectMin = 256 << 10
 
 // Runtime is one rank's actor system: a protoactor-go ActorSystem whose
 // address names the rank, with every other rank's actors reachable through

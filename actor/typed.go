@@ -17,7 +17,7 @@ import (
 // Payload, or one gpu.Buffer), at the top level of its struct.
 //
 // Nothing of it enters the msgpack body. A field of fewer packed bytes than
-// Options.TypedDirectMin (default 1 MiB) is packed at the sender
+// Options.TypedDirectMin (default 256 KiB) is packed at the sender
 // (datatype.Pack) behind its type signature and travels as the active
 // message's data; the receiving rank unpacks it. A larger one follows the
 // message by the transport's typed-transfer protocol (docs/noncontig.md):

@@ -351,7 +351,7 @@ func printNoncontig(out io.Writer, f noncontigFlags, pts []ncPoint) error {
 	}
 	how := fmt.Sprintf("best of %d interleaved batches", f.rounds*len(ncTurns)/len(ncSchemeOrder))
 	if f.actor {
-		how = fmt.Sprintf("best of %d rounds", f.rounds)
+		how = fmt.Sprintf("best of %d interleaved batches", f.rounds*len(ncActorTurns)/len(ncActorWays))
 	}
 	fmt.Fprintf(out, "# %s ping-pong latency (us, one way), 2 ranks, UCX_TLS=%s, %s\n", what, bootstrap.UCXTLS(f.tls), how)
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
