@@ -23,8 +23,8 @@ func TestOverlapTyped(t *testing.T) {
 	forOverlap(t, false, func(t *testing.T, tls string, c ovlConfig) { launchOvl(t, "ovl-typed", tls, c, -1) })
 }
 
-// ovlTypedSchemes: pack first, so that its chunks are sent before any
-// receive is posted; pack again behind the handshake schemes.
+// ovlTypedSchemes: two pack transfers, whose chunks are sent before any
+// receive is posted, and the handshake schemes.
 var ovlTypedSchemes = []datatype.Scheme{datatype.SchemePack, datatype.SchemeSGL, datatype.SchemeZCopy, datatype.SchemePack, datatype.SchemeAuto}
 
 const ovlTagTyped = 4
@@ -98,10 +98,10 @@ func ovlTyped(ctx context.Context, r *rank) error {
 		if _, err := t.Recv(ctx, 0, ovlTagCtl, ctl); err != nil {
 			return err
 		}
-		chunks := size / transport.DefaultNoncontigOptions().PackChunk
+		chunks := 2 * transport.DefaultNoncontigOptions().PackDepth
 		if engineOn() {
-			// Every chunk of the first pack transfer was sent before a
-			// receive exists: only the engine can have taken them.
+			// The two pack transfers each send at least PackDepth chunks
+			// before a receive exists: only the engine can take them.
 			for t.OverlapTable().Unexpected < chunks {
 				if ctx.Err() != nil {
 					return fmt.Errorf("%d typed chunks not taken: table %+v", chunks, t.OverlapTable())

@@ -109,9 +109,10 @@ func TestTypedSchemesLocal(t *testing.T) {
 // TestTypedThroughEngine: with the overlap engine on, the data messages of
 // typed transfers whose receive is not posted yet are taken off UCX's queue
 // and prefetched or onloaded like tagged messages; every scheme then
-// delivers intact, in order, and leaves the engine's books clean. Pack
-// transfers of 1 MiB stream eight 128 KiB chunks before any receive
-// exists, so the engine must have decided for at least those.
+// delivers intact, in order, and leaves the engine's books clean. The two
+// pack transfers of 1 MiB each stream at least PackDepth (4) of their
+// eight 128 KiB chunks before any receive exists, so the engine must have
+// taken and decided for at least eight.
 func TestTypedThroughEngine(t *testing.T) {
 	for _, mode := range []ProgressMode{ProgressDirect, ProgressQueue} {
 		t.Run(mode.String(), func(t *testing.T) {
@@ -135,9 +136,8 @@ func TestTypedThroughEngine(t *testing.T) {
 				}
 				sends = append(sends, sr)
 			}
-			// The first pack transfer's chunks are all sent before its
-			// receive is posted: wait until the engine has taken them.
-			chunks := size / int(DefaultNoncontigOptions().PackChunk)
+			// Without the engine nothing takes these chunks off UCX's queue.
+			chunks := 2 * DefaultNoncontigOptions().PackDepth
 			for ts[1].OverlapTable().Unexpected < chunks {
 				if ctx.Err() != nil {
 					t.Fatalf("%d chunk messages not taken: table %+v", chunks, ts[1].OverlapTable())
