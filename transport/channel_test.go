@@ -83,6 +83,21 @@ func channelJob(t *testing.T, local, engine bool, mode ProgressMode) []*Transpor
 	return ts
 }
 
+// waitUnexpected waits, entering tr (no sleeping), until its engine has
+// taken n messages off UCX's queue that no receive has matched yet.
+func waitUnexpected(ctx context.Context, t *testing.T, tr *Transport, n int) {
+	t.Helper()
+	for tr.OverlapTable().Unexpected < n {
+		if ctx.Err() != nil {
+			t.Fatalf("%d messages not taken: table %+v", n, tr.OverlapTable())
+		}
+		if _, _, err := tr.Iprobe(0, 1); err != nil { // enters the transport
+			t.Fatal(err)
+		}
+		runtime.Gosched()
+	}
+}
+
 // checkEngineBooks fails t when the engine of tr still holds anything
 // after a few seconds (what was dropped may still be completing).
 func checkEngineBooks(t *testing.T, tr *Transport) {
@@ -208,15 +223,7 @@ func testChannelLateReceiver(t *testing.T, mode ProgressMode) {
 		sends = append(sends, sr)
 		chunks += chunkCount(n)
 	}
-	for ts[1].OverlapTable().Unexpected < chunks {
-		if ctx.Err() != nil {
-			t.Fatalf("%d chunk messages not taken: table %+v", chunks, ts[1].OverlapTable())
-		}
-		if _, _, err := ts[1].Iprobe(0, 1); err != nil { // enters the transport
-			t.Fatal(err)
-		}
-		runtime.Gosched()
-	}
+	waitUnexpected(ctx, t, ts[1], chunks)
 	b, err := ts[1].Channel(5, 0)
 	if err != nil {
 		t.Fatal(err)

@@ -3,7 +3,7 @@ package transport
 import (
 	"bytes"
 	"errors"
-	"runtime"
+	"fmt"
 	"testing"
 
 	"github.com/troupe-hpc/troupe/datatype"
@@ -46,14 +46,8 @@ func TestTypedSchemesLocal(t *testing.T) {
 			if st.Size != 64*1024 {
 				t.Fatalf("%v: size %d", s, st.Size)
 			}
-			for i := 0; i < span; i++ {
-				want := byte(0xee)
-				if i%2048 < 1024 {
-					want = src[i]
-				}
-				if dst[i] != want {
-					t.Fatalf("%v round %d: byte %d = %#x, want %#x", s, round, i, dst[i], want)
-				}
+			if d := vectorDiff(dst, src); d != "" {
+				t.Fatalf("%v round %d: %s", s, round, d)
 			}
 		}
 		if s == datatype.SchemeZCopy {
@@ -138,15 +132,7 @@ func TestTypedThroughEngine(t *testing.T) {
 			}
 			// Without the engine nothing takes these chunks off UCX's queue.
 			chunks := 2 * DefaultNoncontigOptions().PackDepth
-			for ts[1].OverlapTable().Unexpected < chunks {
-				if ctx.Err() != nil {
-					t.Fatalf("%d chunk messages not taken: table %+v", chunks, ts[1].OverlapTable())
-				}
-				if _, _, err := ts[1].Iprobe(0, 1); err != nil { // enters the transport
-					t.Fatal(err)
-				}
-				runtime.Gosched()
-			}
+			waitUnexpected(ctx, t, ts[1], chunks)
 			for i, s := range schemes {
 				src := pattern(span, 40+i)
 				dst := bytes.Repeat([]byte{0xee}, span)
@@ -157,14 +143,8 @@ func TestTypedThroughEngine(t *testing.T) {
 				if st.Size != size {
 					t.Fatalf("message %d: size %d, want %d", i, st.Size, size)
 				}
-				for j := 0; j < span; j++ {
-					want := byte(0xee)
-					if j%2048 < 1024 {
-						want = src[j]
-					}
-					if dst[j] != want {
-						t.Fatalf("message %d (%v): byte %d = %#x, want %#x", i, s, j, dst[j], want)
-					}
+				if d := vectorDiff(dst, src); d != "" {
+					t.Fatalf("message %d (%v): %s", i, s, d)
 				}
 			}
 			for i, sr := range sends {
@@ -181,4 +161,20 @@ func TestTypedThroughEngine(t *testing.T) {
 			checkEngineBooks(t, ts[1])
 		})
 	}
+}
+
+// vectorDiff checks a receive into the test's vector of 1 KiB blocks at a
+// 2 KiB stride, filled with 0xee before: block bytes must equal src's, gap
+// bytes must still be 0xee. It describes the first wrong byte, or returns "".
+func vectorDiff(dst, src []byte) string {
+	for i := range dst {
+		want := byte(0xee)
+		if i%2048 < 1024 {
+			want = src[i]
+		}
+		if dst[i] != want {
+			return fmt.Sprintf("byte %d = %#x, want %#x", i, dst[i], want)
+		}
+	}
+	return ""
 }
