@@ -421,7 +421,6 @@ func us(d time.Duration) float64 { return math.Round(float64(d)/100) / 10 }
 // posts its receive first; rank 1 sends; rank 0 computes late (unexpected
 // mode: before posting), then computes work after posting and waits.
 func overlapLoop(ctx context.Context, t *transport.Transport, mode string, m ovMessage, iters, warmup int, work, late time.Duration) (total, comp, send time.Duration, err error) {
-	buf := m.buf
 	ctl := make([]byte, 8)
 	peer := 1 - t.Rank()
 	var sendSum time.Duration
@@ -432,7 +431,7 @@ func overlapLoop(ctx context.Context, t *transport.Transport, mode string, m ovM
 				return 0, 0, 0, err
 			}
 			start := time.Now()
-			r, err := m.isend(t, peer, buf)
+			r, err := m.isend(t, peer)
 			if err != nil {
 				return 0, 0, 0, err
 			}
@@ -447,7 +446,7 @@ func overlapLoop(ctx context.Context, t *transport.Transport, mode string, m ovM
 		var r *transport.Request
 		start := time.Now()
 		if mode == "expected" {
-			if r, err = m.irecv(t, peer, buf); err != nil {
+			if r, err = m.irecv(t, peer); err != nil {
 				return 0, 0, 0, err
 			}
 		}
@@ -457,7 +456,7 @@ func overlapLoop(ctx context.Context, t *transport.Transport, mode string, m ovM
 		if mode == "unexpected" {
 			compute(late)
 			start = time.Now()
-			if r, err = m.irecv(t, peer, buf); err != nil {
+			if r, err = m.irecv(t, peer); err != nil {
 				return 0, 0, 0, err
 			}
 		}
@@ -505,18 +504,18 @@ func newOvMessage(size int, typed bool) (ovMessage, error) {
 	return ovMessage{buf: make([]byte, vec.Extent()), dt: vec}, nil
 }
 
-func (m ovMessage) isend(t *transport.Transport, peer int, buf []byte) (*transport.Request, error) {
+func (m ovMessage) isend(t *transport.Transport, peer int) (*transport.Request, error) {
 	if m.dt != nil {
-		return t.IsendTyped(peer, tagOvData, buf, m.dt, 1)
+		return t.IsendTyped(peer, tagOvData, m.buf, m.dt, 1)
 	}
-	return t.Isend(peer, tagOvData, buf)
+	return t.Isend(peer, tagOvData, m.buf)
 }
 
-func (m ovMessage) irecv(t *transport.Transport, peer int, buf []byte) (*transport.Request, error) {
+func (m ovMessage) irecv(t *transport.Transport, peer int) (*transport.Request, error) {
 	if m.dt != nil {
-		return t.IrecvTyped(peer, tagOvData, buf, m.dt, 1)
+		return t.IrecvTyped(peer, tagOvData, m.buf, m.dt, 1)
 	}
-	return t.Irecv(peer, tagOvData, buf)
+	return t.Irecv(peer, tagOvData, m.buf)
 }
 
 // recvQuiet and waitQuiet are how the sender (rank 1) waits: parked on the
