@@ -71,6 +71,49 @@ func TestRequestAcrossRanks(t *testing.T) {
 	}
 }
 
+// TestRequestTimeoutLateReply times a request out, then lets its answer
+// arrive: the late answer is a dead letter, the request table is empty, and
+// the next request gets its own answer.
+func TestRequestTimeoutLateReply(t *testing.T) {
+	rts := startLocal(t, 2)
+	release := make(chan struct{})
+	slow := rts[1].PropsFromFunc(func(c pa.Context) {
+		if p, ok := c.Message().(*ping); ok {
+			if p.N == 0 {
+				<-release
+			}
+			c.Respond(&pong{N: p.N + 1})
+		}
+	})
+	pid, err := rts[1].System().Root.SpawnNamed(slow, "slow")
+	if err != nil {
+		t.Fatal(err)
+	}
+	remote := rts[0].PID(1, pid.Id)
+	if _, err := rts[0].Request(remote, &ping{N: 0}, 20*time.Millisecond); !errors.Is(err, pa.ErrTimeout) {
+		t.Fatalf("request to a stalled actor: %v, want a timeout", err)
+	}
+	if n := rts[0].nreqs.Load(); n != 0 {
+		t.Fatalf("%d requests still tracked after the timeout", n)
+	}
+	dead := rts[0].Stats().DeadLetters.Load()
+	close(release)
+	res, err := rts[0].Request(remote, &ping{N: 5}, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p, ok := res.(*pong); !ok || p.N != 6 {
+		t.Fatalf("request after the late answer got %#v, want pong 6", res)
+	}
+	// The late answer (pong 1) came before pong 6: it was a dead letter.
+	if got := rts[0].Stats().DeadLetters.Load(); got != dead+1 {
+		t.Fatalf("dead letters went from %d to %d, want one more (the late answer)", dead, got)
+	}
+	if n := rts[0].nreqs.Load(); n != 0 {
+		t.Fatalf("%d requests still tracked", n)
+	}
+}
+
 func TestUnknownActorAndUnregisteredType(t *testing.T) {
 	rts := startLocal(t, 2)
 	start := time.Now()

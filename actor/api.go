@@ -1,9 +1,9 @@
 package actor
 
 import (
-	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 	"time"
 
@@ -90,7 +90,7 @@ func (rt *Runtime) RequestFuture(pid *pa.PID, msg any, timeout time.Duration) (*
 	}
 	f := pa.NewFuture(rt.sys, timeout)
 	if r, ok := rt.remote(pid); ok {
-		rt.trackRequest(f.PID().Id, r)
+		rt.trackRequest(f.PID().Id, r, nil)
 		if err := rt.send(r, pid, msg, f.PID(), 0); err != nil {
 			rt.answered(f.PID().Id)
 			rt.sys.Root.Stop(f.PID())
@@ -116,25 +116,29 @@ func (rt *Runtime) Request(pid *pa.PID, msg any, timeout time.Duration) (any, er
 		return nil, ErrClosed
 	}
 	rp := &replyProcess{done: make(chan struct{})}
-	self, ok := rt.sys.ProcessRegistry.Add(rp, "request"+rt.sys.ProcessRegistry.NextId())
-	if !ok {
-		return nil, errors.New("actor: request id in use")
-	}
-	defer rt.sys.ProcessRegistry.Remove(self)
 	if r, ok := rt.remote(pid); ok {
-		rt.trackRequest(self.Id, r)
+		// The reply comes back through the runtime, which finds rp in its
+		// request table (takeReply).
+		self := pa.NewPID(rt.addrs[rt.rank], requestPrefix+strconv.FormatUint(rt.reqSeq.Add(1), 36))
+		rt.trackRequest(self.Id, r, rp)
 		if err := rt.send(r, pid, msg, self, 0); err != nil {
 			rt.answered(self.Id)
 			return nil, err
 		}
+		if !rt.t.AwaitFor(rp.done, timeout) {
+			rt.answered(self.Id)
+			return nil, fmt.Errorf("actor: request to %s: %w", pid, pa.ErrTimeout)
+		}
 	} else {
+		self, ok := rt.sys.ProcessRegistry.Add(rp, "request"+rt.sys.ProcessRegistry.NextId())
+		if !ok {
+			return nil, errors.New("actor: request id in use")
+		}
+		defer rt.sys.ProcessRegistry.Remove(self)
 		rt.sys.Root.RequestWithCustomSender(pid, msg, self)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	if err := rt.t.Await(ctx, rp.done); err != nil {
-		rt.answered(self.Id)
-		return nil, fmt.Errorf("actor: request to %s: %w", pid, pa.ErrTimeout)
+		if !rt.t.AwaitFor(rp.done, timeout) {
+			return nil, fmt.Errorf("actor: request to %s: %w", pid, pa.ErrTimeout)
+		}
 	}
 	switch res := rp.result.(type) {
 	case *pa.DeadLetterResponse:

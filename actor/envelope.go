@@ -1,6 +1,7 @@
 package actor
 
 import (
+	"bytes"
 	"fmt"
 	"math/bits"
 	"sync/atomic"
@@ -121,7 +122,7 @@ func (c *targetCache) get(raw []byte) *target {
 
 // decodeEnvelopeInto is decodeEnvelope into *e; with targets set, the
 // target id comes from (and goes into) that cache, and targets.last is its
-// PID.
+// PID (nil for a reply to Request).
 func decodeEnvelopeInto(e *envelope, b []byte, size int, targets *targetCache) error {
 	if len(b) > maxEnvelope {
 		return &DecodeError{Reason: fmt.Sprintf("envelope of %d bytes exceeds %d", len(b), maxEnvelope)}
@@ -136,7 +137,12 @@ func decodeEnvelopeInto(e *envelope, b []byte, size int, targets *targetCache) e
 	flags := r.uint()
 	src := r.uint()
 	if targets != nil {
-		if raw := r.stringRaw(); r.err == nil {
+		if raw := r.stringRaw(); r.err == nil && bytes.HasPrefix(raw, []byte(requestPrefix)) {
+			// A reply to Request: its id is used once, not worth a cache
+			// entry (the runtime finds its waiter by id).
+			targets.last = nil
+			e.Target = string(raw)
+		} else if r.err == nil {
 			targets.last = targets.get(raw)
 			e.Target = targets.last.pid.Id
 		}

@@ -39,7 +39,7 @@ func (p *remoteProcess) SendUserMessage(pid *pa.PID, message any) {
 	// that it fails at once if the rank is lost instead of by its timeout.
 	future := sender != nil && sender.Address == p.rt.addrs[p.rt.rank] && strings.HasPrefix(sender.Id, "future")
 	if future {
-		p.rt.trackRequest(sender.Id, p.rank)
+		p.rt.trackRequest(sender.Id, p.rank, nil)
 	}
 	if err := p.rt.send(p.rank, pid, msg, sender, 0); err != nil {
 		if future {
@@ -84,6 +84,10 @@ func (rt *Runtime) undeliverable(target *pa.PID, msg any, sender *pa.PID, reason
 		return
 	}
 	if RankOf(sender) == rt.rank {
+		if rp := rt.takeReply(sender.Id); rp != nil {
+			rp.SendUserMessage(sender, ue)
+			return
+		}
 		proc, _ := rt.sys.ProcessRegistry.GetLocal(sender.Id)
 		proc.SendUserMessage(sender, ue)
 		return
@@ -693,6 +697,19 @@ func (rt *Runtime) decodeDevice(it *inItem, ct *codecType, host []byte) {
 func (rt *Runtime) deliver(it *inItem) {
 	e := &it.e
 	in := rt.in[e.Source]
+	if e.Flags&flagSystem == 0 {
+		if rp := rt.takeReply(e.Target); rp != nil {
+			// The answer to a Request: no mailbox, no PIDs to build.
+			in.credit(it.cost)
+			if it.err != "" {
+				rt.stats.DeadLetters.Add(1)
+				rp.SendUserMessage(nil, &UndeliverableError{Target: rt.PID(rt.rank, e.Target).String(), Reason: it.err})
+				return
+			}
+			rp.SendUserMessage(nil, it.msg)
+			return
+		}
+	}
 	var target *pa.PID
 	if it.target != nil {
 		target = it.target.pid

@@ -115,9 +115,10 @@ type Runtime struct {
 	localEpoch atomic.Uint64
 	dispatcher *poolDispatcher // runs the mailboxes of actors spawned with Props
 
-	reqMu sync.Mutex
-	reqs  map[string]int // pending remote requests: future id -> target rank
-	nreqs atomic.Int64
+	reqMu  sync.Mutex
+	reqs   map[string]pendingRequest // pending remote requests by reply id
+	nreqs  atomic.Int64
+	reqSeq atomic.Uint64 // numbers Request's reply ids
 
 	watchMu sync.Mutex
 	watches []map[watchKey]*pa.PID // per rank: remote watchee + local watcher
@@ -289,7 +290,7 @@ func start(ctx context.Context, t *transport.Transport, opts Options) (*Runtime,
 		credits: opts.Credits,
 		stop:    make(chan struct{}),
 		dev:     opts.Device,
-		reqs:    map[string]int{},
+		reqs:    map[string]pendingRequest{},
 	}
 	if rt.credits <= 0 {
 		rt.credits = DefaultCredits
@@ -553,19 +554,33 @@ func (rt *Runtime) dropWatch(rank int, watchee, watcher string) {
 // maxTrackedRequests triggers a sweep of requests whose futures are gone.
 const maxTrackedRequests = 4096
 
-// trackRequest remembers a future waiting for an answer from rank r, so the
-// request can fail at once if r is lost.
-func (rt *Runtime) trackRequest(id string, r int) {
+// requestPrefix begins the ids of Request's reply processes. They are not in
+// protoactor's process registry (adding and removing an entry there cost
+// about a microsecond of every round trip) but in the runtime's request
+// table, where the reply's arrival finds them. Actor names must not begin
+// with it.
+const requestPrefix = "request#"
+
+// pendingRequest is a request waiting for an answer from another rank.
+type pendingRequest struct {
+	rank  int           // the rank that should answer
+	reply *replyProcess // Request's waiter; nil for a future (in the registry)
+}
+
+// trackRequest remembers a request waiting for an answer from rank r, so it
+// can fail at once if r is lost. reply is Request's waiter, nil for a
+// future.
+func (rt *Runtime) trackRequest(id string, r int, reply *replyProcess) {
 	rt.reqMu.Lock()
 	defer rt.reqMu.Unlock()
 	if len(rt.reqs) >= maxTrackedRequests {
-		for k := range rt.reqs {
-			if _, ok := rt.sys.ProcessRegistry.GetLocal(k); !ok {
+		for k, p := range rt.reqs {
+			if _, ok := rt.sys.ProcessRegistry.GetLocal(k); !ok && p.reply == nil {
 				delete(rt.reqs, k)
 			}
 		}
 	}
-	rt.reqs[id] = r
+	rt.reqs[id] = pendingRequest{rank: r, reply: reply}
 	rt.nreqs.Store(int64(len(rt.reqs)))
 }
 
@@ -580,21 +595,43 @@ func (rt *Runtime) answered(id string) {
 	rt.reqMu.Unlock()
 }
 
+// takeReply returns Request's waiter with reply id and forgets the request,
+// or nil if id names no pending Request (not one, or answered already).
+func (rt *Runtime) takeReply(id string) *replyProcess {
+	if !strings.HasPrefix(id, requestPrefix) || rt.nreqs.Load() == 0 {
+		return nil
+	}
+	rt.reqMu.Lock()
+	defer rt.reqMu.Unlock()
+	p, ok := rt.reqs[id]
+	if !ok || p.reply == nil {
+		return nil
+	}
+	delete(rt.reqs, id)
+	rt.nreqs.Store(int64(len(rt.reqs)))
+	return p.reply
+}
+
 // failRequests answers every request pending on rank r with an error.
 func (rt *Runtime) failRequests(r int, reason string) {
 	rt.reqMu.Lock()
+	var failed []pendingRequest
 	var ids []string
-	for id, rr := range rt.reqs {
-		if rr == r {
+	for id, p := range rt.reqs {
+		if p.rank == r {
 			ids = append(ids, id)
+			failed = append(failed, p)
 			delete(rt.reqs, id)
 		}
 	}
 	rt.nreqs.Store(int64(len(rt.reqs)))
 	rt.reqMu.Unlock()
-	for _, id := range ids {
-		if proc, ok := rt.sys.ProcessRegistry.GetLocal(id); ok {
-			proc.SendUserMessage(rt.PID(rt.rank, id), &UndeliverableError{Target: Address(r), Reason: reason})
+	for i, id := range ids {
+		ue := &UndeliverableError{Target: Address(r), Reason: reason}
+		if p := failed[i].reply; p != nil {
+			p.SendUserMessage(nil, ue)
+		} else if proc, ok := rt.sys.ProcessRegistry.GetLocal(id); ok {
+			proc.SendUserMessage(rt.PID(rt.rank, id), ue)
 		}
 	}
 }

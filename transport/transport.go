@@ -873,15 +873,7 @@ func (t *Transport) inFlight() bool {
 // transport (actor requests) use it to wait for results that a message
 // handler delivers.
 func (t *Transport) Await(ctx context.Context, done <-chan struct{}) error {
-	closed := func() bool {
-		select {
-		case <-done:
-			return true
-		default:
-			return false
-		}
-	}
-	if t.spinWait(closed) {
+	if t.awaitSpin(done) {
 		return nil
 	}
 	t.parked.Add(1)
@@ -893,6 +885,41 @@ func (t *Transport) Await(ctx context.Context, done <-chan struct{}) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+}
+
+// AwaitFor is Await with a timeout in place of a context: it reports
+// whether done closed within about d (never less). It makes a timer only
+// when it parks, so a quick answer costs none; a request-response runtime
+// waits this way for every reply.
+func (t *Transport) AwaitFor(done <-chan struct{}, d time.Duration) bool {
+	start := time.Now()
+	if t.awaitSpin(done) {
+		return true
+	}
+	t.parked.Add(1)
+	defer t.parked.Add(-1)
+	t.wake()
+	timer := time.NewTimer(d - time.Since(start))
+	defer timer.Stop()
+	select {
+	case <-done:
+		return true
+	case <-timer.C:
+		return false
+	}
+}
+
+// awaitSpin is Await's first phase: it progresses (direct mode) or spins
+// for up to WaitSpin, and reports whether done closed meanwhile.
+func (t *Transport) awaitSpin(done <-chan struct{}) bool {
+	return t.spinWait(func() bool {
+		select {
+		case <-done:
+			return true
+		default:
+			return false
+		}
+	})
 }
 
 // ExpectReply tells the progress goroutine that the caller waits for a
