@@ -106,6 +106,9 @@ const maxTargets = 4096
 const maxTargetLen = 64
 
 func (c *targetCache) get(raw []byte) *target {
+	if c.last != nil && string(raw) == c.last.pid.Id {
+		return c.last // the common case: messages to one actor in a row
+	}
 	if t, ok := c.m[string(raw)]; ok {
 		return t
 	}

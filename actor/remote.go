@@ -495,7 +495,13 @@ func (rt *Runtime) onMessage(m *transport.AMMessage) {
 	if e.Flags&flagNoCredit != 0 {
 		it.cost = 0
 	}
-	ct := lookupID(e.Type)
+	ct := rt.lastType.ct
+	if ct == nil || rt.lastType.id != e.Type {
+		// A type's codec never changes once registered: keep the last one.
+		if ct = lookupID(e.Type); ct != nil {
+			rt.lastType.id, rt.lastType.ct = e.Type, ct
+		}
+	}
 	if e.Flags&flagTypedXfer != 0 {
 		q := new(inItem)
 		*q = it

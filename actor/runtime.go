@@ -105,11 +105,15 @@ type Runtime struct {
 	typedMin    atomic.Int64
 	typedScheme atomic.Int32
 
-	remotes []*remoteProcess
-	out     []*outPeer
-	in      []*inPeer
-	local   sync.Map // actor id -> *localActor, for actors spawned with Props
-	targets targetCache
+	remotes  []*remoteProcess
+	out      []*outPeer
+	in       []*inPeer
+	local    sync.Map // actor id -> *localActor, for actors spawned with Props
+	targets  targetCache
+	lastType struct { // the codec onMessage looked up last (delivering goroutine only)
+		id uint32
+		ct *codecType
+	}
 	// localEpoch changes whenever one of the runtime's actors starts or stops:
 	// processes cached in targets are trusted only within one epoch.
 	localEpoch atomic.Uint64

@@ -205,6 +205,7 @@ func (t *Transport) deliverBundle(ev *ucx.Event) {
 	hs := *t.amh.Load()
 	b := ev.AMData()
 	got := uint64(0)
+	lastID, lastH := uint16(amBundle), AMHandler(nil) // bundles mostly repeat one id
 	for len(b) > 0 {
 		f, rest, err := nextFrame(b)
 		if err != nil {
@@ -213,7 +214,11 @@ func (t *Transport) deliverBundle(ev *ucx.Event) {
 		}
 		b = rest
 		got++
-		h := hs[f.id].h
+		h := lastH
+		if f.id != lastID {
+			h = hs[f.id].h
+			lastID, lastH = f.id, h
+		}
 		if h == nil || f.id == amBundle || f.id == amCMAData {
 			t.log.Warn("bundled active message without a handler dropped", zap.Uint16("id", f.id))
 			continue
