@@ -39,7 +39,24 @@ type codecType struct {
 	device  int          // index of the gpu.Buffer field, or -1
 	typed   int          // index of the Typed field, or -1
 	fast    *fastCodec   // the reflection-free plan, or nil (fastcodec.go)
+
+	// sentAs are lastSent's entries for this type: sent as a value, and
+	// as a pointer.
+	sentAs [2]sentType
 }
+
+// sentType is a message type as lookupType found it: the dynamic type of
+// the message, its registered type, and whether it was a pointer.
+type sentType struct {
+	t   reflect.Type
+	ct  *codecType
+	ptr bool
+}
+
+// lastSent is the type lookupType found last. Senders mostly send one type
+// many times in a row, and comparing two reflect.Types costs less than
+// hashing one into the registry's map.
+var lastSent atomic.Pointer[sentType]
 
 // registry holds the registered types. Lookups, one per message sent and
 // received, read immutable maps without a lock; Register (rare) replaces
@@ -99,6 +116,7 @@ func registerType(t reflect.Type) error {
 		return fmt.Errorf("actor: cannot register %s: a %s cannot cross ranks", t, t.Kind())
 	}
 	ct := &codecType{name: typeName(t), typ: t, payload: -1, device: -1, typed: -1}
+	ct.sentAs = [2]sentType{{t: t, ct: ct}, {t: reflect.PointerTo(t), ct: ct, ptr: true}}
 	ct.id = TypeID(ct.name)
 	if t.Kind() == reflect.Struct {
 		for i := 0; i < t.NumField(); i++ {
@@ -153,13 +171,23 @@ func lookupType(msg any) (*codecType, bool, error) {
 	if t == nil {
 		return nil, false, fmt.Errorf("%w: nil message", ErrUnregistered)
 	}
+	var ct *codecType
 	ptr := false
-	if t.Kind() == reflect.Pointer {
-		t, ptr = t.Elem(), true
-	}
-	ct := (*registry.byType.Load())[t]
-	if ct == nil {
-		return nil, false, fmt.Errorf("%w: %s (call actor.Register[%s]() on every rank)", ErrUnregistered, typeName(t), t.Name())
+	if last := lastSent.Load(); last != nil && last.t == t {
+		ct, ptr = last.ct, last.ptr
+	} else {
+		if t.Kind() == reflect.Pointer {
+			t, ptr = t.Elem(), true
+		}
+		ct = (*registry.byType.Load())[t]
+		if ct == nil {
+			return nil, false, fmt.Errorf("%w: %s (call actor.Register[%s]() on every rank)", ErrUnregistered, typeName(t), t.Name())
+		}
+		if ptr {
+			lastSent.Store(&ct.sentAs[1])
+		} else {
+			lastSent.Store(&ct.sentAs[0])
+		}
 	}
 	if ptr && reflect.ValueOf(msg).IsNil() {
 		return nil, false, fmt.Errorf("actor: nil *%s message", ct.name)

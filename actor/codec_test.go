@@ -328,3 +328,38 @@ func bytesOf(b byte, n int) []byte {
 	}
 	return out
 }
+
+// TestLookupTypeAlternating: lookupType's last-type shortcut gives the
+// right type and pointer flag when value, pointer and other types take
+// turns, and still rejects a nil pointer of the type it remembers.
+func TestLookupTypeAlternating(t *testing.T) {
+	cases := []struct {
+		msg any
+		typ reflect.Type
+		ptr bool
+	}{
+		{&ping{N: 1}, reflect.TypeOf(ping{}), true},
+		{&ping{N: 2}, reflect.TypeOf(ping{}), true},
+		{ping{N: 3}, reflect.TypeOf(ping{}), false},
+		{&pong{}, reflect.TypeOf(pong{}), true},
+		{int64(7), reflect.TypeOf(int64(0)), false},
+		{ping{}, reflect.TypeOf(ping{}), false},
+	}
+	for round := 0; round < 3; round++ {
+		for i, c := range cases {
+			ct, ptr, err := lookupType(c.msg)
+			if err != nil || ct.typ != c.typ || ptr != c.ptr {
+				t.Fatalf("round %d case %d (%T): got %v ptr=%v err=%v, want %v ptr=%v", round, i, c.msg, ct, ptr, err, c.typ, c.ptr)
+			}
+		}
+	}
+	if _, _, err := lookupType(&ping{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := lookupType((*ping)(nil)); err == nil {
+		t.Fatal("nil *ping right after *ping: no error")
+	}
+	if _, _, err := lookupType(&unregistered{}); !errors.Is(err, ErrUnregistered) {
+		t.Fatalf("unregistered type after a registered one: %v", err)
+	}
+}
