@@ -71,6 +71,38 @@ func TestRequestAcrossRanks(t *testing.T) {
 	}
 }
 
+// TestRequestAnsweredFromOwnRank: rank 1's actor forwards rank 0's request
+// to an actor on rank 0, which answers it there; the answer reaches the
+// Request although its reply id is not in the process registry.
+func TestRequestAnsweredFromOwnRank(t *testing.T) {
+	rts := startLocal(t, 2)
+	local, err := rts[0].System().Root.SpawnNamed(echoProps(rts[0]), "echo0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	back := rts[0].PID(0, local.Id)
+	fwd, err := rts[1].System().Root.SpawnNamed(rts[1].PropsFromFunc(func(c pa.Context) {
+		if _, ok := c.Message().(*ping); ok {
+			c.Forward(back)
+		}
+	}), "forward")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 3; i++ {
+		res, err := rts[0].Request(rts[0].PID(1, fwd.Id), &ping{N: 10 * i}, 5*time.Second)
+		if err != nil {
+			t.Fatalf("request %d: %v", i, err)
+		}
+		if p, ok := res.(*pong); !ok || p.N != 10*i+1 {
+			t.Fatalf("request %d: got %#v, want pong %d", i, res, 10*i+1)
+		}
+	}
+	if n := rts[0].nreqs.Load(); n != 0 {
+		t.Fatalf("%d requests still tracked", n)
+	}
+}
+
 // TestRequestTimeoutLateReply times a request out, then lets its answer
 // arrive: the late answer is a dead letter, the request table is empty, and
 // the next request gets its own answer.

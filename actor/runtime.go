@@ -327,6 +327,17 @@ func start(ctx context.Context, t *transport.Transport, opts Options) (*Runtime,
 		}
 		return rt.remotes[r], true
 	})
+	// A Request's reply id is not in the process registry (requestPrefix):
+	// an answer sent to it from this rank (the remote actor forwarded the
+	// request to one here) reaches the dead letters, and goes on from there
+	// to the waiting Request.
+	rt.sys.EventStream.Subscribe(func(ev any) {
+		if d, ok := ev.(*pa.DeadLetterEvent); ok && d.PID != nil && d.PID.Address == rt.addrs[rt.rank] {
+			if rp := rt.takeReply(d.PID.Id); rp != nil {
+				rp.SendUserMessage(d.PID, d.Message)
+			}
+		}
+	})
 	if err := t.SetAMHandler(amActor, rt.onMessage); err != nil {
 		return nil, fmt.Errorf("actor: %w", err)
 	}
