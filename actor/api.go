@@ -116,29 +116,27 @@ func (rt *Runtime) Request(pid *pa.PID, msg any, timeout time.Duration) (any, er
 		return nil, ErrClosed
 	}
 	rp := &replyProcess{done: make(chan struct{})}
+	var self *pa.PID
 	if r, ok := rt.remote(pid); ok {
 		// The reply comes back through the runtime, which finds rp in its
 		// request table (takeReply).
-		self := pa.NewPID(rt.addrs[rt.rank], requestPrefix+strconv.FormatUint(rt.reqSeq.Add(1), 36))
+		self = pa.NewPID(rt.addrs[rt.rank], requestPrefix+strconv.FormatUint(rt.reqSeq.Add(1), 36))
 		rt.trackRequest(self.Id, r, rp)
 		if err := rt.send(r, pid, msg, self, 0); err != nil {
 			rt.answered(self.Id)
 			return nil, err
 		}
-		if !rt.t.AwaitFor(rp.done, timeout) {
-			rt.answered(self.Id)
-			return nil, fmt.Errorf("actor: request to %s: %w", pid, pa.ErrTimeout)
-		}
 	} else {
-		self, ok := rt.sys.ProcessRegistry.Add(rp, "request"+rt.sys.ProcessRegistry.NextId())
-		if !ok {
+		var ok bool
+		if self, ok = rt.sys.ProcessRegistry.Add(rp, "request"+rt.sys.ProcessRegistry.NextId()); !ok {
 			return nil, errors.New("actor: request id in use")
 		}
 		defer rt.sys.ProcessRegistry.Remove(self)
 		rt.sys.Root.RequestWithCustomSender(pid, msg, self)
-		if !rt.t.AwaitFor(rp.done, timeout) {
-			return nil, fmt.Errorf("actor: request to %s: %w", pid, pa.ErrTimeout)
-		}
+	}
+	if !rt.t.AwaitFor(rp.done, timeout) {
+		rt.answered(self.Id) // a no-op for a local request
+		return nil, fmt.Errorf("actor: request to %s: %w", pid, pa.ErrTimeout)
 	}
 	switch res := rp.result.(type) {
 	case *pa.DeadLetterResponse:

@@ -599,32 +599,27 @@ func (rt *Runtime) trackRequest(id string, r int, reply *replyProcess) {
 	rt.nreqs.Store(int64(len(rt.reqs)))
 }
 
-// answered forgets a tracked request once something was delivered to it.
-func (rt *Runtime) answered(id string) {
+// answered forgets a tracked request once something was delivered to it,
+// and returns it (the zero pendingRequest if it was not tracked).
+func (rt *Runtime) answered(id string) pendingRequest {
 	if rt.nreqs.Load() == 0 {
-		return
+		return pendingRequest{}
 	}
 	rt.reqMu.Lock()
+	defer rt.reqMu.Unlock()
+	p := rt.reqs[id]
 	delete(rt.reqs, id)
 	rt.nreqs.Store(int64(len(rt.reqs)))
-	rt.reqMu.Unlock()
+	return p
 }
 
 // takeReply returns Request's waiter with reply id and forgets the request,
 // or nil if id names no pending Request (not one, or answered already).
 func (rt *Runtime) takeReply(id string) *replyProcess {
-	if !strings.HasPrefix(id, requestPrefix) || rt.nreqs.Load() == 0 {
+	if !strings.HasPrefix(id, requestPrefix) {
 		return nil
 	}
-	rt.reqMu.Lock()
-	defer rt.reqMu.Unlock()
-	p, ok := rt.reqs[id]
-	if !ok || p.reply == nil {
-		return nil
-	}
-	delete(rt.reqs, id)
-	rt.nreqs.Store(int64(len(rt.reqs)))
-	return p.reply
+	return rt.answered(id).reply
 }
 
 // failRequests answers every request pending on rank r with an error.
