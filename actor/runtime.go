@@ -105,15 +105,21 @@ type Runtime struct {
 	typedMin    atomic.Int64
 	typedScheme atomic.Int32
 
-	remotes  []*remoteProcess
-	out      []*outPeer
-	in       []*inPeer
-	local    sync.Map // actor id -> *localActor, for actors spawned with Props
+	remotes []*remoteProcess
+	out     []*outPeer
+	in      []*inPeer
+	local   sync.Map // actor id -> *localActor, for actors spawned with Props
+
+	// The delivering goroutine writes these per message: they keep to
+	// cache lines of their own, away from the fields actors' goroutines
+	// read per message (in, size).
+	_        [cacheLine]byte
 	targets  targetCache
 	lastType struct { // the codec onMessage looked up last (delivering goroutine only)
 		id uint32
 		ct *codecType
 	}
+	_ [cacheLine]byte
 	// localEpoch changes whenever one of the runtime's actors starts or stops:
 	// processes cached in targets are trusted only within one epoch.
 	localEpoch atomic.Uint64
