@@ -43,6 +43,7 @@ run: build
 test: deps
 	$(GO) vet ./...
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeEnvelope$$' -fuzztime 50000x ./actor/
+	$(GO) test -run '^$$' -fuzz '^FuzzEnvelopeShort$$' -fuzztime 50000x ./actor/
 	$(GO) test -run '^$$' -fuzz '^FuzzValidateMsgpack$$' -fuzztime 30000x ./actor/
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeBody$$' -fuzztime 20000x ./actor/
 	$(GO) test -run '^$$' -fuzz '^FuzzFastDecode$$' -fuzztime 20000x ./actor/

@@ -2,7 +2,9 @@ package actor
 
 import (
 	"bytes"
+	"encoding/binary"
 	"fmt"
+	"math"
 	"math/bits"
 	"sync/atomic"
 
@@ -130,6 +132,45 @@ func decodeEnvelopeInto(e *envelope, b []byte, size int, targets *targetCache) e
 	if len(b) > maxEnvelope {
 		return &DecodeError{Reason: fmt.Sprintf("envelope of %d bytes exceeds %d", len(b), maxEnvelope)}
 	}
+	var f rawEnvelope
+	if !parseEnvelopeShort(b, &f) {
+		if err := parseEnvelope(b, &f); err != nil {
+			*e = envelope{}
+			return err
+		}
+	}
+	if reason := f.check(size); reason != "" {
+		*e = envelope{}
+		return &DecodeError{Offset: len(b), Reason: reason}
+	}
+	switch {
+	case targets == nil:
+		e.Target = string(f.target)
+	case bytes.HasPrefix(f.target, []byte(requestPrefix)):
+		// A reply to Request: its id is used once, not worth a cache
+		// entry (the runtime finds its waiter by id).
+		targets.last = nil
+		e.Target = string(f.target)
+	default:
+		targets.last = targets.get(f.target)
+		e.Target = targets.last.pid.Id
+	}
+	e.Sender = string(f.sender)
+	e.Body = f.body
+	e.Flags, e.Source, e.TargetReq, e.Type, e.PayloadLen = uint32(f.flags), int(f.src), uint32(f.treq), uint32(f.typ), int(f.plen)
+	e.SenderRank = int(f.srank)
+	return nil
+}
+
+// rawEnvelope is an envelope's fields as read from the wire, before the
+// checks that relate them; the byte slices alias the header.
+type rawEnvelope struct {
+	flags, src, treq, typ, plen, srank uint64
+	target, sender, body               []byte
+}
+
+// parseEnvelope reads the fields of an envelope in any valid encoding.
+func parseEnvelope(b []byte, f *rawEnvelope) error {
 	r := &wireReader{b: b}
 	if n := r.arrayLen(); r.err == nil && n != envelopeFields {
 		r.fail("envelope has %d fields, want %d", n, envelopeFields)
@@ -137,52 +178,117 @@ func decodeEnvelopeInto(e *envelope, b []byte, size int, targets *targetCache) e
 	if v := r.uint(); r.err == nil && v != wireVersion {
 		r.fail("protocol version %d, want %d", v, wireVersion)
 	}
-	flags := r.uint()
-	src := r.uint()
-	if targets != nil {
-		if raw := r.stringRaw(); r.err == nil && bytes.HasPrefix(raw, []byte(requestPrefix)) {
-			// A reply to Request: its id is used once, not worth a cache
-			// entry (the runtime finds its waiter by id).
-			targets.last = nil
-			e.Target = string(raw)
-		} else if r.err == nil {
-			targets.last = targets.get(raw)
-			e.Target = targets.last.pid.Id
-		}
-	} else {
-		e.Target = r.string()
-	}
-	treq := r.uint()
-	e.Sender = r.string()
-	typ := r.uint()
-	plen := r.uint()
-	srank := r.uint()
-	e.Body = r.bin()
+	f.flags = r.uint()
+	f.src = r.uint()
+	f.target = r.stringRaw()
+	f.treq = r.uint()
+	f.sender = r.stringRaw()
+	f.typ = r.uint()
+	f.plen = r.uint()
+	f.srank = r.uint()
+	f.body = r.bin()
 	r.end()
+	return r.err
+}
+
+// parseEnvelopeShort reads the envelope nearly every message has (ranks,
+// flags, request id and sender rank under 128, ids under 32 bytes, a type
+// id above 0xffff, a body under 256 bytes or none) without the general
+// reader. It reports false, having read nothing reliable, when some field
+// has another form: parseEnvelope decides then. What it accepts,
+// parseEnvelope reads identically (FuzzEnvelopeShort checks).
+func parseEnvelopeShort(b []byte, f *rawEnvelope) bool {
+	// Array, version, flags, source, target's type byte.
+	if len(b) < 5 || b[0] != 0x90|envelopeFields || b[1] != wireVersion || b[2] >= 0x80 || b[3] >= 0x80 || b[4]&0xe0 != 0xa0 {
+		return false
+	}
+	f.flags, f.src = uint64(b[2]), uint64(b[3])
+	i, n := 5, int(b[4]&0x1f)
+	// Target, request id, sender's type byte.
+	if len(b)-i < n+2 || b[i+n] >= 0x80 || b[i+n+1]&0xe0 != 0xa0 {
+		return false
+	}
+	f.target, f.treq = b[i:i+n:i+n], uint64(b[i+n])
+	i, n = i+n+2, int(b[i+n+1]&0x1f)
+	// Sender, type id (0xce and 4 bytes), then the payload length's type
+	// byte.
+	if len(b)-i < n+6 || b[i+n] != 0xce {
+		return false
+	}
+	f.sender = b[i : i+n : i+n]
+	i += n
+	if f.typ = uint64(binary.BigEndian.Uint32(b[i+1:])); f.typ <= math.MaxUint16 {
+		return false
+	}
+	i += 5
+	switch c := b[i]; {
+	case c < 0x80:
+		f.plen = uint64(c)
+		i++
+	case c == 0xcc && len(b)-i >= 2:
+		if f.plen = uint64(b[i+1]); f.plen < 0x80 {
+			return false
+		}
+		i += 2
+	case c == 0xcd && len(b)-i >= 3:
+		if f.plen = uint64(binary.BigEndian.Uint16(b[i+1:])); f.plen <= math.MaxUint8 {
+			return false
+		}
+		i += 3
+	case c == 0xce && len(b)-i >= 5:
+		if f.plen = uint64(binary.BigEndian.Uint32(b[i+1:])); f.plen <= math.MaxUint16 {
+			return false
+		}
+		i += 5
+	default:
+		return false
+	}
+	// Sender rank, then the body: nil, or bin 8.
+	if len(b)-i < 2 || b[i] >= 0x80 {
+		return false
+	}
+	f.srank = uint64(b[i])
+	i++
+	switch b[i] {
+	case 0xc0:
+		f.body = nil
+		i++
+	case 0xc4:
+		if len(b)-i < 2 {
+			return false
+		}
+		n, i = int(b[i+1]), i+2
+		if len(b)-i < n {
+			return false
+		}
+		f.body = b[i : i+n : i+n]
+		i += n
+	default:
+		return false
+	}
+	return i == len(b)
+}
+
+// check relates the fields to each other and to the job's size: the
+// reason they are invalid, or "".
+func (f *rawEnvelope) check(size int) string {
 	switch {
-	case r.err != nil:
-	case flags >= 1<<7:
-		r.fail("unknown flags 0x%x", flags)
-	case flags&(flagTypedXfer|flagDeviceIPC|flagDevicePair) != 0 && flags&flagBodyHdr == 0:
-		r.fail("typed-transfer or device flag without the body-in-header flag")
-	case bits.OnesCount64(flags&(flagTypedXfer|flagDeviceIPC|flagDevicePair)) > 1:
-		r.fail("more than one of the typed-transfer, device IPC and device pair flags")
-	case src >= uint64(size) || srank >= uint64(size):
-		r.fail("source rank %d or sender rank %d outside a job of %d", src, srank, size)
-	case treq > 0xffffffff || typ > 0xffffffff:
-		r.fail("request or type id out of range")
-	case plen > 1<<40:
-		r.fail("payload length %d out of range", plen)
-	case flags&flagBodyHdr == 0 && (e.Body != nil || plen != 0):
-		r.fail("body or payload length without the body-in-header flag")
+	case f.flags >= 1<<7:
+		return fmt.Sprintf("unknown flags 0x%x", f.flags)
+	case f.flags&(flagTypedXfer|flagDeviceIPC|flagDevicePair) != 0 && f.flags&flagBodyHdr == 0:
+		return "typed-transfer or device flag without the body-in-header flag"
+	case bits.OnesCount64(f.flags&(flagTypedXfer|flagDeviceIPC|flagDevicePair)) > 1:
+		return "more than one of the typed-transfer, device IPC and device pair flags"
+	case f.src >= uint64(size) || f.srank >= uint64(size):
+		return fmt.Sprintf("source rank %d or sender rank %d outside a job of %d", f.src, f.srank, size)
+	case f.treq > 0xffffffff || f.typ > 0xffffffff:
+		return "request or type id out of range"
+	case f.plen > 1<<40:
+		return fmt.Sprintf("payload length %d out of range", f.plen)
+	case f.flags&flagBodyHdr == 0 && (f.body != nil || f.plen != 0):
+		return "body or payload length without the body-in-header flag"
 	}
-	if r.err != nil {
-		*e = envelope{}
-		return r.err
-	}
-	e.Flags, e.Source, e.TargetReq, e.Type, e.PayloadLen = uint32(flags), int(src), uint32(treq), uint32(typ), int(plen)
-	e.SenderRank = int(srank)
-	return nil
+	return ""
 }
 
 // DecodeError reports malformed wire data.

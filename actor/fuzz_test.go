@@ -64,6 +64,72 @@ func FuzzDecodeEnvelope(f *testing.F) {
 	})
 }
 
+// FuzzEnvelopeShort: whatever the short-form reader accepts, the general
+// one reads to exactly the same fields.
+func FuzzEnvelopeShort(f *testing.F) {
+	for _, b := range append(seedEnvelopes(), shortEnvelopes()...) {
+		f.Add(b)
+		f.Add(b[:len(b)-1])
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var short, general rawEnvelope
+		if !parseEnvelopeShort(b, &short) {
+			return
+		}
+		if err := parseEnvelope(b, &general); err != nil || !reflect.DeepEqual(short, general) {
+			t.Fatalf("%x: short form read %+v, the general reader %+v (%v)", b, short, general, err)
+		}
+	})
+}
+
+// shortEnvelopes are envelopes of the shape parseEnvelopeShort reads: every
+// payload length encoding it takes, no body, an empty one and a full one.
+func shortEnvelopes() [][]byte {
+	es := []envelope{
+		{Flags: flagBodyHdr | flagPointer, Source: 1, Target: "sink", Type: TypeID("x"), PayloadLen: 64, SenderRank: 1, Body: []byte{0x81, 0xa1, 'N', 0x05}},
+		{Flags: flagBodyHdr, Source: 127, Target: "a", Type: 0x10000, PayloadLen: 200, SenderRank: 3, Body: []byte{}},
+		{Flags: flagBodyHdr, Source: 2, Target: string(make([]byte, 31)), Type: 0xffffffff, PayloadLen: 4096, Body: make([]byte, 255)},
+		{Flags: flagBodyHdr, Source: 2, Target: "t", Type: 0x12345678, PayloadLen: 1 << 20, Body: []byte{0x90}},
+		{Flags: flagPointer, Source: 0, Target: "echo", TargetReq: 127, Sender: "request#z", SenderRank: 1, Type: TypeID("y")},
+	}
+	var out [][]byte
+	for i := range es {
+		out = append(out, appendEnvelope(nil, &es[i]))
+	}
+	return out
+}
+
+// TestEnvelopeShortForm: the envelopes of ordinary messages take the short
+// path, and those just outside its forms are left to the general reader.
+func TestEnvelopeShortForm(t *testing.T) {
+	for _, b := range shortEnvelopes() {
+		var f rawEnvelope
+		if !parseEnvelopeShort(b, &f) {
+			t.Errorf("%x: not read by the short path", b)
+		}
+		e, err := decodeEnvelope(b, 128)
+		if err != nil || !bytes.Equal(appendEnvelope(nil, &e), b) {
+			t.Errorf("%x: decoded %+v, %v", b, e, err)
+		}
+	}
+	for _, e := range []envelope{
+		{Source: 128, Target: "a", Type: 0x10000},                                 // source needs 2 bytes
+		{Source: 0, Target: string(make([]byte, 32)), Type: 0x10000},              // str 8 target
+		{Source: 0, Target: "a", Type: 0xffff},                                    // 16-bit type id
+		{Flags: flagBodyHdr, Target: "a", Type: 0x10000, Body: make([]byte, 256)}, // bin 16 body
+		{Target: "a", TargetReq: 128, Type: 0x10000},                              // 2-byte request id
+	} {
+		b := appendEnvelope(nil, &e)
+		var f rawEnvelope
+		if parseEnvelopeShort(b, &f) {
+			t.Errorf("%x (%+v): read by the short path", b, e)
+		}
+		if _, err := decodeEnvelope(b, 256); err != nil {
+			t.Errorf("%x: %v", b, err)
+		}
+	}
+}
+
 // FuzzValidateMsgpack: the validator never panics, fails only with a
 // *DecodeError, and what it accepts the msgpack decoder can decode into an
 // interface without panicking.

@@ -7,11 +7,13 @@ import (
 	"log/slog"
 	"math"
 	"os"
+	"reflect"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	pa "github.com/asynkron/protoactor-go/actor"
 	"go.uber.org/zap"
@@ -105,10 +107,11 @@ type Runtime struct {
 	typedMin    atomic.Int64
 	typedScheme atomic.Int32
 
-	remotes []*remoteProcess
-	out     []*outPeer
-	in      []*inPeer
-	local   sync.Map // actor id -> *localActor, for actors spawned with Props
+	remotes  []*remoteProcess
+	out      []*outPeer
+	in       []*inPeer
+	unitHdrs map[unsafe.Pointer]*inPeer // each in[r].hdr, by the map's identity (creditMiddleware)
+	local    sync.Map                   // actor id -> *localActor, for actors spawned with Props
 
 	// The delivering goroutine writes these per message: they keep to
 	// cache lines of their own, away from the fields actors' goroutines
@@ -319,12 +322,14 @@ func start(ctx context.Context, t *transport.Transport, opts Options) (*Runtime,
 	rt.remotes = make([]*remoteProcess, rt.size)
 	rt.out = make([]*outPeer, rt.size)
 	rt.in = make([]*inPeer, rt.size)
+	rt.unitHdrs = make(map[unsafe.Pointer]*inPeer, rt.size)
 	rt.watches = make([]map[watchKey]*pa.PID, rt.size)
 	for r := 0; r < rt.size; r++ {
 		rt.addrs[r] = Address(r)
 		rt.remotes[r] = &remoteProcess{rt: rt, rank: r}
 		rt.out[r] = newOutPeer(rt.credits)
 		rt.in[r] = newInPeer(rt, r)
+		rt.unitHdrs[reflect.ValueOf(rt.in[r].hdr).UnsafePointer()] = rt.in[r]
 	}
 	rt.sys.ProcessRegistry.RegisterAddressResolver(func(pid *pa.PID) (pa.Process, bool) {
 		r, ok := rankOf(pid.Address)
