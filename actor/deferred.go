@@ -130,6 +130,9 @@ type actorRun struct {
 	spawnG  uint64      // the goroutine that spawned it
 	learned atomic.Bool // Started was processed once
 	own     atomic.Bool // Started ran on another goroutine than the spawn
+	// mbox is its mailbox, once registered, when it is the runtime's
+	// (the user's Props may set another).
+	mbox atomic.Pointer[mailbox]
 }
 
 // started learns, at the actor's first Started, whether the dispatcher runs

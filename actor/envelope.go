@@ -88,17 +88,30 @@ type targetCache struct {
 // target is a targetCache entry.
 type target struct {
 	pid  *pa.PID
-	proc atomic.Pointer[targetProc] // nil until a delivery found it
+	proc atomic.Pointer[cachedProc] // nil until a delivery found it
 }
 
 // targetProc is what a delivery found about a target: its process and,
-// for one of the runtime's actors, its record. Cached in the target while
-// Runtime.localEpoch is still epoch.
+// for one of the runtime's actors, its record, whether it has a
+// PostReceive hook and its mailbox (when it is the runtime's). Cached in
+// the target, padded (cachedProc), while Runtime.localEpoch is still epoch.
 type targetProc struct {
 	proc  pa.Process
 	found bool
+	hook  bool        // la has a PostReceive hook
 	la    *localActor // nil: not one of the runtime's actors
+	mbox  *mailbox    // the actor's mailbox, when the runtime's; else nil
 	epoch uint64
+}
+
+// cachedProc is a cached targetProc. The delivering goroutine reads it for
+// every message: padded so that no other object, written on another core,
+// shares its cache lines (small objects next to protoactor's process and
+// the actor's record did, which cost a cache miss per message).
+type cachedProc struct {
+	_ [cacheLine]byte
+	targetProc
+	_ [cacheLine]byte
 }
 
 // maxTargets bounds targetCache: it starts over when full.

@@ -29,6 +29,7 @@ type mailbox struct {
 	user []any // posted user messages, oldest first (mu)
 	sys  []any // posted system messages, oldest first (mu)
 
+	rt          *Runtime // nil outside a runtime (tests)
 	invoker     pa.MessageInvoker
 	dispatcher  pa.Dispatcher
 	middlewares []pa.MailboxMiddleware
@@ -61,8 +62,10 @@ const (
 )
 
 // newMailbox returns a producer of mailboxes with the given middlewares.
-func newMailbox(middlewares ...pa.MailboxMiddleware) pa.MailboxProducer {
-	return func() pa.Mailbox { return &mailbox{middlewares: middlewares} }
+// With rt set, each mailbox makes itself known to the runtime's record of
+// its actor (RegisterHandlers), so that deliveries post to it directly.
+func newMailbox(rt *Runtime, middlewares ...pa.MailboxMiddleware) pa.MailboxProducer {
+	return func() pa.Mailbox { return &mailbox{rt: rt, middlewares: middlewares} }
 }
 
 // PostUserMessage queues a user message and schedules the mailbox. As in
@@ -109,8 +112,17 @@ func (m *mailbox) post(message any, system bool) {
 }
 
 // RegisterHandlers sets who processes the messages and who runs the mailbox.
+// protoactor registers them after the actor's OnInit, where Props records
+// the actor in the runtime: the record learns its mailbox here.
 func (m *mailbox) RegisterHandlers(invoker pa.MessageInvoker, dispatcher pa.Dispatcher) {
 	m.invoker, m.dispatcher = invoker, dispatcher
+	c, ok := invoker.(interface{ Self() *pa.PID })
+	if m.rt == nil || !ok || c.Self() == nil {
+		return
+	}
+	if v, ok := m.rt.local.Load(c.Self().Id); ok {
+		v.(*localActor).run.mbox.Store(m)
+	}
 }
 
 // Start tells the middlewares the mailbox started.

@@ -50,7 +50,7 @@ func (c *countMiddleware) MailboxEmpty()       { c.empty++ }
 func (c *countMiddleware) String() string      { return fmt.Sprintf("%+v", *c) }
 func newTestMailbox() (*mailbox, *recordInvoker, *stepDispatcher, *countMiddleware) {
 	mw := &countMiddleware{}
-	m := newMailbox(mw)().(*mailbox)
+	m := newMailbox(nil, mw)().(*mailbox)
 	inv, d := &recordInvoker{}, &stepDispatcher{}
 	m.RegisterHandlers(inv, d)
 	m.Start()
@@ -151,7 +151,7 @@ func (d goDispatcher) Throughput() int { return 300 }
 // consumer lose nothing and keep each producer's order (run with -race).
 func TestMailboxConcurrentProducers(t *testing.T) {
 	const producers, each = 4, 20000
-	m := newMailbox()().(*mailbox)
+	m := newMailbox(nil)().(*mailbox)
 	inv := &orderInvoker{next: make([]int, producers)}
 	var running sync.WaitGroup
 	m.RegisterHandlers(inv, goDispatcher{&running})

@@ -44,7 +44,7 @@ type localActor struct {
 func (rt *Runtime) Props(producer pa.Producer, opts ...pa.PropsOption) *pa.Props {
 	mw := &creditMiddleware{rt: rt}
 	opts = append([]pa.PropsOption{
-		pa.WithMailbox(newMailbox(mw)),
+		pa.WithMailbox(newMailbox(rt, mw)),
 		pa.WithDispatcher(rt.dispatcher),
 		pa.WithReceiverMiddleware(rt.trackMiddleware, deferredMiddleware),
 		// Known from the spawn on, before Started is processed: a message

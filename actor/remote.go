@@ -640,7 +640,8 @@ func (rt *Runtime) landing(it *inItem, ct *codecType, size int) []byte {
 	if it.e.Flags&flagBodyHdr == 0 || ct == nil || it.err != "" || ct.device >= 0 || ct.typed >= 0 {
 		return getBuf(size)
 	}
-	if la := rt.localTarget(it.target, it.e.Target).la; la != nil && la.hook != nil {
+	if lt := rt.localTarget(it.target, it.e.Target); lt.hook {
+		la := lt.la
 		inc := &Incoming{
 			Target: rt.PID(rt.rank, it.e.Target),
 			Type:   ct.name,
@@ -789,30 +790,35 @@ func (rt *Runtime) deliver(it *inItem) {
 	switch {
 	case hdr == nil && sender == nil:
 		proc.SendUserMessage(target, msg)
+	case lt.mbox != nil:
+		// What proc.SendUserMessage does, without reading proc.
+		lt.mbox.PostUserMessage(&pa.MessageEnvelope{Header: hdr, Message: msg, Sender: sender})
 	default:
 		proc.SendUserMessage(target, &pa.MessageEnvelope{Header: hdr, Message: msg, Sender: sender})
 	}
 }
 
-// localTarget finds the local process with id and, if it is one of the
-// runtime's actors (spawned with Props), its record, through the target's
-// cache entry when there is one (tg may be nil). The runtime's actors are
-// cached: their starts and stops change localEpoch, which voids the cache.
-func (rt *Runtime) localTarget(tg *target, id string) targetProc {
+// localTarget finds what a delivery needs to know about the local process
+// with id (targetProc), through the target's cache entry when there is one
+// (tg may be nil). The runtime's actors are cached: their starts and stops
+// change localEpoch, which voids the cache. The result is shared: read
+// only.
+func (rt *Runtime) localTarget(tg *target, id string) *targetProc {
 	epoch := rt.localEpoch.Load()
 	if tg != nil {
 		if c := tg.proc.Load(); c != nil && c.epoch == epoch {
-			return *c
+			return &c.targetProc
 		}
 	}
-	c := targetProc{epoch: epoch}
+	c := &targetProc{epoch: epoch}
 	c.proc, c.found = rt.sys.ProcessRegistry.GetLocal(id)
 	if v, ok := rt.local.Load(id); ok {
 		c.la = v.(*localActor)
+		c.hook = c.la.hook != nil
+		c.mbox = c.la.run.mbox.Load()
 	}
 	if tg != nil && c.found && c.la != nil {
-		cached := c
-		tg.proc.Store(&cached)
+		tg.proc.Store(&cachedProc{targetProc: *c})
 	}
 	return c
 }
