@@ -39,6 +39,7 @@ type codecType struct {
 	device  int          // index of the gpu.Buffer field, or -1
 	typed   int          // index of the Typed field, or -1
 	fast    *fastCodec   // the reflection-free plan, or nil (fastcodec.go)
+	boxer   *boxer       // makes boxes for small received messages, or nil (box.go)
 
 	// sentAs are lastSent's entries for this type: sent as a value, and
 	// as a pointer.
@@ -98,7 +99,7 @@ func TypeID(name string) uint32 {
 // harmless; two different types whose names hash to the same id are an
 // ErrTypeCollision.
 func Register[T any]() error {
-	return registerType(reflect.TypeFor[T]())
+	return registerType(reflect.TypeFor[T](), boxerFor[T]())
 }
 
 // MustRegister is Register that panics on error, for init functions.
@@ -108,7 +109,8 @@ func MustRegister[T any]() {
 	}
 }
 
-func registerType(t reflect.Type) error {
+// registerType registers t; bx, when not nil, makes boxes of t (box.go).
+func registerType(t reflect.Type, bx *boxer) error {
 	for t.Kind() == reflect.Pointer {
 		t = t.Elem()
 	}
@@ -138,6 +140,9 @@ func registerType(t reflect.Type) error {
 		}
 	}
 	ct.fast = newFastCodec(ct)
+	if ct.fast != nil && ct.payload >= 0 && bx != nil {
+		ct.boxer = bx
+	}
 	registry.mu.Lock()
 	defer registry.mu.Unlock()
 	byID, byType := *registry.byID.Load(), *registry.byType.Load()
@@ -345,7 +350,7 @@ func init() {
 		reflect.TypeFor[[]int64](),
 		reflect.TypeFor[[]float64](),
 	} {
-		if err := registerType(t); err != nil {
+		if err := registerType(t, nil); err != nil {
 			panic(err)
 		}
 	}

@@ -218,13 +218,13 @@ func TestRegisterCollision(t *testing.T) {
 	if typeName(ta) != spell(a) || typeName(tb) != spell(b) || TypeID(typeName(ta)) != TypeID(typeName(tb)) {
 		t.Fatalf("types %q and %q do not collide as predicted", typeName(ta), typeName(tb))
 	}
-	if err := registerType(ta); err != nil {
+	if err := registerType(ta, nil); err != nil {
 		t.Fatalf("registering %s: %v", ta, err)
 	}
-	if err := registerType(ta); err != nil {
+	if err := registerType(ta, nil); err != nil {
 		t.Fatalf("registering %s again: %v, want nil", ta, err)
 	}
-	err := registerType(tb)
+	err := registerType(tb, nil)
 	if !errors.Is(err, ErrTypeCollision) {
 		t.Fatalf("registering %s after %s (both 0x%08x): %v, want ErrTypeCollision", tb, ta, TypeID(typeName(ta)), err)
 	}
@@ -235,7 +235,7 @@ func TestRegisterCollision(t *testing.T) {
 		t.Fatalf("the colliding type is usable: %v", err)
 	}
 	// Types that cannot cross ranks are refused.
-	if err := registerType(reflect.TypeFor[func()]()); err == nil {
+	if err := registerType(reflect.TypeFor[func()](), nil); err == nil {
 		t.Fatal("registering a func type succeeded")
 	}
 	if err := Register[struct {

@@ -562,7 +562,19 @@ func (r *fastReader) value(v *fastValue, p unsafe.Pointer) {
 // field to payload when it is not nil, or reports false.
 func (fc *fastCodec) decode(ct *codecType, body []byte, ptr bool, payload []byte) (any, bool) {
 	v := reflect.New(ct.typ)
-	p := v.UnsafePointer()
+	if !fc.decodeAt(v.UnsafePointer(), body, payload) {
+		return nil, false
+	}
+	if ptr {
+		return v.Interface(), true
+	}
+	return v.Elem().Interface(), true
+}
+
+// decodeAt decodes body into the zero value of the codec's type at p,
+// setting the Payload field to payload when it is not nil, or reports
+// false (p then holds a partly decoded value).
+func (fc *fastCodec) decodeAt(p unsafe.Pointer, body []byte, payload []byte) bool {
 	r := &fastReader{b: body}
 	if !fc.isStruct {
 		r.value(&fc.value, p)
@@ -574,17 +586,17 @@ func (fc *fastCodec) decode(ct *codecType, body []byte, ptr bool, payload []byte
 		case c == 0xde:
 			n = int(r.be(2))
 		default:
-			return nil, false // not a map (or a huge one): msgpack decides
+			return false // not a map (or a huge one): msgpack decides
 		}
 		if n > len(fc.fields) {
-			return nil, false
+			return false
 		}
 		var seen uint64
 		for i := 0; i < n && !r.bad; i++ {
 			j := fc.field(r, i)
 			if j < 0 || seen&(1<<j) != 0 {
 				// An unknown field, or one given twice: msgpack decides.
-				return nil, false
+				return false
 			}
 			seen |= 1 << j
 			f := &fc.fields[j]
@@ -592,15 +604,12 @@ func (fc *fastCodec) decode(ct *codecType, body []byte, ptr bool, payload []byte
 		}
 	}
 	if r.bad || r.off != len(body) {
-		return nil, false
+		return false
 	}
 	if fc.payload != ^uintptr(0) && payload != nil {
 		*(*[]byte)(unsafe.Add(p, fc.payload)) = payload
 	}
-	if ptr {
-		return v.Interface(), true
-	}
-	return v.Elem().Interface(), true
+	return true
 }
 
 // field reads a key and returns the index of its field: the i-th when

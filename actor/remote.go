@@ -428,8 +428,9 @@ type inItem struct {
 	err      string // why it cannot be delivered
 	ready    bool
 	cost     int
-	hooked   bool          // its data lands in the PostReceive hook's buffer
-	deferred *deferredData // its actor completes it (deferred.go)
+	hooked   bool                // its data lands in the PostReceive hook's buffer
+	deferred *deferredData       // its actor completes it (deferred.go)
+	env      *pa.MessageEnvelope // the envelope allocated with it (box.go), or nil
 	// landFailed: its device payload could not land (wrong size, no
 	// memory, a failed copy); the sending rank hears of it even when no
 	// sender actor does (device_reject.go).
@@ -542,9 +543,11 @@ func (rt *Runtime) onMessage(m *transport.AMMessage) {
 			if e.PayloadLen != m.Size {
 				it.err = fmt.Sprintf("payload of %d bytes announced, %d arrived", e.PayloadLen, m.Size)
 			}
-			dst := rt.landing(&it, ct, m.Size)
-			copy(dst, m.Data())
-			rt.landed(&it, ct, dst, nil)
+			if !rt.decodeBoxed(&it, ct, m.Data()) {
+				dst := rt.landing(&it, ct, m.Size)
+				copy(dst, m.Data())
+				rt.landed(&it, ct, dst, nil)
+			}
 		}
 		e.Body = nil // the header's memory goes back to the transport
 		in.mu.Lock()
@@ -787,15 +790,21 @@ func (rt *Runtime) deliver(it *inItem) {
 			hdr = map[string]string{HeaderSourceRank: in.hdr[HeaderSourceRank], headerCost: strconv.Itoa(it.cost)}
 		}
 	}
-	switch {
-	case hdr == nil && sender == nil:
+	if hdr == nil && sender == nil {
 		proc.SendUserMessage(target, msg)
-	case lt.mbox != nil:
-		// What proc.SendUserMessage does, without reading proc.
-		lt.mbox.PostUserMessage(&pa.MessageEnvelope{Header: hdr, Message: msg, Sender: sender})
-	default:
-		proc.SendUserMessage(target, &pa.MessageEnvelope{Header: hdr, Message: msg, Sender: sender})
+		return
 	}
+	env := it.env
+	if env == nil {
+		env = new(pa.MessageEnvelope)
+	}
+	*env = pa.MessageEnvelope{Header: hdr, Message: msg, Sender: sender}
+	if lt.mbox != nil {
+		// What proc.SendUserMessage does, without reading proc.
+		lt.mbox.PostUserMessage(env)
+		return
+	}
+	proc.SendUserMessage(target, env)
 }
 
 // localTarget finds what a delivery needs to know about the local process
