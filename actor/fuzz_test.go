@@ -25,6 +25,11 @@ func seedEnvelopes() [][]byte {
 		{Flags: flagBodyHdr, Source: 2, Target: "b", Body: []byte{}},
 		{Flags: flagBodyHdr | flagDeviceIPC | flagPointer, Source: 1, Target: "sink", Type: 7, PayloadLen: 4096, Body: []byte{0x90}},
 	}
+	return encodeEnvelopes(es)
+}
+
+// encodeEnvelopes returns the wire form of each of es.
+func encodeEnvelopes(es []envelope) [][]byte {
 	var out [][]byte
 	for i := range es {
 		out = append(out, appendEnvelope(nil, &es[i]))
@@ -92,11 +97,7 @@ func shortEnvelopes() [][]byte {
 		{Flags: flagBodyHdr, Source: 2, Target: "t", Type: 0x12345678, PayloadLen: 1 << 20, Body: []byte{0x90}},
 		{Flags: flagPointer, Source: 0, Target: "echo", TargetReq: 127, Sender: "request#z", SenderRank: 1, Type: TypeID("y")},
 	}
-	var out [][]byte
-	for i := range es {
-		out = append(out, appendEnvelope(nil, &es[i]))
-	}
-	return out
+	return encodeEnvelopes(es)
 }
 
 // TestEnvelopeShortForm: the envelopes of ordinary messages take the short
