@@ -72,7 +72,11 @@ func allocBox[T, A any]() (*pa.MessageEnvelope, unsafe.Pointer, []byte) {
 // payload lands).
 func (rt *Runtime) decodeBoxed(it *inItem, ct *codecType, data []byte) bool {
 	size := len(data)
-	if ct == nil || ct.boxer == nil || size > maxBoxed || it.err != "" || rt.localTarget(it.target, it.e.Target).hook {
+	if ct == nil || ct.boxer == nil || size > maxBoxed || it.err != "" {
+		return false
+	}
+	var tp targetProc
+	if rt.localTarget(it.target, it.e.Target, &tp).hook {
 		return false
 	}
 	i := 0

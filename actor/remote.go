@@ -643,7 +643,8 @@ func (rt *Runtime) landing(it *inItem, ct *codecType, size int) []byte {
 	if it.e.Flags&flagBodyHdr == 0 || ct == nil || it.err != "" || ct.device >= 0 || ct.typed >= 0 {
 		return getBuf(size)
 	}
-	if lt := rt.localTarget(it.target, it.e.Target); lt.hook {
+	var tp targetProc
+	if lt := rt.localTarget(it.target, it.e.Target, &tp); lt.hook {
 		la := lt.la
 		inc := &Incoming{
 			Target: rt.PID(rt.rank, it.e.Target),
@@ -756,7 +757,8 @@ func (rt *Runtime) deliver(it *inItem) {
 	if it.deferred != nil {
 		msg = it.deferred
 	}
-	lt := rt.localTarget(it.target, e.Target)
+	var tp targetProc
+	lt := rt.localTarget(it.target, e.Target, &tp)
 	proc, found, tracked := lt.proc, lt.found, lt.la != nil
 	if e.Flags&flagSystem != 0 {
 		if t, ok := it.msg.(*pa.Terminated); ok && t.Who != nil {
@@ -810,16 +812,17 @@ func (rt *Runtime) deliver(it *inItem) {
 // localTarget finds what a delivery needs to know about the local process
 // with id (targetProc), through the target's cache entry when there is one
 // (tg may be nil). The runtime's actors are cached: their starts and stops
-// change localEpoch, which voids the cache. The result is shared: read
-// only.
-func (rt *Runtime) localTarget(tg *target, id string) *targetProc {
+// change localEpoch, which voids the cache. The result is the cache's
+// record, shared and read only, or, found anew, *scratch.
+func (rt *Runtime) localTarget(tg *target, id string, scratch *targetProc) *targetProc {
 	epoch := rt.localEpoch.Load()
 	if tg != nil {
 		if c := tg.proc.Load(); c != nil && c.epoch == epoch {
 			return &c.targetProc
 		}
 	}
-	c := &targetProc{epoch: epoch}
+	c := scratch
+	*c = targetProc{epoch: epoch}
 	c.proc, c.found = rt.sys.ProcessRegistry.GetLocal(id)
 	if v, ok := rt.local.Load(id); ok {
 		c.la = v.(*localActor)
