@@ -1,0 +1,218 @@
+package transport_test
+
+import (
+	"context"
+	"fmt"
+	"time"
+	"unsafe"
+
+	"github.com/troupe-hpc/troupe/datatype"
+	"github.com/troupe-hpc/troupe/transport"
+)
+
+// Two ranks in one process exchange a tagged message through UCX, as two MPI
+// ranks would with MPI_Send and MPI_Recv. A real job gets its transport from
+// transport.New under `troupe run` instead of StartLocal.
+func Example() {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ts, stop, err := transport.StartLocal(ctx, 2, transport.Options{})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer stop()
+
+	const tag = 5
+	sent := make(chan error, 1)
+	go func() { sent <- ts[0].Send(ctx, 1, tag, []byte("hello, rank 1")) }()
+
+	buf := make([]byte, 64)
+	st, err := ts[1].Recv(ctx, 0, tag, buf)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	if err := <-sent; err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Printf("rank %d got %q from rank %d, tag %d\n", ts[1].Rank(), buf[:st.Size], st.Source, st.Tag)
+	// Output: rank 1 got "hello, rank 1" from rank 0, tag 5
+}
+
+// Irecv posts a receive and returns at once; Wait completes it. A receive
+// buffer smaller than the message is an error that names both sizes, and
+// the rank goes on.
+func ExampleTransport_Irecv() {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ts, stop, err := transport.StartLocal(ctx, 2, transport.Options{})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer stop()
+
+	small := make([]byte, 4)
+	r, err := ts[1].Irecv(0, 1, small)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	if err := ts[0].Send(ctx, 1, 1, []byte("eight by")); err != nil {
+		fmt.Println(err)
+		return
+	}
+	_, err = r.Wait(ctx)
+	fmt.Println(err)
+
+	// The transport still works: the same pair exchanges the next message.
+	r, _ = ts[1].Irecv(0, 1, make([]byte, 8))
+	if err := ts[0].Send(ctx, 1, 1, []byte("eight by")); err != nil {
+		fmt.Println(err)
+		return
+	}
+	st, err := r.Wait(ctx)
+	fmt.Println(st.Size, err)
+	// Output:
+	// transport: message from rank 0 tag 1 is 8 bytes, receive buffer holds 4: truncated
+	// 8 <nil>
+}
+
+// SendTyped sends a column of a row-major matrix, described by a derived
+// datatype, without packing it by hand; here it lands in a contiguous
+// buffer on the other rank. Both sides' type signatures must match (four
+// float64 here), not their layouts.
+func ExampleTransport_SendTyped() {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ts, stop, err := transport.StartLocal(ctx, 2, transport.Options{})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer stop()
+
+	// A 4x4 matrix of float64; column 2 is 4 elements, 4 apart.
+	matrix := make([]float64, 16)
+	for i := range matrix {
+		matrix[i] = float64(i)
+	}
+	col, err := datatype.Vector(4, 1, 4, datatype.Float64)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	contig, _ := datatype.Contiguous(4, datatype.Float64)
+
+	got := make([]float64, 4)
+	r, err := ts[1].IrecvTyped(0, 3, float64Bytes(got), contig, 1)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	if err := ts[0].SendTyped(ctx, 1, 3, float64Bytes(matrix[2:]), col, 1); err != nil {
+		fmt.Println(err)
+		return
+	}
+	if _, err := r.Wait(ctx); err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println(got)
+	// Output: [2 6 10 14]
+}
+
+// A channel pairs the n-th Send of one end with the n-th Recv of the other,
+// with no metadata message; Send and Recv return futures.
+func ExampleTransport_Channel() {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ts, stop, err := transport.StartLocal(ctx, 2, transport.Options{})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer stop()
+
+	a, err := ts[0].Channel(42, 1) // rank 0's end, towards rank 1
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer a.Close()
+	b, err := ts[1].Channel(42, 0) // rank 1's end, towards rank 0
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer b.Close()
+
+	first, second := make([]byte, 5), make([]byte, 5)
+	r1, _ := b.RecvBytes(first)
+	r2, _ := b.RecvBytes(second)
+	s1, _ := a.SendBytes([]byte("first"))
+	s2, _ := a.SendBytes([]byte("later"))
+	for _, r := range []*transport.ChannelRequest{s1, s2, r1, r2} {
+		if err := r.Wait(ctx); err != nil {
+			fmt.Println(err)
+			return
+		}
+	}
+	fmt.Println(string(first), string(second))
+	// Output: first later
+}
+
+// One-sided access: rank 1 registers memory and ships its key; rank 0 puts
+// into it and gets from it without rank 1's participation.
+func ExampleTransport_Put() {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ts, stop, err := transport.StartLocal(ctx, 2, transport.Options{})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer stop()
+
+	window := []byte("................")
+	reg, err := ts[1].Register(window)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer reg.Release()
+	wire, _ := reg.Key().MarshalBinary() // sent to rank 0 in any message
+
+	var key transport.RemoteKey
+	if err := key.UnmarshalBinary(wire); err != nil {
+		fmt.Println(err)
+		return
+	}
+	if err := ts[0].Put(ctx, key, 4, []byte("RDMA")); err != nil {
+		fmt.Println(err)
+		return
+	}
+	if err := ts[0].Flush(ctx, 1); err != nil {
+		fmt.Println(err)
+		return
+	}
+	back := make([]byte, 8)
+	if err := ts[0].Get(ctx, key, 2, back); err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Printf("%s\n%s\n", window, back)
+	// Put outside the region fails before anything moves.
+	fmt.Println(ts[0].Put(ctx, key, 14, []byte("RDMA")) != nil)
+	// Output:
+	// ....RDMA........
+	// ..RDMA..
+	// true
+}
+
+// float64Bytes views f's memory as bytes, as the typed calls take it.
+func float64Bytes(f []float64) []byte {
+	return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(f))), 8*len(f))
+}
