@@ -2,6 +2,7 @@ package actor_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -44,4 +45,103 @@ func Example() {
 	}
 	fmt.Println(res.(*Greeting).Text)
 	// Output: hello rank 0, from rank 1
+}
+
+// Cell is an element of the example's actor array.
+type Cell struct{ el *actor.Element }
+
+// SumIndices asks every element to contribute its linear index to a sum
+// whose result goes to Target.
+type SumIndices struct{ Target *pa.PID }
+
+func init() { actor.MustRegister[SumIndices]() }
+
+func (c *Cell) Receive(ctx pa.Context) {
+	if m, ok := ctx.Message().(*SumIndices); ok {
+		if err := c.el.Contribute(float64(c.el.Linear), actor.Sum, m.Target); err != nil {
+			ctx.Logger().Error("contribute", "err", err)
+		}
+	}
+}
+
+// An actor array of 4x3 elements spread over three ranks (a Charm++ chare
+// array): every rank creates it with the same config, a broadcast reaches
+// all elements, and a sum reduction, combined within each rank first and
+// then up a tree of ranks, arrives at a future.
+func ExampleRuntime_NewArray() {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	rts, stop, err := actor.StartLocal(ctx, 3, actor.Options{})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer stop()
+
+	cfg := actor.ArrayConfig{
+		Name:      "cells",
+		Dims:      []int{4, 3},
+		Placement: actor.Block,
+		New:       func(el *actor.Element) pa.Actor { return &Cell{el: el} },
+	}
+	arrays := make([]*actor.Array, len(rts))
+	errs := make(chan error, len(rts))
+	for i, rt := range rts { // NewArray is collective: all ranks at once
+		go func() {
+			var err error
+			arrays[i], err = rt.NewArray(ctx, cfg)
+			errs <- err
+		}()
+	}
+	for range rts {
+		if err := <-errs; err != nil {
+			fmt.Println(err)
+			return
+		}
+	}
+	a := arrays[0]
+	fmt.Println("elements:", a.Len(), "element (3,2) lives on rank", a.RankOf(3, 2))
+
+	f := pa.NewFuture(rts[0].System(), 10*time.Second)
+	if err := a.Broadcast(&SumIndices{Target: f.PID()}); err != nil {
+		fmt.Println(err)
+		return
+	}
+	res, err := f.Result()
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	sum, err := res.(*actor.Reduced).Result()
+	fmt.Println("sum of indices:", sum, err)
+	// Output:
+	// elements: 12 element (3,2) lives on rank 2
+	// sum of indices: 66 <nil>
+}
+
+// unregistered is a type no rank registered.
+type unregistered struct{ N int }
+
+// A message of a type that was never registered fails at the sender's
+// Send, and a request to an actor that does not exist fails at once with
+// ErrNoActor instead of waiting for its timeout.
+func ExampleRuntime_Send() {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	rts, stop, err := actor.StartLocal(ctx, 2, actor.Options{})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer stop()
+
+	err = rts[0].Send(rts[0].PID(1, "anyone"), &unregistered{N: 1})
+	fmt.Println(errors.Is(err, actor.ErrUnregistered))
+
+	t0 := time.Now()
+	_, err = rts[0].Request(rts[0].PID(1, "nobody"), &Hello{Name: "?"}, time.Minute)
+	fmt.Println(errors.Is(err, actor.ErrNoActor), time.Since(t0) < 30*time.Second)
+	// Output:
+	// true
+	// true true
 }
