@@ -28,6 +28,74 @@ type ncPoint struct {
 	LatUs  float64 `json:"lat_us"`
 	Bytes  int64   `json:"bytes"`
 	Blocks int64   `json:"blocks"`
+	// Batches is how many batches the best was taken from.
+	Batches int `json:"batches"`
+}
+
+// ncSettleGain is the improvement of a best batch, over ncSettleRounds
+// rounds, below which a point's measurement has settled.
+const (
+	ncSettleGain   = 0.01
+	ncSettleRounds = 3
+)
+
+// ncSettle decides after each round whether a point's measurement goes on.
+// A point runs at least f.rounds rounds; then rounds go on while some
+// way's best batch improved by more than ncSettleGain in the last
+// ncSettleRounds rounds, up to f.maxRnds rounds and while the point has
+// used less than f.budget. On a shared machine the noise only ever adds
+// time, and a layout whose batches vary severalfold (nas_mg_x: 0.66 to 4.3
+// ms one way in one run, its page walks missing the cache the other
+// tenants use) needs more batches than a quiet one before its best is the
+// floor. Rank 0 times the batches, decides, and tells rank 1 through the
+// bootstrap, so both run the same rounds.
+type ncSettle struct {
+	boot    bootstrap.Bootstrapper
+	key     string
+	min     int
+	max     int
+	end     time.Time
+	history [][]float64 // the bests after each round (rank 0)
+}
+
+func newNCSettle(boot bootstrap.Bootstrapper, point string, f noncontigFlags) *ncSettle {
+	return &ncSettle{boot: boot, key: "nc.settle." + point, min: max(f.rounds, 1),
+		max: max(f.maxRnds, f.rounds, 1), end: time.Now().Add(f.budget)}
+}
+
+// more reports whether another round follows round (0-based); bests are
+// rank 0's best batch per way so far (ignored on other ranks).
+func (s *ncSettle) more(ctx context.Context, round int, bests []float64) (bool, error) {
+	s.history = append(s.history, bests)
+	if round+1 < s.min {
+		return true, nil
+	}
+	decision := []byte{0}
+	if s.boot.Rank() == 0 && s.unsettled(round) {
+		decision[0] = 1
+	}
+	all, err := s.boot.AllGather(ctx, s.key, decision)
+	if err != nil {
+		return false, err
+	}
+	return len(all[0]) == 1 && all[0][0] == 1, nil
+}
+
+// unsettled reports whether rank 0 wants another round after round.
+func (s *ncSettle) unsettled(round int) bool {
+	if round+1 >= s.max || time.Now().After(s.end) {
+		return false
+	}
+	if len(s.history) <= ncSettleRounds {
+		return true // too few rounds to tell
+	}
+	now, then := s.history[len(s.history)-1], s.history[len(s.history)-1-ncSettleRounds]
+	for k := range now {
+		if now[k] < then[k]*(1-ncSettleGain) {
+			return true
+		}
+	}
+	return false
 }
 
 type noncontigFlags struct {
@@ -35,6 +103,8 @@ type noncontigFlags struct {
 	json    bool
 	scale   float64
 	rounds  int
+	maxRnds int
+	budget  time.Duration
 	layouts []string
 	noVec   bool
 	noApp   bool
@@ -103,7 +173,9 @@ layout on both sides, for each fixed scheme and for the adaptive default
 (blocks of 64 B to 16 KiB, 16 to 1024 blocks, stride twice the block; named
 vec_<block>x<count>) and the 13 DDTBench layouts. The schemes take turns in
 short batches, in an order in which each follows each other equally often,
-for --rounds rounds; each scheme's best batch is reported. With --actor the
+for --rounds rounds, then for further rounds (up to --max-rounds and
+--point-time) while some scheme's best batch still improved by more than 1 %
+in the last three rounds; each scheme's best batch is reported. With --actor the
 five ways (am and the four schemes) take turns the same way.`,
 		Args: cobra.NoArgs,
 	}
@@ -111,7 +183,9 @@ five ways (am and the four schemes) take turns the same way.`,
 	fl.StringVar(&f.tls, "tls", "shm", "UCX transports: shm, tcp, or a UCX_TLS value")
 	fl.BoolVar(&f.json, "json", false, `print one JSON object per point: {"layout":"vec_4096x64","scheme":"pack|sgl|zcopy|adaptive","lat_us":...}`)
 	fl.Float64Var(&f.scale, "scale", 1, "iteration count multiplier")
-	fl.IntVar(&f.rounds, "rounds", 4, "rounds per point; in each the schemes take turns in batches, each scheme 3 batches (the best batch is reported)")
+	fl.IntVar(&f.rounds, "rounds", 4, "rounds per point at least; in each the schemes take turns in batches, each scheme 3 batches (the best batch is reported)")
+	fl.IntVar(&f.maxRnds, "max-rounds", 16, "rounds per point at most: after --rounds, rounds go on while a best batch still improves by more than 1% in three rounds")
+	fl.DurationVar(&f.budget, "point-time", 20*time.Second, "no further round of a point starts after this much time on it")
 	fl.StringSliceVar(&f.layouts, "layout", nil, "only these layouts (vec_<block>x<count> or DDTBench names)")
 	fl.BoolVar(&f.noVec, "no-vectors", false, "skip the vector sweep")
 	fl.BoolVar(&f.noApp, "no-apps", false, "skip the DDTBench layouts")
@@ -203,7 +277,7 @@ func (c ncCase) prepare(scale float64) (ncRun, error) {
 
 func runNoncontigJob(ctx context.Context, f noncontigFlags) ([]ncPoint, error) {
 	args := []string{"bench", "noncontig", "--as-rank", "--scale", strconv.FormatFloat(f.scale, 'g', -1, 64),
-		"--rounds", strconv.Itoa(f.rounds)}
+		"--rounds", strconv.Itoa(f.rounds), "--max-rounds", strconv.Itoa(f.maxRnds), "--point-time", f.budget.String()}
 	if len(f.layouts) > 0 {
 		args = append(args, "--layout", strings.Join(f.layouts, ","))
 	}
@@ -280,7 +354,8 @@ func noncontigRank(ctx context.Context, f noncontigFlags) error {
 		// adds time.
 		batch := max(iters/4, 3)
 		samples := make([][]float64, len(ncSchemeOrder))
-		for round := 0; round < f.rounds; round++ {
+		settle := newNCSettle(boot, c.name, f)
+		for round := 0; ; round++ {
 			for _, k := range ncTurns {
 				s := ncSchemeOrder[k]
 				runtime.GC()
@@ -297,14 +372,24 @@ func noncontigRank(ctx context.Context, f noncontigFlags) error {
 				}
 				samples[k] = append(samples[k], float64(time.Since(start).Nanoseconds())/float64(2e3*batch))
 			}
+			bests := make([]float64, len(samples))
+			for k := range samples {
+				bests[k] = slices.Min(samples[k])
+			}
+			if more, err := settle.more(ctx, round, bests); err != nil || !more {
+				if err != nil {
+					return err
+				}
+				break
+			}
 		}
 		best := map[datatype.Scheme]float64{}
 		for k, s := range ncSchemeOrder {
 			best[s] = slices.Min(samples[k])
 		}
 		if enc != nil {
-			for _, s := range ncSchemeOrder {
-				p := ncPoint{Layout: c.name, Scheme: s.String(), LatUs: best[s], Bytes: bytes, Blocks: r.segments}
+			for k, s := range ncSchemeOrder {
+				p := ncPoint{Layout: c.name, Scheme: s.String(), LatUs: best[s], Bytes: bytes, Blocks: r.segments, Batches: len(samples[k])}
 				if err := enc.Encode(p); err != nil {
 					return err
 				}
@@ -332,6 +417,7 @@ func printNoncontig(out io.Writer, f noncontigFlags, pts []ncPoint) error {
 	type row struct {
 		layout        string
 		bytes, blocks int64
+		batches       int
 		lat           map[string]float64
 	}
 	var rows []*row
@@ -339,7 +425,7 @@ func printNoncontig(out io.Writer, f noncontigFlags, pts []ncPoint) error {
 	for _, p := range pts {
 		r := idx[p.Layout]
 		if r == nil {
-			r = &row{layout: p.Layout, bytes: p.Bytes, blocks: p.Blocks, lat: map[string]float64{}}
+			r = &row{layout: p.Layout, bytes: p.Bytes, blocks: p.Blocks, batches: p.Batches, lat: map[string]float64{}}
 			idx[p.Layout] = r
 			rows = append(rows, r)
 		}
@@ -349,13 +435,9 @@ func printNoncontig(out io.Writer, f noncontigFlags, pts []ncPoint) error {
 	if f.actor {
 		what, cols = "actor Typed-field", []string{"am", "pack", "sgl", "zcopy", "adaptive"}
 	}
-	how := fmt.Sprintf("best of %d interleaved batches", f.rounds*len(ncTurns)/len(ncSchemeOrder))
-	if f.actor {
-		how = fmt.Sprintf("best of %d interleaved batches", f.rounds*len(ncActorTurns)/len(ncActorWays))
-	}
-	fmt.Fprintf(out, "# %s ping-pong latency (us, one way), 2 ranks, UCX_TLS=%s, %s\n", what, bootstrap.UCXTLS(f.tls), how)
+	fmt.Fprintf(out, "# %s ping-pong latency (us, one way), 2 ranks, UCX_TLS=%s, best of each scheme's interleaved batches (batches: how many each)\n", what, bootstrap.UCXTLS(f.tls))
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintf(tw, "layout\tbytes\tblocks\t%s\tbest fixed\tadaptive/best\t\n", strings.Join(cols, "\t"))
+	fmt.Fprintf(tw, "layout\tbytes\tblocks\tbatches\t%s\tbest fixed\tadaptive/best\t\n", strings.Join(cols, "\t"))
 	within := 0
 	for _, r := range rows {
 		bestName, bestLat := "", 0.0
@@ -368,7 +450,7 @@ func printNoncontig(out io.Writer, f noncontigFlags, pts []ncPoint) error {
 		if ratio <= 1.05 {
 			within++
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%d\t", r.layout, r.bytes, r.blocks)
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t", r.layout, r.bytes, r.blocks, r.batches)
 		for _, s := range cols {
 			fmt.Fprintf(tw, "%.1f\t", r.lat[s])
 		}

@@ -111,7 +111,9 @@ func noncontigActorRank(ctx context.Context, f noncontigFlags, boot bootstrap.Bo
 		// benchmark does (ncTurns); each way's best batch is reported.
 		batch, warmup := max(r.iters/4, 3), r.warmup
 		best := map[string]float64{}
-		for round := 0; round < f.rounds; round++ {
+		settle := newNCSettle(boot, c.name, f)
+		rounds := 0
+		for round := 0; ; round++ {
 			for turn, k := range ncActorTurns {
 				w := ncActorWays[k]
 				if err := rt.SetTypedTransfer(w.min, w.scheme); err != nil {
@@ -128,10 +130,22 @@ func noncontigActorRank(ctx context.Context, f noncontigFlags, boot bootstrap.Bo
 					return err
 				}
 			}
+			rounds++
+			bests := make([]float64, len(ncActorWays))
+			for k, w := range ncActorWays {
+				bests[k] = best[w.name]
+			}
+			if more, err := settle.more(ctx, round, bests); err != nil || !more {
+				if err != nil {
+					return err
+				}
+				break
+			}
 		}
 		if enc != nil {
 			for _, w := range ncActorWays {
-				pt := ncPoint{Layout: c.name, Scheme: w.name, LatUs: best[w.name], Bytes: r.bytes, Blocks: r.segments}
+				pt := ncPoint{Layout: c.name, Scheme: w.name, LatUs: best[w.name], Bytes: r.bytes, Blocks: r.segments,
+					Batches: rounds * len(ncActorTurns) / len(ncActorWays)}
 				if err := enc.Encode(pt); err != nil {
 					return err
 				}
