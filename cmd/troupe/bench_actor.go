@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"time"
 
@@ -28,6 +29,7 @@ type actorBenchFlags struct {
 	compare bool
 	inline  bool
 	sizes   []int
+	repeat  int
 }
 
 // actorRow is one result row; the JSON shape is the issue's.
@@ -83,25 +85,47 @@ executable or on PATH) and prints both side by side.`,
 	fl.Float64Var(&f.scale, "scale", 1, "message count multiplier for the throughput tests")
 	fl.BoolVar(&f.compare, "compare", false, "also run protoactor-go's gRPC remote (protobench) and compare")
 	fl.BoolVar(&f.inline, "inline", false, "run the echo actor inline on the progress goroutine (synchronized dispatcher)")
+	fl.IntVar(&f.repeat, "repeat", 3, "measure this many times, troupe and (with --compare) protoactor in turn, and report each one's best")
 	setBenchRun(cmd, func(ctx context.Context) error { return actorBenchRank(ctx, f) },
 		func(ctx context.Context, out io.Writer) error {
-			rows, err := runActorBenchJob(ctx, f)
-			if err != nil {
-				return err
-			}
-			for i := range rows {
-				rows[i].Impl = "troupe"
-			}
-			if f.compare {
-				other, err := runProtobench(ctx)
+			var rows []actorRow
+			for range max(f.repeat, 1) {
+				run, err := runActorBenchJob(ctx, f)
 				if err != nil {
-					return fmt.Errorf("protoactor comparison: %w", err)
+					return err
 				}
-				rows = append(rows, other...)
+				for i := range run {
+					run[i].Impl = "troupe"
+				}
+				if f.compare {
+					other, err := runProtobench(ctx)
+					if err != nil {
+						return fmt.Errorf("protoactor comparison: %w", err)
+					}
+					run = append(run, other...)
+				}
+				rows = bestActorRows(rows, run)
 			}
 			return printActorRows(out, rows, f)
 		})
 	return cmd
+}
+
+// bestActorRows merges the rows of one more run into best: per
+// implementation, test and size, the shortest round trip and the highest
+// throughput. The machine's noise only ever makes a run slower, and the
+// implementations take turns, so a slow spell hits each of them alike.
+func bestActorRows(best, run []actorRow) []actorRow {
+	for _, r := range run {
+		i := slices.IndexFunc(best, func(b actorRow) bool { return b.Impl == r.Impl && b.Test == r.Test && b.Size == r.Size })
+		switch {
+		case i < 0:
+			best = append(best, r)
+		case r.Us > 0 && r.Us < best[i].Us, r.MsgsPerS > best[i].MsgsPerS:
+			best[i] = r
+		}
+	}
+	return best
 }
 
 func printActorRows(out io.Writer, rows []actorRow, f actorBenchFlags) error {
@@ -114,7 +138,7 @@ func printActorRows(out io.Writer, rows []actorRow, f actorBenchFlags) error {
 		}
 		return nil
 	}
-	fmt.Fprintf(out, "# actor benchmark, 2 ranks, UCX_TLS=%s\n", bootstrap.UCXTLS(f.tls))
+	fmt.Fprintf(out, "# actor benchmark, 2 ranks, UCX_TLS=%s, best of %d runs made in turn (rtt: median of each run)\n", bootstrap.UCXTLS(f.tls), max(f.repeat, 1))
 	fmt.Fprintf(out, "%-17s %-8s %9s %12s %14s %12s\n", "# impl", "test", "size", "rtt (us)", "msgs/s", "MB/s")
 	for _, r := range rows {
 		us, mps, mbs := "-", "-", "-"
