@@ -80,7 +80,7 @@ for s in $steps; do
 		timeout -k 5 120 "$B/troupe" bench pingpong --compare 3 >"$logs/pingpong.log" 2>&1
 		echo "== pingpong: exit $?"; cat "$logs/pingpong.log" ;;
 	actor) # the actor runtime against protoactor-go's gRPC remote, on this machine's CPUs
-		timeout -k 5 200 "$B/troupe" bench actor --compare >"$logs/actor.log" 2>&1
+		timeout -k 5 300 "$B/troupe" bench actor --compare >"$logs/actor.log" 2>&1
 		echo "== actor: exit $?"; grep -v '^\[' "$logs/actor.log" ;;
 	overlap) # receiver-side overlap, engine on and off, from 1 MiB
 		timeout -k 5 200 "$B/troupe" bench overlap --rounds 3 --min 1048576 >"$logs/overlap.log" 2>&1
