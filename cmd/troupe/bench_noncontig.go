@@ -42,7 +42,7 @@ const (
 // ncSettle decides after each round whether a point's measurement goes on.
 // A point runs at least f.rounds rounds; then rounds go on while some
 // way's best batch improved by more than ncSettleGain in the last
-// ncSettleRounds rounds, up to f.maxRnds rounds and while the point has
+// ncSettleRounds rounds, up to f.maxRounds rounds and while the point has
 // used less than f.budget. On a shared machine the noise only ever adds
 // time, and a layout whose batches vary severalfold (nas_mg_x: 0.66 to 4.3
 // ms one way in one run, its page walks missing the cache the other
@@ -60,7 +60,7 @@ type ncSettle struct {
 
 func newNCSettle(boot bootstrap.Bootstrapper, point string, f noncontigFlags) *ncSettle {
 	return &ncSettle{boot: boot, key: "nc.settle." + point, min: max(f.rounds, 1),
-		max: max(f.maxRnds, f.rounds, 1), end: time.Now().Add(f.budget)}
+		max: max(f.maxRounds, f.rounds, 1), end: time.Now().Add(f.budget)}
 }
 
 // more reports whether another round follows round (0-based); bests are
@@ -99,16 +99,16 @@ func (s *ncSettle) unsettled(round int) bool {
 }
 
 type noncontigFlags struct {
-	tls     string
-	json    bool
-	scale   float64
-	rounds  int
-	maxRnds int
-	budget  time.Duration
-	layouts []string
-	noVec   bool
-	noApp   bool
-	actor   bool
+	tls       string
+	json      bool
+	scale     float64
+	rounds    int
+	maxRounds int
+	budget    time.Duration
+	layouts   []string
+	noVec     bool
+	noApp     bool
+	actor     bool
 }
 
 // ncSchemeOrder is the column order of the table.
@@ -184,7 +184,7 @@ five ways (am and the four schemes) take turns the same way.`,
 	fl.BoolVar(&f.json, "json", false, `print one JSON object per point: {"layout":"vec_4096x64","scheme":"pack|sgl|zcopy|adaptive","lat_us":...}`)
 	fl.Float64Var(&f.scale, "scale", 1, "iteration count multiplier")
 	fl.IntVar(&f.rounds, "rounds", 4, "rounds per point at least; in each the schemes take turns in batches, each scheme 3 batches (the best batch is reported)")
-	fl.IntVar(&f.maxRnds, "max-rounds", 16, "rounds per point at most: after --rounds, rounds go on while a best batch still improves by more than 1% in three rounds")
+	fl.IntVar(&f.maxRounds, "max-rounds", 16, "rounds per point at most: after --rounds, rounds go on while a best batch still improves by more than 1% in three rounds")
 	fl.DurationVar(&f.budget, "point-time", 20*time.Second, "no further round of a point starts after this much time on it")
 	fl.StringSliceVar(&f.layouts, "layout", nil, "only these layouts (vec_<block>x<count> or DDTBench names)")
 	fl.BoolVar(&f.noVec, "no-vectors", false, "skip the vector sweep")
@@ -277,7 +277,7 @@ func (c ncCase) prepare(scale float64) (ncRun, error) {
 
 func runNoncontigJob(ctx context.Context, f noncontigFlags) ([]ncPoint, error) {
 	args := []string{"bench", "noncontig", "--as-rank", "--scale", strconv.FormatFloat(f.scale, 'g', -1, 64),
-		"--rounds", strconv.Itoa(f.rounds), "--max-rounds", strconv.Itoa(f.maxRnds), "--point-time", f.budget.String()}
+		"--rounds", strconv.Itoa(f.rounds), "--max-rounds", strconv.Itoa(f.maxRounds), "--point-time", f.budget.String()}
 	if len(f.layouts) > 0 {
 		args = append(args, "--layout", strings.Join(f.layouts, ","))
 	}
