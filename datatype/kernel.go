@@ -193,28 +193,29 @@ func scatter[B any](e *engine, at, n, stride int64) {
 	}
 }
 
-// leaves moves the leaves of a uniform list at origin org.
-func (e *engine) leaves(org int64, nd *node) {
-	switch nd.ulen {
+// leaves moves the leaves of a uniform list at origin org: every entry
+// when called from exec, a run of whole entries from run.
+func (e *engine) leaves(org, ulen int64, disps []int64) {
+	switch ulen {
 	case 4:
-		listMove[uint32](e, org, nd.disps)
+		listMove[uint32](e, org, disps)
 	case 8:
-		listMove[uint64](e, org, nd.disps)
+		listMove[uint64](e, org, disps)
 	case 12:
-		listMove[w12](e, org, nd.disps)
+		listMove[w12](e, org, disps)
 	case 16:
-		listMove[w16](e, org, nd.disps)
+		listMove[w16](e, org, disps)
 	case 24:
-		listMove[w24](e, org, nd.disps)
+		listMove[w24](e, org, disps)
 	case 32:
-		listMove[w32](e, org, nd.disps)
+		listMove[w32](e, org, disps)
 	case 48:
-		listMove[w48](e, org, nd.disps)
+		listMove[w48](e, org, disps)
 	case 64:
-		listMove[w64](e, org, nd.disps)
+		listMove[w64](e, org, disps)
 	default:
-		for _, d := range nd.disps {
-			e.copyRun(org+d, nd.ulen)
+		for _, d := range disps {
+			e.copyRun(org+d, ulen)
 		}
 	}
 }
@@ -323,7 +324,7 @@ func (e *engine) exec(nd *node, org, reps, rstride int64) {
 		for k := int64(0); k < reps; k++ {
 			o := org + nd.off + k*rstride
 			if nd.ulen > 0 {
-				e.leaves(o, nd)
+				e.leaves(o, nd.ulen, nd.disps)
 				continue
 			}
 			for i := range nd.ents {
@@ -370,6 +371,10 @@ func (e *engine) run(nd *node, org, skip, want int64) {
 	case opList:
 		i := nd.entryAt(skip)
 		r := skip - nd.start(i)
+		if nd.ulen > 0 {
+			e.runUniform(nd, org, i, r, want)
+			return
+		}
 		for want > 0 {
 			en := nd.entry(i)
 			t := min(en.len-r, want)
@@ -382,5 +387,26 @@ func (e *engine) run(nd *node, org, skip, want int64) {
 			r = 0
 			i++
 		}
+	}
+}
+
+// runUniform moves want packed bytes of uniform list nd at org, starting r
+// bytes into entry i: a partial first entry, the whole entries in between
+// with the list kernels (as exec does), a partial last entry.
+func (e *engine) runUniform(nd *node, org int64, i int, r, want int64) {
+	l := nd.ulen
+	if r > 0 {
+		t := min(l-r, want)
+		e.copyRun(org+nd.disps[i]+r, t)
+		want -= t
+		i++
+	}
+	if k := int(want / l); k > 0 {
+		e.leaves(org, l, nd.disps[i:i+k])
+		i += k
+		want -= int64(k) * l
+	}
+	if want > 0 {
+		e.copyRun(org+nd.disps[i], want)
 	}
 }

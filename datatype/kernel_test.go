@@ -92,5 +92,18 @@ func TestPropertyKernels(t *testing.T) {
 		if _, err := x.Unpack(dst, packed, base, count); err != nil || !bytes.Equal(dst, exp) {
 			t.Fatalf("unpack mismatch (%v)", err)
 		}
+		// Unpacking in pieces (the transport's pipelined receive) starts
+		// and stops inside blocks and list entries.
+		step := rapid.Int64Range(1, max(1, int64(len(want)))).Draw(t, "step")
+		clear(dst)
+		for o := int64(0); o < int64(len(packed)); o += step {
+			end := min(o+step, int64(len(packed)))
+			if m, err := x.UnpackRange(dst, packed[o:end], base, count, o); err != nil || m != end-o {
+				t.Fatalf("UnpackRange(%d, %d) = %d, %v", o, end-o, m, err)
+			}
+		}
+		if !bytes.Equal(dst, exp) {
+			t.Fatalf("unpack in pieces of %d bytes mismatch", step)
+		}
 	})
 }

@@ -1,6 +1,10 @@
 package layouts
 
-import "testing"
+import (
+	"testing"
+
+	dt "github.com/troupe-hpc/troupe/datatype"
+)
 
 // BenchmarkLayouts measures pack, unpack and copy of the same byte count for
 // every layout. b.SetBytes makes the harness report MB/s of packed data; the
@@ -57,6 +61,38 @@ func BenchmarkLayouts(b *testing.B) {
 				copy(cpy, packed)
 			}
 			gbps(b)
+		})
+	}
+}
+
+// BenchmarkChunkedPack packs every layout in 128 KiB pieces (PackRaw with
+// offsets, as the transport's pipelined host pack does) and whole.
+func BenchmarkChunkedPack(b *testing.B) {
+	for _, name := range Names {
+		l, err := Build(name)
+		if err != nil {
+			b.Fatal(err)
+		}
+		src, packed := l.Buffers()
+		const chunk = 128 << 10
+		b.Run(name+"/chunked", func(b *testing.B) {
+			b.SetBytes(l.Packed)
+			for b.Loop() {
+				for off := int64(0); off < l.Packed; off += chunk {
+					end := min(off+chunk, l.Packed)
+					if _, err := l.Type.PackRaw(dt.SliceRegion(packed[off:end]), dt.SliceRegion(src), l.Base, 1, off); err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
+		})
+		b.Run(name+"/whole", func(b *testing.B) {
+			b.SetBytes(l.Packed)
+			for b.Loop() {
+				if _, err := l.Type.Pack(packed, src, l.Base, 1); err != nil {
+					b.Fatal(err)
+				}
+			}
 		})
 	}
 }
