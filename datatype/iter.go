@@ -35,6 +35,20 @@ func walk(nd *node, org, skip, want int64, yield func(off, n int64) bool) bool {
 	case opList:
 		i := nd.entryAt(skip)
 		r := skip - nd.start(i)
+		if nd.ulen > 0 {
+			for d := nd.disp(i); ; {
+				t := min(nd.ulen-r, want)
+				if !yield(org+d+r, t) {
+					return false
+				}
+				if want -= t; want == 0 {
+					return true
+				}
+				r = 0
+				i++
+				d = nd.nextDisp(i, d)
+			}
+		}
 		for ; want > 0; i++ {
 			en := nd.entry(i)
 			t := min(en.len-r, want)

@@ -193,10 +193,15 @@ func scatter[B any](e *engine, at, n, stride int64) {
 	}
 }
 
-// leaves moves the leaves of a uniform list at origin org: every entry
-// when called from exec, a run of whole entries from run.
-func (e *engine) leaves(org, ulen int64, disps []int64) {
-	switch ulen {
+// leaves moves entries [i, i+k) of uniform list nd at origin org, k >= 1:
+// every entry when called from exec, a run of whole entries from run.
+func (e *engine) leaves(org int64, nd *node, i, k int) {
+	if nd.deltas != nil {
+		e.deltaLeaves(org+nd.disp(i), nd.ulen, nd.deltas[i+1:i+k])
+		return
+	}
+	disps := nd.disps[i : i+k]
+	switch nd.ulen {
 	case 4:
 		listMove[uint32](e, org, disps)
 	case 8:
@@ -215,7 +220,36 @@ func (e *engine) leaves(org, ulen int64, disps []int64) {
 		listMove[w64](e, org, disps)
 	default:
 		for _, d := range disps {
-			e.copyRun(org+d, ulen)
+			e.copyRun(org+d, nd.ulen)
+		}
+	}
+}
+
+// deltaLeaves moves the entries of a delta-coded list: the first at user
+// offset at, each next one steps[j] bytes after the one before.
+func (e *engine) deltaLeaves(at, l int64, steps []uint16) {
+	switch l {
+	case 4:
+		deltaMove[uint32](e, at, steps)
+	case 8:
+		deltaMove[uint64](e, at, steps)
+	case 12:
+		deltaMove[w12](e, at, steps)
+	case 16:
+		deltaMove[w16](e, at, steps)
+	case 24:
+		deltaMove[w24](e, at, steps)
+	case 32:
+		deltaMove[w32](e, at, steps)
+	case 48:
+		deltaMove[w48](e, at, steps)
+	case 64:
+		deltaMove[w64](e, at, steps)
+	default:
+		e.copyRun(at, l)
+		for _, d := range steps {
+			at += int64(d)
+			e.copyRun(at, l)
 		}
 	}
 }
@@ -324,7 +358,7 @@ func (e *engine) exec(nd *node, org, reps, rstride int64) {
 		for k := int64(0); k < reps; k++ {
 			o := org + nd.off + k*rstride
 			if nd.ulen > 0 {
-				e.leaves(o, nd.ulen, nd.disps)
+				e.leaves(o, nd, 0, nd.entries())
 				continue
 			}
 			for i := range nd.ents {
@@ -397,16 +431,38 @@ func (e *engine) runUniform(nd *node, org int64, i int, r, want int64) {
 	l := nd.ulen
 	if r > 0 {
 		t := min(l-r, want)
-		e.copyRun(org+nd.disps[i]+r, t)
+		e.copyRun(org+nd.disp(i)+r, t)
 		want -= t
 		i++
 	}
 	if k := int(want / l); k > 0 {
-		e.leaves(org, l, nd.disps[i:i+k])
+		e.leaves(org, nd, i, k)
 		i += k
 		want -= int64(k) * l
 	}
 	if want > 0 {
-		e.copyRun(org+nd.disps[i], want)
+		e.copyRun(org+nd.disp(i), want)
 	}
+}
+
+func deltaMove[B any](e *engine, at int64, steps []uint16) {
+	var z B
+	l := int64(unsafe.Sizeof(z))
+	u, p, pos := e.user, e.packed, e.pos
+	if e.unpack {
+		*(*B)(unsafe.Add(u, at)) = *(*B)(unsafe.Add(p, pos))
+		for _, d := range steps {
+			at += int64(d)
+			pos += l
+			*(*B)(unsafe.Add(u, at)) = *(*B)(unsafe.Add(p, pos))
+		}
+	} else {
+		*(*B)(unsafe.Add(p, pos)) = *(*B)(unsafe.Add(u, at))
+		for _, d := range steps {
+			at += int64(d)
+			pos += l
+			*(*B)(unsafe.Add(p, pos)) = *(*B)(unsafe.Add(u, at))
+		}
+	}
+	e.pos = pos + l
 }

@@ -33,9 +33,18 @@ func genKernelType(t *rapid.T) *dt.Type {
 		return must(dt.Contiguous(rapid.Int64Range(1, 12).Draw(t, "m"), col))
 	case 2: // list
 		k := rapid.IntRange(1, 60).Draw(t, "k")
+		// Ascending lists of equal blocks are delta-coded; make some long
+		// enough for several marks.
+		ascending := rapid.Bool().Draw(t, "ascending")
+		if ascending {
+			k = rapid.IntRange(1, 300).Draw(t, "k")
+		}
 		d := make([]int64, k)
 		for i := range d {
 			d[i] = rapid.Int64Range(0, 30).Draw(t, "d")
+			if ascending && i > 0 {
+				d[i] += d[i-1]
+			}
 		}
 		uniform := rapid.Bool().Draw(t, "uniform")
 		bl := make([]int64, k)
