@@ -186,7 +186,8 @@ const markEvery = 64
 // small blocks.
 func deltaCode(r *node, ents []entry) bool {
 	for i := 1; i < len(ents); i++ {
-		if d := ents[i].disp - ents[i-1].disp; d < 0 || d > math.MaxUint16 {
+		// Compared first, so that a difference beyond int64 cannot wrap.
+		if d, p := ents[i].disp, ents[i-1].disp; d < p || uint64(d-p) > math.MaxUint16 {
 			return false
 		}
 	}
