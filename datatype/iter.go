@@ -50,7 +50,7 @@ func walk(nd *node, org, skip, want int64, yield func(off, n int64) bool) bool {
 			}
 		}
 		for ; want > 0; i++ {
-			en := nd.entry(i)
+			en := nd.ents[i] // not uniform: those returned above
 			t := min(en.len-r, want)
 			if en.nd == nil {
 				if !yield(org+en.disp+r, t) {

@@ -410,7 +410,7 @@ func (e *engine) run(nd *node, org, skip, want int64) {
 			return
 		}
 		for want > 0 {
-			en := nd.entry(i)
+			en := nd.ents[i] // not uniform: those returned above
 			t := min(en.len-r, want)
 			if en.nd == nil {
 				e.copyRun(org+en.disp+r, t)

@@ -264,14 +264,6 @@ func (nd *node) start(i int) int64 {
 	return nd.prefix[i]
 }
 
-// entry returns list entry i.
-func (nd *node) entry(i int) entry {
-	if nd.ulen > 0 {
-		return entry{disp: nd.disp(i), len: nd.ulen}
-	}
-	return nd.ents[i]
-}
-
 func mergeLeaves(ents []entry, a *arith) []entry {
 	out := make([]entry, 0, len(ents))
 	for _, e := range ents {
