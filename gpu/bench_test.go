@@ -1,7 +1,9 @@
 package gpu
 
 import (
+	"bytes"
 	"fmt"
+	"os"
 	"testing"
 )
 
@@ -87,5 +89,109 @@ func BenchmarkStreamCopy(b *testing.B) {
 				}
 			})
 		})
+	}
+}
+
+// BenchmarkKernelCopy times a small copy done by a kernel (troupe_copy of
+// the test module: the SMs move the bytes, through the device mapping of
+// pinned host memory for DtoH and HtoD) followed by a stream synchronize,
+// beside the same copy by the copy engine (CopyAsync): whether a kernel is
+// the cheaper way to move a few bytes into or out of device memory. "empty"
+// launches the kernel with nothing to copy. cuda backend only.
+func BenchmarkKernelCopy(b *testing.B) {
+	if CUDAAvailable() != nil {
+		b.Skip("no CUDA driver/device")
+	}
+	s, err := OpenBackend(BackendCUDA)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	dev := s.Devices()[0]
+	ptx, err := os.ReadFile(testKernelPTX)
+	if err != nil {
+		b.Fatal(err)
+	}
+	m, err := dev.LoadModule(ptx)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer m.Unload()
+	kcopy, err := m.Function("troupe_copy")
+	if err != nil {
+		b.Fatal(err)
+	}
+	st, err := dev.NewStream()
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer st.Destroy()
+	const size = 32 << 10
+	d1, err1 := dev.Alloc(size)
+	d2, err2 := dev.Alloc(size)
+	h, err3 := s.AllocHost(size)
+	if err1 != nil || err2 != nil || err3 != nil {
+		b.Fatal(err1, err2, err3)
+	}
+	defer Free(d1)
+	defer Free(d2)
+	defer Free(h)
+	pattern := make([]byte, size)
+	for i := range pattern {
+		pattern[i] = byte(i*7 + 1)
+	}
+	if err := CopyFromHost(d1, pattern); err != nil {
+		b.Fatal(err)
+	}
+	launch := func(dst, src Buffer, n int) error {
+		threads := min(max(n/8, 32), 256)
+		blocks := min((n/8+threads-1)/threads, 32)
+		return Launch(st, kcopy, Dim3{X: max(blocks, 1)}, Dim3{X: threads},
+			args8(uint64(dst.Ptr()), uint64(src.Ptr()), uint64(n)))
+	}
+	b.Run("empty", func(b *testing.B) {
+		for b.Loop() {
+			if err := launch(d1, d2, 0); err != nil {
+				b.Fatal(err)
+			}
+			if err := st.Synchronize(); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	for _, n := range []int{8, 2 << 10, 8 << 10, size} {
+		for _, c := range []struct {
+			name     string
+			dst, src Buffer
+		}{{"DtoH", h, d1}, {"HtoD", d1, h}, {"DtoD", d2, d1}} {
+			dst, _ := c.dst.Slice(0, n)
+			src, _ := c.src.Slice(0, n)
+			for _, how := range []string{"kernel", "engine"} {
+				b.Run(fmt.Sprintf("%s/%d/%s", c.name, n, how), func(b *testing.B) {
+					b.SetBytes(int64(n))
+					for b.Loop() {
+						var err error
+						if how == "kernel" {
+							err = launch(dst, src, n)
+						} else {
+							err = CopyAsync(st, dst, src)
+						}
+						if err != nil {
+							b.Fatal(err)
+						}
+						if err := st.Synchronize(); err != nil {
+							b.Fatal(err)
+						}
+					}
+					got := make([]byte, n)
+					if err := CopyToHost(got, dst); err != nil {
+						b.Fatal(err)
+					}
+					if !bytes.Equal(got, pattern[:n]) {
+						b.Fatalf("%s copied wrong bytes", how)
+					}
+				})
+			}
+		}
 	}
 }
