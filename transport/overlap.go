@@ -119,6 +119,10 @@ type ovState struct {
 	discarded uint64 // channel chunks dropped that way (cumulative)
 	errs      uint64
 	dirty     bool // UCX may hold unexpected messages not taken yet
+	// startedSince: a transfer started since the last Progress event, so
+	// the engine may wait for the receiver's next activity to sample how
+	// late an onload of it would have started (ovPoll).
+	startedSince bool
 }
 
 // ovRecv is the overlap state of a receive (or of an internal prefetch).
@@ -186,6 +190,15 @@ func (t *Transport) step(ev overlap.Event) overlap.Decision {
 	ov := t.ov
 	ev.At = time.Since(ov.start)
 	d, err := ov.pol.Step(ev)
+	switch ev.Kind {
+	case overlap.TransferStarted:
+		ov.startedSince = true
+	case overlap.Progress:
+		ov.startedSince = false
+	}
+	if d.Action == overlap.Prefetch || ev.Kind == overlap.PrefetchConsumed || ev.Kind == overlap.PrefetchDropped {
+		t.prefetchHeld.Store(ov.pol.Stats().PoolInUse > 0)
+	}
 	if err != nil {
 		ov.errs++
 		if ov.errs <= maxLoggedPolicyErrors {
@@ -224,7 +237,12 @@ func (t *Transport) ovPoll(active bool) {
 		t.ovProbe()
 	}
 	if t.receiverIn() {
-		if spinning && active {
+		// The engine reads the receiver's activity only when a header
+		// arrives for a receive in its table (posted says so, and posting
+		// it was activity already) and to sample the delay of an
+		// offloaded transfer that started since (startedSince): a small
+		// message's pass needs no event, and no clock read.
+		if spinning && active && (len(ov.posted) > 0 || ov.startedSince) {
 			t.step(overlap.Event{Kind: overlap.Progress})
 		}
 		t.ovStartHeld()

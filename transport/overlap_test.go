@@ -2,6 +2,7 @@ package transport
 
 import (
 	"bytes"
+	"sync"
 	"testing"
 	"time"
 
@@ -77,5 +78,110 @@ func TestOverlapTestPolling(t *testing.T) {
 				t.Fatalf("engine tables not empty: %+v", tab)
 			}
 		})
+	}
+}
+
+// recordingPolicy prefetches unexpected messages of at least the threshold
+// into its one slot while the slot is free, onloads the rest, and counts
+// the Progress events it is given. Mutex-guarded: the ranks of one process
+// share it.
+type recordingPolicy struct {
+	mu       sync.Mutex
+	progress int
+	inUse    int
+}
+
+func (p *recordingPolicy) Step(ev overlap.Event) (overlap.Decision, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	d := overlap.Decision{Action: overlap.None, ID: ev.ID, Slot: overlap.NoSlot}
+	switch ev.Kind {
+	case overlap.Progress:
+		p.progress++
+	case overlap.RecvPosted:
+		d.Action = overlap.Onload
+	case overlap.HeaderArrived:
+		d.Action = overlap.Onload
+		if !ev.Expected && ev.Size >= p.Config().RendezvousThreshold && p.inUse == 0 {
+			p.inUse++
+			d.Action, d.Slot = overlap.Prefetch, 0
+		}
+	case overlap.PrefetchConsumed, overlap.PrefetchDropped:
+		p.inUse--
+	}
+	return d, nil
+}
+
+func (p *recordingPolicy) Config() overlap.Config {
+	c := overlap.DefaultConfig()
+	c.PoolSlots = 1
+	return c
+}
+
+func (p *recordingPolicy) SetCost(float64, time.Duration) error { return nil }
+
+func (p *recordingPolicy) Stats() overlap.Stats {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return overlap.Stats{PoolInUse: p.inUse}
+}
+
+func (p *recordingPolicy) progressEvents() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.progress
+}
+
+// TestOverlapSmallMessagesAndPrefetchHold: a ping-pong of small messages
+// gives the engine no Progress events (nothing in its table would read
+// them, and each costs a clock read on the latency path); a prefetched
+// message raises prefetchHeld, which keeps the progress goroutine polling,
+// until its receive consumes it.
+func TestOverlapSmallMessagesAndPrefetchHold(t *testing.T) {
+	ctx := testCtx(t)
+	pol := &recordingPolicy{}
+	ts, stop, err := StartLocal(ctx, 2, Options{Overlap: pol})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(stop)
+	small := make([]byte, 8)
+	for i := 0; i < 200; i++ {
+		me := i % 2
+		if err := ts[me].Send(ctx, 1-me, 3, small); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := ts[1-me].Recv(ctx, me, 3, small); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := pol.progressEvents(); n != 0 {
+		t.Fatalf("small messages gave the engine %d Progress events, want 0", n)
+	}
+
+	n := int(pol.Config().RendezvousThreshold) * 2
+	want := pattern(n, 7)
+	sr, err := ts[0].Isend(1, 5, want)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(5 * time.Second); !ts[1].prefetchHeld.Load(); {
+		if time.Now().After(deadline) {
+			t.Fatalf("the unexpected %d B message was never prefetched (table %+v)", n, ts[1].OverlapTable())
+		}
+		time.Sleep(50 * time.Microsecond)
+	}
+	got := make([]byte, n)
+	if _, err := ts[1].Recv(ctx, 0, 5, got); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sr.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatal("prefetched message delivered wrong bytes")
+	}
+	if ts[1].prefetchHeld.Load() {
+		t.Fatalf("prefetchHeld still set after the prefetched message was received (pool in use %d)", pol.Stats().PoolInUse)
 	}
 }

@@ -147,6 +147,12 @@ func (t *Transport) slowPeer() bool {
 // activity while a waiter is parked.
 const parkedSpin = time.Millisecond
 
+// heldSpin is how long the progress goroutine keeps polling after its last
+// activity while the overlap engine's pool holds prefetched messages: a
+// receive posted for one of them needs this goroutine's copy at once, and
+// waking it from the event fd costs tens of microseconds on a VM.
+const heldSpin = time.Millisecond
+
 // PeerEvent reports that a peer was lost.
 type PeerEvent struct {
 	Rank   int
@@ -205,8 +211,12 @@ type Transport struct {
 	bundledMsgs    atomic.Int64 // the messages they carried
 
 	spinners atomic.Int32 // waiters progressing the worker themselves
-	callers  atomic.Int32 // direct-mode calls waiting for the worker lock
-	parked   atomic.Int32 // waiters parked until their request completes
+	// prefetchHeld: the overlap engine's pool holds prefetched messages
+	// whose receives are still to come (the progress goroutine polls
+	// longer, heldSpin).
+	prefetchHeld atomic.Bool
+	callers      atomic.Int32 // direct-mode calls waiting for the worker lock
+	parked       atomic.Int32 // waiters parked until their request completes
 	// entered: queue mode, the overlap engine on: a Test call asks the
 	// progress goroutine to do what ovEnter does (it cannot itself).
 	entered  atomic.Bool
@@ -636,6 +646,14 @@ func (t *Transport) loop() {
 			// say): keep it moving without an event-fd round trip per
 			// step, but not forever if the peer is simply slow.
 			spin = max(spin, parkedSpin)
+		}
+		if t.prefetchHeld.Load() {
+			// A prefetched message waits for its receive, and the copy
+			// into the receive's buffer is this goroutine's once it is
+			// posted (the caller goes on computing): be polling then,
+			// not asleep (docs/overlap.md, "Waking for prefetched
+			// messages").
+			spin = max(spin, heldSpin)
 		}
 		if now.Sub(idle) < spin || (!direct && t.spinners.Load() > 0) {
 			// Spin briefly after activity; in queue mode, never sleep while
