@@ -4,7 +4,7 @@
 # Jacobi3D on the device. Each step's output goes to $OUT/<step>.log (or
 # ./gpu-logs) and a summary line per step to stdout.
 #   scripts/gpu-check.sh [step...]
-# steps: info gpu gpurace gpubench integration jacobi bench benchhost run faces pingpong actor overlap
+# steps: info gpu gpurace gpubench kcopy integration jacobi bench benchhost run faces pingpong actor overlap lat8
 set -u
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -58,6 +58,18 @@ for s in $steps; do
 			echo "# tcp"; timeout -k 5 60 "$B/troupe" bench gpu --backend cuda --max 8192 --scale 0.3 --tls tcp
 		} >"$logs/probe.log" 2>&1
 		grep -vE '^# (msg|troupe)' "$logs/probe.log" ;;
+	kcopy) # a small copy by a kernel beside the copy engine, + synchronize
+		(cd gpu && timeout -k 5 120 "$B/gpu.test" -test.run '^$' -test.bench 'KernelCopy' -test.benchtime 2000x) >"$logs/kcopy.log" 2>&1
+		echo "== kcopy: exit $?"; grep -E 'Benchmark|ok|FAIL|rror' "$logs/kcopy.log" ;;
+	lat8) # 8 B ping-pong, engine off and on alternated, with CPU profiles of both ranks
+		for i in 1 2 3; do
+			for e in off on; do
+				: >"$logs/lat8-$e$i.json"
+				TROUPE_BENCH_OUT=$logs/lat8-$e$i.json TROUPE_CPUPROFILE=$logs/prof-$e$i timeout -k 5 60 "$B/troupe" run -n 2 --tls shm -- \
+					"$B/troupe" bench overlap --as-rank --engine $e --min 2 --max 1 --scale 40 --gather-ranks 0 >/dev/null 2>&1
+				echo "lat8 $e $i: $(grep -o '"lat_us":[0-9.]*' "$logs/lat8-$e$i.json")"
+			done
+		done ;;
 	benchhost) # the same on the host backend, small sizes: what the machine costs without CUDA
 		timeout -k 5 100 "$B/troupe" bench gpu --backend host --max 65536 >"$logs/benchhost.log" 2>&1
 		echo "== bench gpu host: exit $?"; cat "$logs/benchhost.log" ;;
