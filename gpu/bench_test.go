@@ -7,6 +7,30 @@ import (
 	"testing"
 )
 
+// benchSetup opens a backend and returns its first device, a stream, two
+// device buffers and a pinned host buffer of n bytes, all released when the
+// benchmark ends.
+func benchSetup(b *testing.B, backend string, n int) (dev *Device, st *Stream, d1, d2, h Buffer) {
+	s, err := OpenBackend(backend)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { s.Close() })
+	dev = s.Devices()[0]
+	if st, err = dev.NewStream(); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { st.Destroy() })
+	d1, err1 := dev.Alloc(n)
+	d2, err2 := dev.Alloc(n)
+	h, err3 := s.AllocHost(n)
+	if err1 != nil || err2 != nil || err3 != nil {
+		b.Fatal(err1, err2, err3)
+	}
+	b.Cleanup(func() { Free(d1); Free(d2); Free(h) })
+	return dev, st, d1, d2, h
+}
+
 // BenchmarkStreamCopy times one stream-ordered copy followed by a stream
 // synchronize, per direction and size, on every backend (the cuda one when
 // there is a GPU): the fixed cost a staged or IPC transfer pays per
@@ -17,27 +41,8 @@ func BenchmarkStreamCopy(b *testing.B) {
 			if bc.name == BackendCUDA && CUDAAvailable() != nil {
 				b.Skip("no CUDA driver/device")
 			}
-			s, err := OpenBackend(bc.name)
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer s.Close()
-			dev := s.Devices()[0]
-			st, err := dev.NewStream()
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer st.Destroy()
 			const max = 1 << 20
-			d1, err1 := dev.Alloc(max)
-			d2, err2 := dev.Alloc(max)
-			h, err3 := s.AllocHost(max)
-			if err1 != nil || err2 != nil || err3 != nil {
-				b.Fatal(err1, err2, err3)
-			}
-			defer Free(d1)
-			defer Free(d2)
-			defer Free(h)
+			_, st, d1, d2, h := benchSetup(b, bc.name, max)
 			b.Run("sync", func(b *testing.B) {
 				for b.Loop() {
 					if err := st.Synchronize(); err != nil {
@@ -102,12 +107,8 @@ func BenchmarkKernelCopy(b *testing.B) {
 	if CUDAAvailable() != nil {
 		b.Skip("no CUDA driver/device")
 	}
-	s, err := OpenBackend(BackendCUDA)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer s.Close()
-	dev := s.Devices()[0]
+	const size = 32 << 10
+	dev, st, d1, d2, h := benchSetup(b, BackendCUDA, size)
 	ptx, err := os.ReadFile(testKernelPTX)
 	if err != nil {
 		b.Fatal(err)
@@ -121,21 +122,6 @@ func BenchmarkKernelCopy(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	st, err := dev.NewStream()
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer st.Destroy()
-	const size = 32 << 10
-	d1, err1 := dev.Alloc(size)
-	d2, err2 := dev.Alloc(size)
-	h, err3 := s.AllocHost(size)
-	if err1 != nil || err2 != nil || err3 != nil {
-		b.Fatal(err1, err2, err3)
-	}
-	defer Free(d1)
-	defer Free(d2)
-	defer Free(h)
 	pattern := make([]byte, size)
 	for i := range pattern {
 		pattern[i] = byte(i*7 + 1)
