@@ -31,6 +31,34 @@ func benchSetup(b *testing.B, backend string, n int) (dev *Device, st *Stream, d
 	return dev, st, d1, d2, h
 }
 
+// copyCase is one direction of a benchmarked copy.
+type copyCase struct {
+	name     string
+	dst, src Buffer
+}
+
+// copyCases returns the first n bytes of the benchmark buffers as the three
+// directions: device to pinned host, pinned host to device, device to device.
+func copyCases(d1, d2, h Buffer, n int) []copyCase {
+	sl := func(x Buffer) Buffer { y, _ := x.Slice(0, n); return y }
+	return []copyCase{{"DtoH", sl(h), sl(d1)}, {"HtoD", sl(d1), sl(h)}, {"DtoD", sl(d2), sl(d1)}}
+}
+
+// timeSynced times op followed by a stream synchronize (op nil: the
+// synchronize alone), once per benchmark iteration.
+func timeSynced(b *testing.B, st *Stream, op func() error) {
+	for b.Loop() {
+		if op != nil {
+			if err := op(); err != nil {
+				b.Fatal(err)
+			}
+		}
+		if err := st.Synchronize(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
 // BenchmarkStreamCopy times one stream-ordered copy followed by a stream
 // synchronize, per direction and size, on every backend (the cuda one when
 // there is a GPU): the fixed cost a staged or IPC transfer pays per
@@ -43,30 +71,13 @@ func BenchmarkStreamCopy(b *testing.B) {
 			}
 			const max = 1 << 20
 			_, st, d1, d2, h := benchSetup(b, bc.name, max)
-			b.Run("sync", func(b *testing.B) {
-				for b.Loop() {
-					if err := st.Synchronize(); err != nil {
-						b.Fatal(err)
-					}
-				}
-			})
+			b.Run("sync", func(b *testing.B) { timeSynced(b, st, nil) })
 			for _, n := range []int{8, 8 << 10, 32 << 10, max} {
-				for _, c := range []struct {
-					name     string
-					dst, src Buffer
-				}{{"DtoH", h, d1}, {"HtoD", d1, h}, {"DtoD", d2, d1}} {
-					dst, _ := c.dst.Slice(0, n)
-					src, _ := c.src.Slice(0, n)
+				for _, c := range copyCases(d1, d2, h, n) {
+					dst, src := c.dst, c.src
 					b.Run(fmt.Sprintf("%s/%d", c.name, n), func(b *testing.B) {
 						b.SetBytes(int64(n))
-						for b.Loop() {
-							if err := CopyAsync(st, dst, src); err != nil {
-								b.Fatal(err)
-							}
-							if err := st.Synchronize(); err != nil {
-								b.Fatal(err)
-							}
-						}
+						timeSynced(b, st, func() error { return CopyAsync(st, dst, src) })
 					})
 					if n == 8 {
 						// The synchronous call, for comparison with
@@ -84,14 +95,7 @@ func BenchmarkStreamCopy(b *testing.B) {
 			}
 			b.Run("WriteValue64", func(b *testing.B) {
 				w, _ := d1.Slice(0, 8)
-				for b.Loop() {
-					if err := WriteValue64(st, w, 1); err != nil {
-						b.Fatal(err)
-					}
-					if err := st.Synchronize(); err != nil {
-						b.Fatal(err)
-					}
-				}
+				timeSynced(b, st, func() error { return WriteValue64(st, w, 1) })
 			})
 		})
 	}
@@ -136,39 +140,20 @@ func BenchmarkKernelCopy(b *testing.B) {
 			args8(uint64(dst.Ptr()), uint64(src.Ptr()), uint64(n)))
 	}
 	b.Run("empty", func(b *testing.B) {
-		for b.Loop() {
-			if err := launch(d1, d2, 0); err != nil {
-				b.Fatal(err)
-			}
-			if err := st.Synchronize(); err != nil {
-				b.Fatal(err)
-			}
-		}
+		timeSynced(b, st, func() error { return launch(d1, d2, 0) })
 	})
 	for _, n := range []int{8, 2 << 10, 8 << 10, size} {
-		for _, c := range []struct {
-			name     string
-			dst, src Buffer
-		}{{"DtoH", h, d1}, {"HtoD", d1, h}, {"DtoD", d2, d1}} {
-			dst, _ := c.dst.Slice(0, n)
-			src, _ := c.src.Slice(0, n)
+		for _, c := range copyCases(d1, d2, h, n) {
+			dst, src := c.dst, c.src
 			for _, how := range []string{"kernel", "engine"} {
 				b.Run(fmt.Sprintf("%s/%d/%s", c.name, n, how), func(b *testing.B) {
 					b.SetBytes(int64(n))
-					for b.Loop() {
-						var err error
+					timeSynced(b, st, func() error {
 						if how == "kernel" {
-							err = launch(dst, src, n)
-						} else {
-							err = CopyAsync(st, dst, src)
+							return launch(dst, src, n)
 						}
-						if err != nil {
-							b.Fatal(err)
-						}
-						if err := st.Synchronize(); err != nil {
-							b.Fatal(err)
-						}
-					}
+						return CopyAsync(st, dst, src)
+					})
 					got := make([]byte, n)
 					if err := CopyToHost(got, dst); err != nil {
 						b.Fatal(err)
