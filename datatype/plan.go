@@ -84,6 +84,14 @@ type Thresholds struct {
 	// MaxIOVsPerOp is MAX_IOVS_PER_OP: the agreed chunk is this many times
 	// the smaller of both sides' minimum block lengths.
 	MaxIOVsPerOp int
+	// CrossoverBand: layouts whose average block lies within
+	// [T/CrossoverBand, T*CrossoverBand] have the pack/SGL crossover
+	// measured per layout pair (Crossover) instead of assumed at T; 0 or 1
+	// turns measuring off (the default: it helps where T is wrong for the
+	// machine and costs where T is right, docs/noncontig.md).
+	// CrossoverTrials: timed transfers per scheme before the verdict.
+	CrossoverBand   int64
+	CrossoverTrials int
 }
 
 // DefaultThresholds returns the defaults measured on troupe's reference
@@ -98,6 +106,8 @@ func DefaultThresholds() Thresholds {
 		WindowMinBlock:    32 << 10,
 		SGLMaxSegments:    1 << 16,
 		MaxIOVsPerOp:      16,
+		CrossoverBand:     0, // off: see docs/noncontig.md
+		CrossoverTrials:   8,
 	}
 }
 
@@ -110,6 +120,8 @@ func (th Thresholds) Validate() error {
 		return invalid("Thresholds: negative window or SGL bound")
 	case th.MaxIOVsPerOp < 1:
 		return invalid("Thresholds: MaxIOVsPerOp %d < 1", th.MaxIOVsPerOp)
+	case th.CrossoverBand < 0 || th.CrossoverTrials < 0:
+		return invalid("Thresholds: negative CrossoverBand %d or CrossoverTrials %d", th.CrossoverBand, th.CrossoverTrials)
 	}
 	return nil
 }

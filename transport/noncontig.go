@@ -71,7 +71,8 @@ type NoncontigOptions struct {
 	// Thresholds steer the adaptive scheme and the chunk size:
 	// TROUPE_NC_T (ZCopyAvgBlock), TROUPE_NC_WINDOW_SEGMENTS,
 	// TROUPE_NC_WINDOW_MIN_BLOCK, TROUPE_NC_SGL_SEGMENTS,
-	// TROUPE_NC_MAX_IOVS.
+	// TROUPE_NC_MAX_IOVS, TROUPE_NC_CROSSOVER_BAND,
+	// TROUPE_NC_CROSSOVER_TRIALS.
 	Thresholds datatype.Thresholds
 	// PackChunk is the size of one pipelined pack message and of the pooled
 	// bounce buffers (default 128 KiB). TROUPE_NC_PACK_CHUNK.
@@ -164,6 +165,7 @@ func NoncontigOptionsFromEnv(o NoncontigOptions) (NoncontigOptions, error) {
 		{"TROUPE_NC_WINDOW_SEGMENTS", &o.Thresholds.WindowMaxSegments},
 		{"TROUPE_NC_WINDOW_MIN_BLOCK", &o.Thresholds.WindowMinBlock},
 		{"TROUPE_NC_SGL_SEGMENTS", &o.Thresholds.SGLMaxSegments},
+		{"TROUPE_NC_CROSSOVER_BAND", &o.Thresholds.CrossoverBand},
 	}
 	for _, e := range ints {
 		if v, ok := os.LookupEnv(e.name); ok {
@@ -179,6 +181,7 @@ func NoncontigOptionsFromEnv(o NoncontigOptions) (NoncontigOptions, error) {
 		dst  *int
 	}{
 		{"TROUPE_NC_MAX_IOVS", &o.Thresholds.MaxIOVsPerOp},
+		{"TROUPE_NC_CROSSOVER_TRIALS", &o.Thresholds.CrossoverTrials},
 		{"TROUPE_NC_PACK_CHUNK", &o.PackChunk},
 		{"TROUPE_NC_PACK_DEPTH", &o.PackDepth},
 		{"TROUPE_NC_PACK_BUFFERS", &o.PackBuffers},
@@ -240,6 +243,9 @@ type NoncontigStats struct {
 	// KeyPoolRefills counts background refills of the window key pool,
 	// KeyPoolEmpty keys made synchronously because the pool was empty.
 	KeyPoolRefills, KeyPoolEmpty int64
+	// CrossoverTrials counts receives timed to measure a layout pair's
+	// pack/SGL crossover, CrossoverVerdicts the pairs measured.
+	CrossoverTrials, CrossoverVerdicts int64
 	// Puts counts the RMA writes of zero-copy transfers.
 	Puts int64
 }
@@ -250,6 +256,7 @@ type ncCounters struct {
 	regs, regFails, fallbacks                   atomic.Int64
 	winMaps, winHits, keyX, keysOmitted, rkHits atomic.Int64
 	refills, poolEmpty, puts                    atomic.Int64
+	crossTrials, crossVerdicts                  atomic.Int64
 }
 
 // TypedOptions choose how one typed call runs.
@@ -347,6 +354,8 @@ func (t *Transport) NoncontigStats() NoncontigStats {
 		KeyPoolRefills:       c.refills.Load(),
 		KeyPoolEmpty:         c.poolEmpty.Load(),
 		Puts:                 c.puts.Load(),
+		CrossoverTrials:      c.crossTrials.Load(),
+		CrossoverVerdicts:    c.crossVerdicts.Load(),
 	}
 }
 

@@ -42,6 +42,52 @@ type layoutState struct {
 	evicted bool       // guarded by regMu
 
 	busy int // transfers using it; guarded by nc.mu
+
+	// The pack/SGL crossover of layouts near T (datatype.Crossover):
+	// measured on the receiving side per peer and sender layout shape, and
+	// the verdicts this layout's sends were told, per peer.
+	crossMu  sync.Mutex
+	crosses  map[crossKey]*datatype.Crossover
+	verdicts map[int]datatype.Scheme
+}
+
+// crossKey names the layout pair a receive's crossover is measured for.
+type crossKey struct {
+	peer               int
+	minBlock, segments int64
+}
+
+// crossover returns the measurement for receives from peer of a sender
+// layout with this shape, made on first use.
+func (ls *layoutState) crossover(k crossKey, trials int, prefer datatype.Scheme) *datatype.Crossover {
+	ls.crossMu.Lock()
+	defer ls.crossMu.Unlock()
+	if ls.crosses == nil {
+		ls.crosses = map[crossKey]*datatype.Crossover{}
+	}
+	c := ls.crosses[k]
+	if c == nil {
+		c = datatype.NewCrossover(trials, prefer)
+		ls.crosses[k] = c
+	}
+	return c
+}
+
+// verdict returns what peer's receiver measured for sends of this layout.
+func (ls *layoutState) verdict(peer int) (datatype.Scheme, bool) {
+	ls.crossMu.Lock()
+	defer ls.crossMu.Unlock()
+	v, ok := ls.verdicts[peer]
+	return v, ok
+}
+
+func (ls *layoutState) setVerdict(peer int, v datatype.Scheme) {
+	ls.crossMu.Lock()
+	defer ls.crossMu.Unlock()
+	if ls.verdicts == nil {
+		ls.verdicts = map[int]datatype.Scheme{}
+	}
+	ls.verdicts[peer] = v
 }
 
 type winKey struct {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"time"
 	"unsafe"
 
 	"github.com/troupe-hpc/troupe/datatype"
@@ -16,6 +17,16 @@ import (
 // chunks at once and waits for the receiver's ACK; an SGL or zero-copy
 // proposal waits for the CTS, where the receiver decides (Algorithm 1) and
 // gives the agreed chunk and, for zero-copy, the window keys.
+
+// nearT reports whether a send under the adaptive default has a layout
+// whose pack/SGL crossover is measured (datatype.Crossover): a known
+// layout, not failed, in the band around T, that the thresholds would send
+// pack or SGL.
+func (nc *noncontig) nearT(c typedCall, ls *layoutState, known bool, proposal datatype.Scheme) bool {
+	return c.scheme == datatype.SchemeAuto && ls != nil && known && !ls.failed.Load() &&
+		(proposal == datatype.SchemePack || proposal == datatype.SchemeSGL) &&
+		nc.opts.Thresholds.InCrossoverBand(ls.lay.Stats)
+}
 
 // choose is one side's local scheme for a call (Algorithm 1's
 // SelectLocalScheme for the adaptive default).
@@ -73,7 +84,16 @@ func (nc *noncontig) send(ctx context.Context, c typedCall, seq uint32) (Status,
 		defer nc.done(ls)
 	}
 	proposal := nc.choose(c, ls, known)
-	h := rts{proposal: proposal, xid: nc.nextXid(c.peer), bytes: c.bytes, sig: sig, chunk: int64(nc.opts.PackChunk)}
+	var flags uint8
+	if nc.nearT(c, ls, known, proposal) {
+		// Near T the receiver measures the crossover: propose SGL (so
+		// that it may choose) until it has told its verdict.
+		proposal, flags = datatype.SchemeSGL, rtsCrossover
+		if v, ok := ls.verdict(c.peer); ok && v == datatype.SchemePack {
+			proposal, flags = datatype.SchemePack, 0
+		}
+	}
+	h := rts{proposal: proposal, flags: flags, xid: nc.nextXid(c.peer), bytes: c.bytes, sig: sig, chunk: int64(nc.opts.PackChunk)}
 	if ls != nil {
 		h.minBlock, h.segments = ls.lay.Stats.MinBlock, ls.lay.Stats.Segments
 	}
@@ -119,6 +139,9 @@ func (nc *noncontig) send(ctx context.Context, c typedCall, seq uint32) (Status,
 			return Status{}, nc.replyError(c, m, sig)
 		}
 		final = m.scheme
+		if m.flags&ctsVerdict != 0 && ls != nil {
+			ls.setVerdict(c.peer, final)
+		}
 		switch final {
 		case datatype.SchemePack:
 			rr = t.ncRecv(c.peer, ncXferTag(dirReply, uint32(c.peer), h.xid, idxAck), bufOf(reply), nil)
@@ -525,31 +548,74 @@ func (nc *noncontig) recv(ctx context.Context, c typedCall, seq uint32) (Status,
 	}
 	// An SGL or zero-copy proposal (so there are bytes): the receiver decides.
 	final := datatype.Agree(h.proposal, local)
+	// A sender near T asks for the crossover to be measured: the
+	// receiver's measurement for this pair picks (and, once it knows,
+	// tells the sender its verdict in the CTS).
+	var cross *datatype.Crossover
+	var ctsFlags uint8
+	if h.flags&rtsCrossover != 0 && h.proposal == datatype.SchemeSGL && c.scheme == datatype.SchemeAuto &&
+		known && ls.lay.Stats.Segments <= nc.opts.Thresholds.SGLMaxSegments {
+		prefer := datatype.SchemePack // what T alone says for this side's layout
+		if ls.lay.Stats.AvgBlock > float64(nc.opts.Thresholds.ZCopyAvgBlock) {
+			prefer = datatype.SchemeSGL
+		}
+		cross = ls.crossover(crossKey{c.peer, h.minBlock, h.segments}, nc.opts.Thresholds.CrossoverTrials, prefer)
+		ls.crossMu.Lock()
+		final = cross.Next()
+		if _, ok := cross.Verdict(); ok {
+			ctsFlags, cross = ctsVerdict, nil
+		}
+		ls.crossMu.Unlock()
+	}
 	var chunk int64
 	if final != datatype.SchemePack {
 		if chunk, err = datatype.AgreeChunk(nc.opts.Thresholds.MaxIOVsPerOp, h.minBlock, ls.lay.Stats.MinBlock); err != nil {
 			final = datatype.SchemePack
 		}
 	}
+	// A timed receive runs from its CTS until its data is in place (for
+	// pack, before the ACK, which SGL has no counterpart of); only trials
+	// read the clock.
+	var start time.Time
+	if cross != nil {
+		start = time.Now()
+	}
+	var took time.Duration
 	switch final {
 	case datatype.SchemeSGL:
 		err = nc.sglRecv(ctx, c, ls, h, chunk, func() error {
-			return reply(idxCTS, cts{status: stOK, scheme: datatype.SchemeSGL, chunk: chunk, rbytes: c.bytes})
+			return reply(idxCTS, cts{status: stOK, scheme: datatype.SchemeSGL, flags: ctsFlags, chunk: chunk, rbytes: c.bytes})
 		})
+		if cross != nil {
+			took = time.Since(start)
+		}
 	case datatype.SchemeZCopy:
 		err = nc.zcopyRecv(ctx, c, ls, h, chunk, reply)
 	default:
 		final = datatype.SchemePack
-		if err = reply(idxCTS, cts{status: stOK, scheme: datatype.SchemePack, rbytes: c.bytes}); err == nil {
+		if err = reply(idxCTS, cts{status: stOK, scheme: datatype.SchemePack, flags: ctsFlags, rbytes: c.bytes}); err == nil {
 			if err = nc.packRecv(ctx, c, h, false); err != nil {
 				_ = reply(idxAck, cts{status: stFailed, rbytes: c.bytes})
 			} else {
+				if cross != nil {
+					took = time.Since(start)
+				}
 				err = reply(idxAck, cts{status: stOK, scheme: datatype.SchemePack, rbytes: c.bytes})
 			}
 		}
 	}
 	if err != nil {
 		return status, err
+	}
+	if cross != nil {
+		ls.crossMu.Lock()
+		cross.Observe(final, took)
+		_, decided := cross.Verdict()
+		ls.crossMu.Unlock()
+		nc.c.crossTrials.Add(1)
+		if decided {
+			nc.c.crossVerdicts.Add(1)
+		}
 	}
 	nc.c.recv[final].Add(1)
 	return status, nil

@@ -166,10 +166,13 @@ func TestTypedThroughEngine(t *testing.T) {
 // vectorDiff checks a receive into the test's vector of 1 KiB blocks at a
 // 2 KiB stride, filled with 0xee before: block bytes must equal src's, gap
 // bytes must still be 0xee. It describes the first wrong byte, or returns "".
-func vectorDiff(dst, src []byte) string {
+func vectorDiff(dst, src []byte) string { return blockDiff(dst, src, 1024, 2048) }
+
+// blockDiff is vectorDiff for blocks of block bytes at a stride of stride.
+func blockDiff(dst, src []byte, block, stride int) string {
 	for i := range dst {
 		want := byte(0xee)
-		if i%2048 < 1024 {
+		if i%stride < block {
 			want = src[i]
 		}
 		if dst[i] != want {
@@ -177,4 +180,75 @@ func vectorDiff(dst, src []byte) string {
 		}
 	}
 	return ""
+}
+
+// Near T the adaptive default measures the pack/SGL crossover on a layout
+// pair's first transfers: the receiver times both schemes
+// (CrossoverTrials each), tells the sender its verdict, and from then on
+// every transfer takes the verdict without timing, with identical bytes
+// throughout.
+func TestTypedCrossoverLocal(t *testing.T) {
+	ts := localJob(t, 2, ProgressDirect)
+	ctx := testCtx(t)
+	for _, tr := range ts {
+		o := DefaultNoncontigOptions()
+		o.Thresholds.CrossoverBand = 4 // off by default
+		if err := tr.SetNoncontigOptions(o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	vec, err := datatype.Vector(16, 512, 1024, datatype.Float64) // 16 blocks of 4 KiB: inside [T/4, 4T]
+	if err != nil {
+		t.Fatal(err)
+	}
+	trials := datatype.DefaultThresholds().CrossoverTrials
+	span := int(vec.Extent())
+	src, dst := make([]byte, span), make([]byte, span) // reused: the layouts stay cached
+	transfer := func(round int) {
+		t.Helper()
+		copy(src, pattern(span, round))
+		copy(dst, bytes.Repeat([]byte{0xee}, span))
+		rr, err := ts[1].IrecvTypedWith(0, 5, dst, vec, 1, TypedOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := ts[0].SendTypedWith(ctx, 1, 5, src, vec, 1, TypedOptions{}); err != nil {
+			t.Fatalf("round %d: send: %v", round, err)
+		}
+		if _, err := rr.Wait(ctx); err != nil {
+			t.Fatalf("round %d: recv: %v", round, err)
+		}
+		if d := blockDiff(dst, src, 4096, 8192); d != "" {
+			t.Fatalf("round %d: %s", round, d)
+		}
+	}
+	r0 := ts[1].NoncontigStats()
+	// The first use goes pack and leaves the layouts cached; then the
+	// trials; then the verdict.
+	round := 0
+	for ; round < 1+2*trials; round++ {
+		transfer(round)
+	}
+	r1 := ts[1].NoncontigStats()
+	if n := r1.CrossoverTrials - r0.CrossoverTrials; n != int64(2*trials) {
+		t.Fatalf("%d receives timed, want %d: %+v", n, 2*trials, r1)
+	}
+	if r1.CrossoverVerdicts-r0.CrossoverVerdicts != 1 {
+		t.Fatalf("no verdict after the trials: %+v", r1)
+	}
+	if sgl := r1.Received.SGL - r0.Received.SGL; sgl != int64(trials) {
+		t.Fatalf("%d SGL receives during the trials, want %d", sgl, trials)
+	}
+	for ; round < 1+2*trials+5; round++ {
+		transfer(round)
+	}
+	r2 := ts[1].NoncontigStats()
+	if r2.CrossoverTrials != r1.CrossoverTrials || r2.CrossoverVerdicts != r1.CrossoverVerdicts {
+		t.Fatalf("timing went on after the verdict: %+v -> %+v", r1, r2)
+	}
+	pack, sgl := r2.Received.Pack-r1.Received.Pack, r2.Received.SGL-r1.Received.SGL
+	if !(pack == 5 && sgl == 0 || pack == 0 && sgl == 5) {
+		t.Fatalf("after the verdict: %d pack and %d SGL receives, want all 5 one scheme", pack, sgl)
+	}
+	t.Logf("verdict: %d pack, %d sgl of 5", pack, sgl)
 }

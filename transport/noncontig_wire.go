@@ -74,8 +74,10 @@ const (
 	finLen     = 8
 	ncEagerMax = 32 << 10 // largest payload an RTS may carry inline
 
-	rtsInline = 1 // RTS flag: the packed payload follows the header
-	ctsKeys   = 1 // CTS flag: a window-key message follows
+	rtsInline    = 1 // RTS flag: the packed payload follows the header
+	rtsCrossover = 2 // RTS flag: the sender's layout is near T: the receiver may time pack against SGL
+	ctsKeys      = 1 // CTS flag: a window-key message follows
+	ctsVerdict   = 2 // CTS flag: the scheme is the layout pair's measured crossover verdict
 )
 
 // CTS/ACK status codes.

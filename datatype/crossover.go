@@ -1,0 +1,104 @@
+package datatype
+
+import "time"
+
+// Crossover measures, for one pair of layouts, whether host pack or SGL
+// moves it faster on this machine. The layout-aware paper's Algorithm 1
+// assumes one threshold T for every layout; where pack and SGL cross over
+// depends on the machine (memcpy speed against the cost per IOV entry),
+// so near T the adaptive scheme times both instead: Next alternates pack
+// and SGL for trials transfers each, Observe records how long each took,
+// and the verdict from then on is the scheme with the shorter best time
+// (the thresholds' choice when the two are within CrossoverMargin).
+// Best times, not means, because a shared machine's noise only adds time.
+// It is a pure state machine: the caller times the transfers.
+type Crossover struct {
+	trials  int
+	prefer  Scheme // the verdict unless the other is clearly faster
+	n       [2]int
+	best    [2]time.Duration
+	verdict Scheme // SchemeAuto until decided
+}
+
+// CrossoverMargin is how much faster (as a fraction of the preferred
+// scheme's best time) the other scheme must be to become the verdict: two
+// schemes this close are equal for the adaptive default's purpose, and
+// keeping the threshold's choice then avoids flipping on noise.
+const CrossoverMargin = 0.03
+
+// NewCrossover returns a Crossover that times each scheme trials times (at
+// least 1) and keeps prefer (SchemePack or SchemeSGL: what the thresholds
+// alone would choose) unless the other scheme's best time is shorter by
+// more than CrossoverMargin.
+func NewCrossover(trials int, prefer Scheme) *Crossover {
+	if prefer != SchemeSGL {
+		prefer = SchemePack
+	}
+	return &Crossover{trials: max(trials, 1), prefer: prefer, verdict: SchemeAuto}
+}
+
+func crossIndex(s Scheme) int {
+	if s == SchemeSGL {
+		return 1
+	}
+	return 0
+}
+
+// Next returns the scheme for the next transfer: the verdict once there is
+// one, else the scheme with fewer timed transfers (pack first).
+func (c *Crossover) Next() Scheme {
+	if c.verdict != SchemeAuto {
+		return c.verdict
+	}
+	if c.n[1] < c.n[0] {
+		return SchemeSGL
+	}
+	return SchemePack
+}
+
+// Observe records that a transfer under s (SchemePack or SchemeSGL) took
+// d. Once both schemes have trials timings the verdict is fixed: the
+// preferred scheme, unless the other's best time is shorter by more than
+// CrossoverMargin. Observations after the verdict, and of other schemes,
+// are ignored.
+func (c *Crossover) Observe(s Scheme, d time.Duration) {
+	if c.verdict != SchemeAuto || (s != SchemePack && s != SchemeSGL) {
+		return
+	}
+	i := crossIndex(s)
+	if c.n[i] == 0 || d < c.best[i] {
+		c.best[i] = d
+	}
+	c.n[i]++
+	if c.n[0] >= c.trials && c.n[1] >= c.trials {
+		p := crossIndex(c.prefer)
+		c.verdict = c.prefer
+		if float64(c.best[1-p]) < float64(c.best[p])*(1-CrossoverMargin) {
+			c.verdict = [2]Scheme{SchemePack, SchemeSGL}[1-p]
+		}
+	}
+}
+
+// Verdict returns the faster scheme and true once it is known.
+func (c *Crossover) Verdict() (Scheme, bool) {
+	return c.verdict, c.verdict != SchemeAuto
+}
+
+// Best returns the best time observed for pack and for SGL so far (0 for
+// a scheme not yet timed).
+func (c *Crossover) Best() (pack, sgl time.Duration) {
+	return c.best[0], c.best[1]
+}
+
+// InCrossoverBand reports whether a layout's average block lies within the
+// calibration band around T, [T/CrossoverBand, T*CrossoverBand], where the
+// adaptive scheme measures the pack/SGL crossover per layout (Crossover)
+// instead of assuming it at T. A band of 0 or 1 turns measuring off.
+func (th Thresholds) InCrossoverBand(st Stats) bool {
+	if th.CrossoverBand <= 1 || st.Segments < 2 || th.ZCopyAvgBlock <= 0 {
+		return false
+	}
+	lo := float64(th.ZCopyAvgBlock) / float64(th.CrossoverBand)
+	hi := float64(th.ZCopyAvgBlock) * float64(th.CrossoverBand)
+	return st.AvgBlock >= lo && st.AvgBlock <= hi && st.Segments <= th.SGLMaxSegments
+}

@@ -1,0 +1,113 @@
+package datatype
+
+import (
+	"fmt"
+	"testing"
+	"time"
+)
+
+func TestCrossover(t *testing.T) {
+	ms := time.Millisecond
+	for _, tc := range []struct {
+		name      string
+		pack, sgl []time.Duration // observed in turn, as Next asks
+		prefer    Scheme
+		want      Scheme
+	}{
+		{"sgl faster", []time.Duration{5 * ms, 4 * ms}, []time.Duration{3 * ms, 9 * ms}, SchemePack, SchemeSGL},
+		{"pack faster", []time.Duration{2 * ms, 2 * ms}, []time.Duration{3 * ms, 3 * ms}, SchemeSGL, SchemePack},
+		{"tie keeps pack", []time.Duration{3 * ms, 4 * ms}, []time.Duration{3 * ms, 5 * ms}, SchemePack, SchemePack},
+		{"tie keeps sgl", []time.Duration{3 * ms, 4 * ms}, []time.Duration{3 * ms, 5 * ms}, SchemeSGL, SchemeSGL},
+		{"within the margin keeps the preference", []time.Duration{100 * ms, 100 * ms}, []time.Duration{98 * ms, 99 * ms}, SchemePack, SchemePack},
+		{"beyond the margin", []time.Duration{100 * ms, 100 * ms}, []time.Duration{96 * ms, 99 * ms}, SchemePack, SchemeSGL},
+		{"best, not mean", []time.Duration{10 * ms, 1 * ms}, []time.Duration{2 * ms, 2 * ms}, SchemeSGL, SchemePack},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := NewCrossover(len(tc.pack), tc.prefer)
+			var asked []Scheme
+			for i := 0; i < len(tc.pack)+len(tc.sgl); i++ {
+				if _, ok := c.Verdict(); ok {
+					t.Fatalf("verdict after %d of %d trials", i, len(tc.pack)+len(tc.sgl))
+				}
+				s := c.Next()
+				asked = append(asked, s)
+				if s == SchemePack {
+					c.Observe(s, tc.pack[i/2])
+				} else {
+					c.Observe(s, tc.sgl[i/2])
+				}
+			}
+			if want := "[pack sgl pack sgl]"; fmt.Sprint(asked) != want {
+				t.Fatalf("trials %v, want %s", asked, want)
+			}
+			v, ok := c.Verdict()
+			if !ok || v != tc.want || c.Next() != tc.want {
+				t.Fatalf("verdict %v (%v), next %v; want %v", v, ok, c.Next(), tc.want)
+			}
+			// Later observations change nothing.
+			c.Observe(SchemePack, 0)
+			c.Observe(SchemeSGL, 0)
+			if v, _ := c.Verdict(); v != tc.want {
+				t.Fatalf("verdict changed to %v", v)
+			}
+		})
+	}
+	c := NewCrossover(0, SchemeZCopy) // at least one trial each; pack preferred
+	c.Observe(SchemeZCopy, time.Nanosecond)
+	c.Observe(SchemePack, 2*ms)
+	if _, ok := c.Verdict(); ok {
+		t.Fatal("verdict before SGL was timed")
+	}
+	c.Observe(SchemeSGL, ms)
+	if v, ok := c.Verdict(); !ok || v != SchemeSGL {
+		t.Fatalf("verdict %v %v", v, ok)
+	}
+	if p, s := c.Best(); p != 2*ms || s != ms {
+		t.Fatalf("best %v %v", p, s)
+	}
+}
+
+func TestInCrossoverBand(t *testing.T) {
+	th := DefaultThresholds()
+	if th.InCrossoverBand(Stats{AvgBlock: 8192, Segments: 64}) {
+		t.Error("measuring is on by default")
+	}
+	th.CrossoverBand = 4 // T = 8 KiB: [2 KiB, 32 KiB]
+	for _, tc := range []struct {
+		avg  float64
+		segs int64
+		want bool
+	}{
+		{1024, 64, false}, {2048, 64, true}, {4096, 64, true}, {32768, 64, true}, {32769, 64, false},
+		{4096, 1, false},       // contiguous: nothing to measure
+		{4096, 1 << 17, false}, // too many segments for SGL
+	} {
+		if got := th.InCrossoverBand(Stats{AvgBlock: tc.avg, Segments: tc.segs}); got != tc.want {
+			t.Errorf("avg %v, %d segments: %v, want %v", tc.avg, tc.segs, got, tc.want)
+		}
+	}
+	th.CrossoverBand = 0
+	if th.InCrossoverBand(Stats{AvgBlock: 8192, Segments: 64}) {
+		t.Error("band 0 measures")
+	}
+	th.CrossoverTrials = -1
+	if th.Validate() == nil {
+		t.Error("negative trials accepted")
+	}
+}
+
+// ExampleCrossover: time both schemes on a layout's first transfers, then
+// use the faster.
+func ExampleCrossover() {
+	c := NewCrossover(2, SchemePack)
+	took := map[Scheme]time.Duration{SchemePack: 30 * time.Microsecond, SchemeSGL: 22 * time.Microsecond}
+	for {
+		if _, ok := c.Verdict(); ok {
+			break
+		}
+		s := c.Next()
+		c.Observe(s, took[s]) // the caller runs and times the transfer
+	}
+	fmt.Println(c.Next())
+	// Output: sgl
+}
