@@ -166,3 +166,67 @@ func BenchmarkKernelCopy(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkAgentCopy compares Copy by the copy agent (agent.go) with Copy
+// by the copy engine (agent off: cuMemcpy) and with CopyAsync + Synchronize
+// (what hand staging costs per copy), per direction and size. Sizes above a
+// direction's agent limit show the engine in all three.
+func BenchmarkAgentCopy(b *testing.B) {
+	if CUDAAvailable() != nil {
+		b.Skip("no CUDA driver/device")
+	}
+	const size = 32 << 10
+	_, st, d1, d2, h := benchSetup(b, BackendCUDA, size)
+	s := d1.System()
+	pattern := make([]byte, size)
+	for i := range pattern {
+		pattern[i] = byte(i*5 + 3)
+	}
+	if err := CopyFromHost(d1, pattern); err != nil {
+		b.Fatal(err)
+	}
+	hb, err := h.Bytes()
+	if err != nil {
+		b.Fatal(err)
+	}
+	copy(hb, pattern)
+	for _, n := range []int{8, 512, 2 << 10, 4 << 10, 8 << 10, 16 << 10, size} {
+		for _, c := range copyCases(d1, d2, h, n) {
+			dst, src := c.dst, c.src
+			for _, how := range []string{"agent", "engine", "async"} {
+				b.Run(fmt.Sprintf("%s/%d/%s", c.name, n, how), func(b *testing.B) {
+					b.SetBytes(int64(n))
+					switch how {
+					case "agent":
+						h8, _ := h.Slice(0, 8)
+						d8, _ := d1.Slice(0, 8)
+						warmAgent(b, s, h8, d8)
+						before := s.AgentStats().Copies
+						for b.Loop() {
+							if err := Copy(dst, src); err != nil {
+								b.Fatal(err)
+							}
+						}
+						b.ReportMetric(float64(s.AgentStats().Copies-before)/float64(b.N), "agent/op")
+					case "engine":
+						s.agentOn = false
+						for b.Loop() {
+							if err := Copy(dst, src); err != nil {
+								b.Fatal(err)
+							}
+						}
+					case "async":
+						timeSynced(b, st, func() error { return CopyAsync(st, dst, src) })
+					}
+					got := make([]byte, n)
+					if err := CopyToHost(got, dst); err != nil {
+						b.Fatal(err)
+					}
+					if !bytes.Equal(got, pattern[:n]) {
+						b.Fatalf("%s copied wrong bytes", how)
+					}
+				})
+			}
+		}
+	}
+}

@@ -206,6 +206,9 @@ func (a *allocation) free() error {
 	fn := a.takeReleaseLocked()
 	a.mu.Unlock()
 	if fn != nil {
+		if a.sys != nil {
+			a.sys.quiesceAgents()
+		}
 		return fn()
 	}
 	return nil

@@ -24,6 +24,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // EnvBackend names the environment variable that selects the backend:
@@ -174,6 +175,10 @@ type System struct {
 	ipc     map[[64]byte]*ipcMapping
 	// ipcStats counts IPC mappings (Open and Refs are computed).
 	ipcStats IPCStats
+
+	agentOn    bool          // copy agents may run (agent.go)
+	agentIdle  time.Duration // how long an idle agent stays resident
+	agentStats agentStats
 }
 
 // Open opens the backend selected by TROUPE_GPU (auto when unset).
@@ -250,7 +255,16 @@ func newSystem(be backend) (*System, error) {
 	}
 	s.kcache.init(defaultKindCacheSize)
 	for i, in := range infos {
-		s.devices = append(s.devices, &Device{sys: s, ord: i, name: in.name, total: in.total})
+		d := &Device{sys: s, ord: i, name: in.name, total: in.total}
+		d.agent.dev = d
+		s.devices = append(s.devices, d)
+	}
+	s.agentOn = agentWanted(be.name())
+	s.agentIdle = agentIdleTime()
+	if s.agentOn {
+		for _, d := range s.devices {
+			d.agent.prepare()
+		}
 	}
 	return s, nil
 }
@@ -288,6 +302,12 @@ func (s *System) Close() error {
 	if !s.closed.CompareAndSwap(false, true) {
 		return nil
 	}
+	var errs []error
+	for _, d := range s.devices {
+		if err := d.agent.stop(); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	s.mu.Lock()
 	streams := make([]*Stream, 0, len(s.streams))
 	for st := range s.streams {
@@ -310,7 +330,6 @@ func (s *System) Close() error {
 	s.kcache.clear()
 	s.mu.Unlock()
 
-	var errs []error
 	s.be.abort()
 	for _, st := range streams {
 		if err := st.impl.destroy(); err != nil {
@@ -349,6 +368,7 @@ type Device struct {
 	ord   int
 	name  string
 	total uint64
+	agent copyAgent
 }
 
 // System returns the system the device belongs to.
@@ -398,8 +418,9 @@ func (d *Device) alloc(n int, k Kind) (Buffer, error) {
 	return Buffer{a: a, ptr: a.base, n: n}, nil
 }
 
-// AllocHost allocates n bytes of pinned host memory. The memory is
-// host-accessible (Buffer.Bytes) and usable by stream operations.
+// AllocHost allocates n bytes of pinned host memory, zeroed (the driver
+// reuses pinned memory a process freed, with its old contents). The memory
+// is host-accessible (Buffer.Bytes) and usable by stream operations.
 func (s *System) AllocHost(n int) (Buffer, error) {
 	if err := s.check(); err != nil {
 		return Buffer{}, err
@@ -413,7 +434,9 @@ func (s *System) AllocHost(n int) (Buffer, error) {
 	}
 	a.sys, a.kind, a.size = s, KindPinned, n
 	s.register(a)
-	return Buffer{a: a, ptr: a.base, n: n}, nil
+	b := Buffer{a: a, ptr: a.base, n: n}
+	clear(b.view())
+	return b, nil
 }
 
 // HostBuffer wraps Go memory as a KindHost Buffer of this system. The Buffer

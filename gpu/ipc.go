@@ -101,6 +101,7 @@ func (d *Device) IPCOpen(h IPCHandle) (Buffer, error) {
 			s.ipcStats.Hits++
 			s.ipcStats.Closed++
 			s.mu.Unlock()
+			s.quiesceAgents()
 			_ = s.be.ipcClose(a)
 		} else {
 			m = &ipcMapping{alloc: a, refs: 1}
@@ -161,5 +162,6 @@ func IPCClose(b Buffer) error {
 	m.alloc.freed.Store(true)
 	s.ipcStats.Closed++
 	s.mu.Unlock()
+	s.quiesceAgents()
 	return s.be.ipcClose(m.alloc)
 }

@@ -21,11 +21,13 @@ const (
 // TestPTXUpToDate: the committed PTX is what clang makes of the source now
 // (skipped without clang; `make ptx` regenerates it).
 func TestPTXUpToDate(t *testing.T) {
-	err := cudatest.CheckPTX(testKernelSource, testKernelPTX)
-	if errors.Is(err, cudatest.ErrNoClang) {
-		t.Skipf("PTX not checked: %v", err)
+	for src, ptx := range map[string]string{testKernelSource: testKernelPTX, "agent.cu": "agent.ptx"} {
+		err := cudatest.CheckPTX(src, ptx)
+		if errors.Is(err, cudatest.ErrNoClang) {
+			t.Skipf("PTX not checked: %v", err)
+		}
+		require.NoError(t, err)
 	}
-	require.NoError(t, err)
 }
 
 // args8 lays out a kernel's by-value struct of 8-byte fields.

@@ -213,13 +213,18 @@ func checkStream(s *Stream, bufs ...Buffer) error {
 }
 
 // Copy copies src into dst (same length, any kinds) and returns when the
-// bytes have landed. It is not ordered with any stream.
+// bytes have landed. It is not ordered with any stream. On the cuda backend
+// small copies between device and pinned memory may be done by the
+// device's copy agent (agent.go) instead of the copy engine.
 func Copy(dst, src Buffer) error {
 	if err := checkPair(dst, src); err != nil {
 		return err
 	}
 	if dst.n == 0 {
 		return nil
+	}
+	if done, err := agentCopy(dst, src); done {
+		return err
 	}
 	return dst.a.sys.be.copy(dst, src)
 }

@@ -90,6 +90,9 @@ var suiteTests = []struct {
 	{"IPC", testIPC},
 	{"LaunchHost", testLaunchHost},
 	{"Modules", testModules},
+	{"CopyAgent", testCopyAgent},
+	{"CopyAgentResident", testCopyAgentResident},
+	{"AllocHostZeroed", testAllocHostZeroed},
 }
 
 func dev0(t *testing.T, s *System) *Device {

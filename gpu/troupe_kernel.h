@@ -16,8 +16,13 @@
 //	TROUPE_KERNEL(scale, Args, a) { ... a.x[i] ... }
 //
 // Inside a kernel: threadIdx, blockIdx, blockDim, gridDim (x, y, z), as in
-// CUDA; troupe_atomic_max_u64(p, v) (atomic max on a 64-bit word); and
-// helper functions marked TROUPE_DEVICE.
+// CUDA; troupe_atomic_max_u64(p, v) (atomic max on a 64-bit word);
+// TROUPE_SHARED (block-shared variables), troupe_sync_block(),
+// troupe_fence_system() and troupe_clock_ns(); and helper functions marked
+// TROUPE_DEVICE. The test driver runs a block's threads one after another,
+// so troupe_sync_block cannot wait there for the other threads: a kernel
+// that relies on it tests TROUPE_SEQUENTIAL (1 in the test driver, 0 on a
+// GPU) and lets one thread do the whole block's work.
 
 #ifndef TROUPE_KERNEL_H
 #define TROUPE_KERNEL_H
@@ -33,6 +38,19 @@
 TROUPE_DEVICE unsigned long long troupe_atomic_max_u64(unsigned long long *p, unsigned long long v) {
 	unsigned long long cur = *(volatile unsigned long long *)p;
 	return cur < v ? __nvvm_atom_max_gen_ull(p, v) : cur;
+}
+#define TROUPE_SEQUENTIAL 0
+#define TROUPE_SHARED static __attribute__((shared))
+// troupe_sync_block: a barrier of the threads of one block (__syncthreads).
+TROUPE_DEVICE void troupe_sync_block(void) { __nvvm_bar_sync(0); }
+// troupe_fence_system: orders this thread's memory operations for every
+// observer, the host included (membar.sys).
+TROUPE_DEVICE void troupe_fence_system(void) { __nvvm_membar_sys(); }
+// troupe_clock_ns: the GPU's global nanosecond timer.
+TROUPE_DEVICE unsigned long long troupe_clock_ns(void) {
+	unsigned long long t;
+	asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+	return t;
 }
 
 #elif !defined(__CUDA__)
@@ -67,6 +85,16 @@ static inline unsigned long long troupe_atomic_max_u64(unsigned long long *p, un
 	while (cur < v && !__atomic_compare_exchange_n(p, &cur, v, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
 	}
 	return cur;
+}
+#include <time.h>
+#define TROUPE_SEQUENTIAL 1
+#define TROUPE_SHARED static
+static inline void troupe_sync_block(void) {}
+static inline void troupe_fence_system(void) { __sync_synchronize(); }
+static inline unsigned long long troupe_clock_ns(void) {
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (unsigned long long)ts.tv_sec * 1000000000ull + ts.tv_nsec;
 }
 #endif
 

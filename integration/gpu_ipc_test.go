@@ -68,6 +68,8 @@ func TestGPUChannelIPC(t *testing.T) {
 		{"shm-queue", cfg{"shm", "queue"}, nil},
 		// Channel data (after headers, and declined descriptors) through the overlap engine.
 		{"shm-engine", cfg{"shm", "direct"}, []string{transport.OverlapEnv, "on"}},
+		// Small IPC copies by the copy agent (gpu/agent.go).
+		{"shm-agent", cfg{"shm", "direct"}, []string{gpu.EnvGPUAgent, "on", gpu.EnvGPUAgentIdle, "1m"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			for i := 0; i+1 < len(tc.env); i += 2 {
@@ -83,6 +85,10 @@ func TestGPUChannelIPC(t *testing.T) {
 					fmt.Sprintf("[%d] rank %d: ipc mappings closed", r, r))
 			}
 			requireLines(t, res, "[1] rank 1: ipc cache: 4 sends of one buffer, 1 mapping opened")
+			if tc.name == "shm-agent" {
+				// Only the receiver copies (from the sender's mapped buffer).
+				requireLines(t, res, fmt.Sprintf("[1] rank 1: copy agent enabled=true path=ipc rounds=%d copies=%d failures=0", agentRoundCount, agentRoundCount))
+			}
 		})
 	}
 }
@@ -91,17 +97,26 @@ func TestGPUChannelIPC(t *testing.T) {
 // Go and device memory, size mismatches) on the cuda backend (real or fake
 // driver, see useCUDA) with the
 // IPC path on and off: with it on, device sends go by IPC or, to Go memory,
-// fall back; with it off, staging carries everything.
+// fall back; with it off, staging carries everything, also with the copy
+// agent doing the small staging copies.
 func TestGPUChannelsCUDAIPC(t *testing.T) {
 	useCUDA(t)
-	for _, ipc := range []string{"on", "off"} {
-		t.Run("ipc-"+ipc, func(t *testing.T) {
-			t.Setenv(transport.EnvGPUIPC, ipc)
+	for _, tc := range []struct{ ipc, agent string }{{"on", "off"}, {"off", "off"}, {"off", "on"}} {
+		t.Run("ipc-"+tc.ipc+"-agent-"+tc.agent, func(t *testing.T) {
+			t.Setenv(transport.EnvGPUIPC, tc.ipc)
+			t.Setenv(gpu.EnvGPUAgent, tc.agent)
+			t.Setenv(gpu.EnvGPUAgentIdle, "1m") // resident for the whole job: every small copy after the first is the agent's
 			res := runJob(t, "gpuchannel", 2, cfg{"shm", "direct"})
 			requireLines(t, res, "[0] rank 0: gpu backend cuda",
 				fmt.Sprintf("[1] rank 1: channel %d B ok", gpuChannelSizes[len(gpuChannelSizes)-1]),
 				"[1] rank 1: channel size mismatches reported",
-				fmt.Sprintf("[1] rank 1: gpu ipc enabled=%v", ipc == "on"))
+				fmt.Sprintf("[1] rank 1: gpu ipc enabled=%v", tc.ipc == "on"))
+			if tc.agent == "on" {
+				// Staged small messages: the sender stages, the receiver
+				// unstages, each by its agent.
+				line := fmt.Sprintf("copy agent enabled=true path=staged rounds=%d copies=%d failures=0", agentRoundCount, agentRoundCount)
+				requireLines(t, res, "[0] rank 0: "+line, "[1] rank 1: "+line)
+			}
 		})
 	}
 }
@@ -401,6 +416,10 @@ func gpuIPC(ctx context.Context, r *rank) error {
 		}
 	}
 	r.logf("ipc cancelled wait lost nothing")
+
+	if err := agentRounds(ctx, r, sys, ch); err != nil {
+		return err
+	}
 
 	// 6. Closing the channel closes its mappings.
 	closed = true

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/troupe-hpc/troupe/gpu"
 	"github.com/troupe-hpc/troupe/samples/faces/facesim"
@@ -47,7 +48,39 @@ func openGPU(r *rank) (*gpu.System, error) {
 		return nil, err
 	}
 	r.logf("gpu backend %s", sys.Backend())
+	if sys.AgentStats().Enabled {
+		if err := warmAgent(sys); err != nil {
+			sys.Close()
+			return nil, err
+		}
+	}
 	return sys, nil
+}
+
+// warmAgent copies 8 bytes from device to pinned memory until the copy
+// agent has done one (the first launches it), so that the scenario's own
+// small copies find it running. Its two buffers are left to sys.Close:
+// freeing them here would make the agent return (gpu.Free quiesces it) and
+// the scenario's first copies would find it relaunching, so go to the copy
+// engine (seen in CI on a slow machine, under -race).
+func warmAgent(sys *gpu.System) error {
+	d, err := sys.Devices()[0].Alloc(8)
+	if err != nil {
+		return err
+	}
+	h, err := sys.AllocHost(8)
+	if err != nil {
+		return err
+	}
+	for deadline := time.Now().Add(30 * time.Second); sys.AgentStats().Copies == 0; {
+		if err := gpu.Copy(h, d); err != nil {
+			return err
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("copy agent did not start: %+v", sys.AgentStats())
+		}
+	}
+	return nil
 }
 
 // gpuChannel: rank 0 sends, rank 1 receives, then back, for every pair of
@@ -147,6 +180,9 @@ func gpuChannel(ctx context.Context, r *rank) error {
 		}
 		r.logf("mismatch: %v", err)
 	}
+	if err := agentRounds(ctx, r, sys, ch); err != nil {
+		return err
+	}
 	// The channel still works.
 	want := pattern(1000, 9)
 	if r.id() == 0 {
@@ -154,7 +190,10 @@ func gpuChannel(ctx context.Context, r *rank) error {
 		if err != nil {
 			return err
 		}
-		return req.Wait(ctx)
+		if err := req.Wait(ctx); err != nil {
+			return err
+		}
+		return nil
 	}
 	got := make([]byte, 1000)
 	req, err := ch.RecvBytes(got)
@@ -171,6 +210,67 @@ func gpuChannel(ctx context.Context, r *rank) error {
 	r.logf("gpu ipc enabled=%v", r.t.GPUIPCStats().Enabled)
 	return nil
 }
+
+// agentRounds sends an 8-byte device buffer from rank 0 to a device buffer
+// on rank 1, agentRoundCount times, with the copy agent warmed first and no
+// memory freed in between (a free makes the agent return), and logs whether
+// every round's small copies were the agent's: the receiver's (IPC or
+// unstaging) and, when the message is staged, the sender's too. Nothing
+// else copies meanwhile, so with the agent resident each round's copies
+// must find it idle and take it.
+func agentRounds(ctx context.Context, r *rank, sys *gpu.System, ch *transport.Channel) error {
+	a := sys.AgentStats()
+	if !a.Enabled {
+		r.logf("copy agent enabled=false")
+		return nil
+	}
+	want := pattern(8, 4242)
+	buf, err := devWith(sys, want)
+	if err != nil {
+		return err
+	}
+	var path transport.TransferPath
+	var before gpu.AgentStats
+	for i := -1; i < agentRoundCount; i++ {
+		if i == 0 {
+			// After round -1, which opened the IPC mapping of the
+			// sender's buffer (evicting an older one closes it, and that
+			// makes the agent return).
+			if err := warmAgent(sys); err != nil {
+				return err
+			}
+			before = sys.AgentStats()
+		}
+		var req *transport.ChannelRequest
+		if r.id() == 0 {
+			req, err = ch.Send(buf)
+		} else {
+			req, err = ch.Recv(buf)
+		}
+		if err != nil {
+			return err
+		}
+		if err := req.Wait(ctx); err != nil {
+			return fmt.Errorf("agent round %d: %w", i, err)
+		}
+		path = req.Path()
+	}
+	if r.id() == 1 {
+		got := make([]byte, 8)
+		if err := gpu.CopyToHost(got, buf); err != nil {
+			return err
+		}
+		if d := diff(got, want); d != "" {
+			return fmt.Errorf("agent rounds: %s", d)
+		}
+	}
+	after := sys.AgentStats()
+	r.logf("copy agent enabled=true path=%s rounds=%d copies=%d failures=%d", path, agentRoundCount, after.Copies-before.Copies, after.Failures)
+	return nil
+}
+
+// agentRoundCount is the number of messages agentRounds sends.
+const agentRoundCount = 8
 
 // gpuQueue: each rank's enqueued sends meet the other's ordinary receives,
 // and its enqueued receives the other's ordinary sends.

@@ -4,7 +4,7 @@
 # Jacobi3D on the device. Each step's output goes to $OUT/<step>.log (or
 # ./gpu-logs) and a summary line per step to stdout.
 #   scripts/gpu-check.sh [step...]
-# steps: info gpu gpurace gpubench kcopy integration jacobi bench benchhost run faces pingpong actor overlap lat8
+# steps: info gpu gpurace gpubench kcopy acopy agentab ncab integration jacobi bench benchhost run faces pingpong actor overlap lat8
 set -u
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -61,6 +61,22 @@ for s in $steps; do
 	kcopy) # a small copy by a kernel beside the copy engine, + synchronize
 		(cd gpu && timeout -k 5 120 "$B/gpu.test" -test.run '^$' -test.bench 'KernelCopy' -test.benchtime 2000x) >"$logs/kcopy.log" 2>&1
 		echo "== kcopy: exit $?"; grep -E 'Benchmark|ok|FAIL|rror' "$logs/kcopy.log" ;;
+	ncab) # bench noncontig near T, the measured crossover on (TROUPE_NC_CROSSOVER_BAND=4) and off (the default) alternated
+		L=vec_4096x16,vec_4096x64,vec_4096x256,vec_4096x1024,vec_16384x16,vec_16384x256,nas_mg_y,vec_4KiB
+		for i in 1 2; do for b in 4 0; do
+			echo "# TROUPE_NC_CROSSOVER_BAND=$b run $i"
+			TROUPE_NC_CROSSOVER_BAND=$b timeout -k 5 140 "$B/troupe" bench noncontig --layout $L --rounds 3 --max-rounds 4 --scale 0.5 2>&1 | grep -vE 'done|counters'
+		done; done >"$logs/ncab.log" 2>&1
+		cat "$logs/ncab.log" ;;
+	agentab) # bench gpu up to 32 KiB, copy agent off and on alternated, CUDA IPC on and off
+		for i in 1 2; do for ipc in on off; do for a in off on; do
+			echo "# agent=$a ipc=$ipc run $i"
+			TROUPE_GPU_AGENT=$a TROUPE_GPU_IPC=$ipc timeout -k 5 60 "$B/troupe" bench gpu --backend cuda --max 32768 | grep -v '^# msg'
+		done; done; done >"$logs/agentab.log" 2>&1
+		cat "$logs/agentab.log" ;;
+	acopy) # a small copy by a resident agent kernel beside the copy engine
+		(cd gpu && timeout -k 5 120 "$B/gpu.test" -test.run '^$' -test.bench 'AgentCopy' -test.benchtime 2000x) >"$logs/acopy.log" 2>&1
+		echo "== acopy: exit $?"; grep -E 'Benchmark|ok|FAIL|rror' "$logs/acopy.log" ;;
 	lat8) # 8 B ping-pong, engine off and on alternated, with CPU profiles of both ranks
 		for i in 1 2 3; do
 			for e in off on; do

@@ -175,7 +175,12 @@ func (di *deviceImports) close() error {
 // copyAndWait copies src into dst on s and waits for the stream (which may
 // also wait for copies other transfers put on s just before; an event per
 // copy cost more: creating and destroying one is about 6 us on an H100).
+// A small copy goes to the device's copy agent instead when it runs
+// (gpu.AgentCopy: 4 us against 11 for 8 bytes on an H100).
 func copyAndWait(s *gpu.Stream, dst, src gpu.Buffer) error {
+	if done, err := gpu.AgentCopy(dst, src); done || err != nil {
+		return err
+	}
 	if err := gpu.CopyAsync(s, dst, src); err != nil {
 		return err
 	}

@@ -33,6 +33,9 @@ func root() string {
 // Source is the path of the driver's C source.
 func Source() string { return filepath.Join(root(), "gpu", "testdata", "fakecuda", "fakecuda.c") }
 
+// AgentSource is the CUDA source of the gpu package's copy agent.
+func AgentSource() string { return filepath.Join(root(), "gpu", "agent.cu") }
+
 // IncludeDir holds troupe_kernel.h, which kernel sources include.
 func IncludeDir() string { return filepath.Join(root(), "gpu") }
 
@@ -49,6 +52,11 @@ func Compile(lib, src string, kernels ...string) error {
 		return fmt.Errorf("%w (%s): %v", ErrNoCompiler, cc, err)
 	}
 	args := []string{"-shared", "-fPIC", "-O1", "-o", lib, src}
+	// troupe's own kernels (the gpu package's copy agent) come with the
+	// fake driver, as the runtime loads them on any device.
+	if abs, err := filepath.Abs(src); err == nil && abs == filepath.Clean(Source()) {
+		kernels = append([]string{AgentSource()}, kernels...)
+	}
 	if len(kernels) > 0 {
 		args = append(args, "-x", "c++", "-fno-exceptions", "-ffp-contract=off", "-I", IncludeDir())
 		args = append(args, kernels...)
