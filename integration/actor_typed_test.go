@@ -1,7 +1,6 @@
 package integration
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"sync"
@@ -47,9 +46,22 @@ type typedVerdict struct{ Err string }
 // typedSink lands each message where the last expectTyped said and checks
 // it. The hook runs on the progress goroutine, Receive on the actor's.
 type typedSink struct {
-	mu   sync.Mutex
-	dst  actor.Typed // where the next message lands (nil Type: packed)
-	want []byte      // dst.Buf as it must be afterwards, or the packed bytes
+	mu     sync.Mutex
+	dst    actor.Typed       // where the next message lands (nil Type: packed)
+	want   []byte            // dst.Buf as it must be afterwards, or the packed bytes
+	packed map[string][]byte // each layout's packed bytes, made once
+	// Memory reused from layout to layout: the nas_mg layouts span 273 MB,
+	// and touching that much fresh memory takes seconds on some virtual
+	// machines (1.5-3 s for 273 MB on the 2-vCPU development VM).
+	srcMem, wantMem, dstMem []byte
+}
+
+// reuse returns (*mem)[:n], growing *mem when it is shorter.
+func reuse(mem *[]byte, n int64) []byte {
+	if int64(cap(*mem)) < n {
+		*mem = make([]byte, n)
+	}
+	return (*mem)[:n]
 }
 
 func (s *typedSink) PostReceiveTyped(*actor.Incoming) actor.Typed {
@@ -72,14 +84,21 @@ func (s *typedSink) expect(m *expectTyped) string {
 	if err != nil {
 		return err.Error()
 	}
-	packed := make([]byte, l.Packed)
-	src := make([]byte, l.Alloc)
-	layouts.Fill(src, l.Base)
-	if _, err := l.Type.Pack(packed, src, l.Base, 1); err != nil {
-		return err.Error()
-	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	packed := s.packed[m.Layout]
+	if packed == nil {
+		packed = make([]byte, l.Packed)
+		src := reuse(&s.srcMem, l.Alloc)
+		layouts.Fill(src, l.Base)
+		if _, err := l.Type.Pack(packed, src, l.Base, 1); err != nil {
+			return err.Error()
+		}
+		if s.packed == nil {
+			s.packed = map[string][]byte{}
+		}
+		s.packed[m.Layout] = packed
+	}
 	if m.Variant == "packed" {
 		s.dst, s.want = actor.Typed{}, packed
 		return ""
@@ -88,11 +107,12 @@ func (s *typedSink) expect(m *expectTyped) string {
 	if err != nil {
 		return err.Error()
 	}
-	want := bytes.Repeat([]byte{ncSentinel}, int(alloc))
+	want := reuse(&s.wantMem, alloc)
+	fillSentinel(want)
 	if _, err := rt.Unpack(want, packed, base, 1); err != nil {
 		return fmt.Sprintf("reference unpack: %v", err)
 	}
-	buf := make([]byte, alloc)
+	buf := reuse(&s.dstMem, alloc)
 	fillSentinel(buf)
 	s.dst, s.want = actor.Typed{Buf: buf, Type: rt, Base: base, Count: 1}, want
 	return ""
@@ -154,12 +174,13 @@ func actorTyped(typedMin int) scenario {
 					}
 					return nil
 				}
+				var srcMem []byte // reused: see typedSink
 				for _, name := range layouts.Names {
 					l, err := layouts.Build(name)
 					if err != nil {
 						return err
 					}
-					src := make([]byte, l.Alloc)
+					src := reuse(&srcMem, l.Alloc)
 					layouts.Fill(src, l.Base)
 					for _, v := range []string{"same", "contig", "packed"} {
 						if err := ask(&expectTyped{Layout: name, Variant: v}); err != nil {
@@ -209,8 +230,15 @@ func TestActorTypedFields(t *testing.T) {
 			if path.scheme != "" {
 				t.Setenv("TROUPE_NC_SCHEME", path.scheme)
 			}
+			life := rankTimeout
+			if raceEnabled {
+				// The nas_mg layouts span 273 MB: building, filling and
+				// checking them under the race detector takes 30-60 s on a
+				// 2-vCPU machine.
+				life = 3 * rankTimeout
+			}
 			forActorTLS(t, func(t *testing.T, c cfg) {
-				res := runJob(t, "actor-typed/"+path.scenario, 2, c)
+				res := runJobFor(t, "actor-typed/"+path.scenario, 2, c, life)
 				n := len(layouts.Names) * 3
 				if path.name == "protocol" {
 					n *= 3 // the adaptive default sees each layout three times
