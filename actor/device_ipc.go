@@ -314,6 +314,14 @@ func (rt *Runtime) receiveDeviceIPC(in *inPeer, m *transport.AMMessage, it *inIt
 		in.pushReady(it)
 		return
 	}
+	// A small copy from a mapping already open, by the device's copy
+	// agent, takes a few microseconds: do it here rather than pay a
+	// goroutine hand-off for it (transport.ImportDeviceNow).
+	if done, err := rt.t.ImportDeviceNow(in.rank, desc, dst); done {
+		rt.landedIPC(in, it, ct, dst, owned, seq, false, err)
+		in.pushReady(it)
+		return
+	}
 	// The copy takes the GPU some microseconds; keep the progress goroutine
 	// polling meanwhile so that the acknowledgement and the messages behind
 	// this one do not wait for it to wake.
@@ -328,24 +336,32 @@ func (rt *Runtime) receiveDeviceIPC(in *inPeer, m *transport.AMMessage, it *inIt
 		return transport.Status{}, err
 	}, func(_ transport.Status, err error) {
 		defer expecting()
-		it.ready = true
-		if err != nil {
-			it.err = "device payload: " + err.Error()
-		} else if msg, derr := decodeBodyDevice(ct, it.e.Body, it.e.Flags&flagPointer != 0, nil, dst); derr != nil {
-			rt.stats.DecodeErrors.Add(1)
-			it.err = derr.Error()
-		} else {
-			rt.stats.DeviceLanded.Add(1)
-			if !declined {
-				rt.stats.DeviceIPC.Add(1)
-			}
-			it.msg = msg
-		}
-		if it.err != "" && owned {
-			_ = gpu.Free(dst)
-		}
-		rt.ackDevice(in.rank, seq, it.err)
+		rt.landedIPC(in, it, ct, dst, owned, seq, declined, err)
 	})
+}
+
+// landedIPC decodes IPC device message it once its bytes landed in dst (or
+// failed with err), marks it ready and acknowledges it. owned: dst was
+// allocated for it (freed on failure); declined: the bytes came by the
+// fallback, not by CUDA IPC.
+func (rt *Runtime) landedIPC(in *inPeer, it *inItem, ct *codecType, dst gpu.Buffer, owned bool, seq uint64, declined bool, err error) {
+	it.ready = true
+	if err != nil {
+		it.err = "device payload: " + err.Error()
+	} else if msg, derr := decodeBodyDevice(ct, it.e.Body, it.e.Flags&flagPointer != 0, nil, dst); derr != nil {
+		rt.stats.DecodeErrors.Add(1)
+		it.err = derr.Error()
+	} else {
+		rt.stats.DeviceLanded.Add(1)
+		if !declined {
+			rt.stats.DeviceIPC.Add(1)
+		}
+		it.msg = msg
+	}
+	if it.err != "" && owned {
+		_ = gpu.Free(dst)
+	}
+	rt.ackDevice(in.rank, seq, it.err)
 }
 
 // ackDevice tells rank r the outcome of its IPC device message seq ("":

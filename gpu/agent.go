@@ -167,6 +167,25 @@ func AgentCopy(dst, src Buffer) (bool, error) {
 	return agentCopy(dst, src)
 }
 
+// AgentReady reports whether AgentCopy would copy src into dst now: Copy's
+// conditions hold and the device's agent is resident and idle. It launches
+// nothing; a copy racing with another may still find the agent busy.
+func AgentReady(dst, src Buffer) bool {
+	if checkPair(dst, src) != nil || !dst.a.sys.agentOn {
+		return false
+	}
+	dev := agentFor(dst, src)
+	if dev == nil {
+		return false
+	}
+	ag := &dev.agent
+	if !ag.mu.TryLock() {
+		return false
+	}
+	defer ag.mu.Unlock()
+	return ag.broken == nil && ag.residentLocked()
+}
+
 // agentFor returns the device whose agent may copy src into dst, or nil:
 // device and pinned memory only (pageable Go memory is not mapped for the
 // device, managed memory would migrate), one device, within the
@@ -222,13 +241,18 @@ func (ag *copyAgent) runningLocked() bool {
 	if ag.broken != nil {
 		return false
 	}
-	if ag.started && ag.gen > 0 && atomic.LoadUint64(&ag.ctl[ctlAlive]) == ag.gen {
+	if ag.residentLocked() {
 		return true
 	}
 	if err := ag.launchLocked(); err != nil {
 		ag.giveUpLocked(err)
 	}
 	return false
+}
+
+// residentLocked reports whether the latest launch is running.
+func (ag *copyAgent) residentLocked() bool {
+	return ag.started && ag.gen > 0 && atomic.LoadUint64(&ag.ctl[ctlAlive]) == ag.gen
 }
 
 // prepare sets the agent up when its system opens (without launching it).

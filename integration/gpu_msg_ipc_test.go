@@ -27,6 +27,7 @@ import (
 // deliver the same messages, in order, with the same bytes.
 func init() {
 	scenarios["gpumsgipc"] = gpuMsgIPC
+	scenarios["gpumsgagent"] = gpuMsgAgent
 	scenarios["gpumsgipcloss"] = gpuMsgIPCLoss
 }
 
@@ -65,9 +66,15 @@ type devSink struct {
 	next int
 	errs []string
 	mu   sync.Mutex
+	// landing, when set, takes every message of its size (kept, not
+	// freed: a free makes the copy agent return).
+	landing gpu.Buffer
 }
 
 func (s *devSink) PostReceiveDevice(in *actor.Incoming) gpu.Buffer {
+	if !s.landing.IsZero() && in.Size == s.landing.Len() {
+		return s.landing
+	}
 	n := in.Size
 	if n == devBadSize || n == devBadPairSize {
 		n--
@@ -101,7 +108,9 @@ func (s *devSink) Receive(c pa.Context) {
 		if m.Buf.Kind() != gpu.KindDevice {
 			s.fail("message %d landed in %s memory", m.N, m.Buf.Kind())
 		}
-		_ = gpu.Free(m.Buf)
+		if m.Buf != s.landing {
+			_ = gpu.Free(m.Buf)
+		}
 	case *devMark:
 		if m.N != s.next {
 			s.fail("mark %d arrived when %d was due", m.N, s.next)
@@ -161,6 +170,92 @@ func TestGPUMessagingIPC(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestGPUMessagingIPCAgent: with the copy agent resident, small device
+// messages from a mapping already open are copied where they arrive
+// (transport.ImportDeviceNow), not in a goroutine of their own, and still
+// arrive intact and in order.
+func TestGPUMessagingIPCAgent(t *testing.T) {
+	useCUDA(t)
+	t.Setenv(gpu.EnvGPUAgent, "on")
+	t.Setenv(gpu.EnvGPUAgentIdle, "1m")
+	res := runJob(t, "gpumsgagent", 2, cfg{"shm", "direct"})
+	requireLines(t, res, fmt.Sprintf("[1] rank 1: %d messages, imported at once %d", msgAgentRounds, msgAgentRounds))
+}
+
+// msgAgentRounds is the number of messages gpuMsgAgent measures.
+const msgAgentRounds = 8
+
+// gpuMsgAgent is one rank of TestGPUMessagingIPCAgent: rank 0 sends
+// 64-byte device messages from one buffer into one landing buffer of rank
+// 1's sink; the first opens the mapping, then rank 1 warms its agent and
+// counts how many of the next msgAgentRounds were imported at once.
+func gpuMsgAgent(ctx context.Context, r *rank) error {
+	sys, err := openGPU(r)
+	if err != nil {
+		return err
+	}
+	defer sys.Close()
+	dev := sys.Devices()[0]
+	const size = 64
+	buf, err := dev.Alloc(size) // rank 0: the source; rank 1: the landing buffer
+	if err != nil {
+		return err
+	}
+	return withActors(ctx, r, actor.Options{Device: dev}, func(rt *actor.Runtime) error {
+		sink := &devSink{dev: dev, landing: buf}
+		if _, err := rt.Root().SpawnNamed(rt.Props(func() pa.Actor { return sink }), "devsink"); err != nil {
+			return err
+		}
+		if err := r.b.Barrier(ctx, "gpumsgagent.spawned"); err != nil {
+			return err
+		}
+		var before transport.GPUIPCStats
+		for i := -1; i < msgAgentRounds; i++ {
+			if i == 0 {
+				// The mapping is open now (round -1).
+				if r.id() == 1 {
+					if err := warmAgent(sys); err != nil {
+						return err
+					}
+				}
+				// Rank 0 comes once round -1 was acknowledged, so imported.
+				if err := r.b.Barrier(ctx, "gpumsgagent.warm"); err != nil {
+					return err
+				}
+				before = r.t.GPUIPCStats()
+			}
+			if r.id() != 0 {
+				continue
+			}
+			seed := uint32(500 + i)
+			if err := gpu.CopyFromHost(buf, pattern(size, seed)); err != nil {
+				return err
+			}
+			// Send returns once rank 1 has copied: buf may be rewritten.
+			if err := rt.Send(rt.PID(1, "devsink"), &devMsg{N: i + 1, Seed: seed, Buf: buf}); err != nil {
+				return err
+			}
+		}
+		if r.id() == 0 {
+			res, err := rt.Request(rt.PID(1, "devsink"), &devVerdict{N: msgAgentRounds + 1}, actorTimeout)
+			if err != nil {
+				return err
+			}
+			if v := res.(*verdict); v.Err != "" {
+				return errors.New(v.Err)
+			}
+		}
+		if err := r.b.Barrier(ctx, "gpumsgagent.done"); err != nil {
+			return err
+		}
+		if r.id() == 1 {
+			after := r.t.GPUIPCStats()
+			r.logf("%d messages, imported at once %d", after.Imported-before.Imported, after.ImportedNow-before.ImportedNow)
+		}
+		return nil
+	})
 }
 
 // gpuMsgIPC is one rank of TestGPUMessagingIPC: each rank sends to the

@@ -94,6 +94,7 @@ type gpuIPCState struct {
 
 	sent, received, fallbacks, misses, hits, evicted atomic.Int64
 	exported, imported                               atomic.Int64 // ExportDevice, ImportDevice
+	importedNow                                      atomic.Int64 // ImportDeviceNow
 }
 
 // GPUIPCStats counts channel transfers that went by CUDA IPC.
@@ -120,6 +121,9 @@ type GPUIPCStats struct {
 	// GPU Messaging API. MapMisses, MapHits and Evicted count their
 	// mappings too.
 	Exported, Imported int64
+	// ImportedNow: imports of those done at once where the message
+	// arrived (ImportDeviceNow: mapping cached, copy by the copy agent).
+	ImportedNow int64
 }
 
 // GPUIPCStats reports the CUDA IPC path's use.
@@ -127,7 +131,8 @@ func (t *Transport) GPUIPCStats() GPUIPCStats {
 	g := &t.gipc
 	s := GPUIPCStats{Enabled: g.on, Off: g.off, Sent: g.sent.Load(), Received: g.received.Load(),
 		Fallbacks: g.fallbacks.Load(), MapMisses: g.misses.Load(), MapHits: g.hits.Load(), Evicted: g.evicted.Load(),
-		Exported: g.exported.Load(), Imported: g.imported.Load()}
+		Exported: g.exported.Load(), Imported: g.imported.Load(),
+		ImportedNow: g.importedNow.Load()}
 	for _, p := range g.peers {
 		if p {
 			s.Peers++

@@ -81,21 +81,9 @@ func DeviceDescLength(desc []byte) (int, error) {
 // failing copy are errors; dst is then unchanged or partly written, and
 // the exporter's memory is untouched.
 func (t *Transport) ImportDevice(peer int, desc []byte, dst gpu.Buffer) error {
-	d, err := decodeIPCDesc(desc)
-	switch {
-	case err != nil:
-		return fmt.Errorf("transport: device import from rank %d: %w", peer, err)
-	case d.kind != ctlIPC:
-		return fmt.Errorf("transport: device import from rank %d: descriptor of kind %d, not an IPC handle", peer, d.kind)
-	case peer < 0 || peer >= t.size:
-		return fmt.Errorf("transport: device import from rank %d: %w", peer, ErrInvalid)
-	case uint64(dst.Len()) != d.length:
-		return fmt.Errorf("transport: device import from rank %d: %d bytes exported, a buffer of %d to copy into: %w",
-			peer, d.length, dst.Len(), ErrSizeMismatch)
-	}
-	dev := ipcDevice(endBuf{g: dst, isG: true})
-	if dev == nil {
-		return fmt.Errorf("transport: device import from rank %d into %s memory: %w (%w)", peer, dst.Kind(), ErrIPCDeclined, gpu.ErrUnsupportedKind)
+	d, dev, err := t.importTarget(peer, desc, dst)
+	if err != nil {
+		return err
 	}
 	cache, s, err := t.dimp.use(t, peer, dev)
 	if err != nil {
@@ -116,6 +104,69 @@ func (t *Transport) ImportDevice(peer int, desc []byte, dst gpu.Buffer) error {
 	}
 	t.gipc.imported.Add(1)
 	return nil
+}
+
+// ImportDeviceNow is ImportDevice for a caller that must not wait long (a
+// message handler on the progress goroutine): it copies only when that is
+// quick, the sender's allocation already mapped (cached) and the copy taken
+// by the device's copy agent (gpu.AgentCopy, a few microseconds), and
+// reports whether it did; err is then the copy's result. Otherwise it does
+// nothing, and the caller imports with ImportDevice in a goroutine of its
+// own: that hand-off, not the copy, is what a small import costs when the
+// agent runs (docs/gpu.md, "Quick imports").
+func (t *Transport) ImportDeviceNow(peer int, desc []byte, dst gpu.Buffer) (bool, error) {
+	d, dev, err := t.importTarget(peer, desc, dst)
+	if err != nil {
+		return false, nil // ImportDevice reports it
+	}
+	cache, _, err := t.dimp.use(t, peer, dev)
+	if err != nil {
+		return false, nil
+	}
+	defer t.dimp.users.Done()
+	src, ok := cache.cached(dev, d)
+	if !ok {
+		return false, nil
+	}
+	done := false
+	if gpu.AgentReady(dst, src) {
+		done, err = gpu.AgentCopy(dst, src)
+	}
+	if cerr := gpu.IPCClose(src); cerr != nil && err == nil {
+		err = cerr
+	}
+	switch {
+	case !done:
+		return false, nil
+	case err != nil:
+		return true, fmt.Errorf("transport: device import from rank %d: CUDA IPC copy: %w", peer, err)
+	}
+	t.gipc.hits.Add(1)
+	t.gipc.imported.Add(1)
+	t.gipc.importedNow.Add(1)
+	return true, nil
+}
+
+// importTarget checks an import of desc from rank peer into dst and returns
+// the decoded descriptor and dst's device.
+func (t *Transport) importTarget(peer int, desc []byte, dst gpu.Buffer) (ipcDesc, *gpu.Device, error) {
+	d, err := decodeIPCDesc(desc)
+	switch {
+	case err != nil:
+		return d, nil, fmt.Errorf("transport: device import from rank %d: %w", peer, err)
+	case d.kind != ctlIPC:
+		return d, nil, fmt.Errorf("transport: device import from rank %d: descriptor of kind %d, not an IPC handle", peer, d.kind)
+	case peer < 0 || peer >= t.size:
+		return d, nil, fmt.Errorf("transport: device import from rank %d: %w", peer, ErrInvalid)
+	case uint64(dst.Len()) != d.length:
+		return d, nil, fmt.Errorf("transport: device import from rank %d: %d bytes exported, a buffer of %d to copy into: %w",
+			peer, d.length, dst.Len(), ErrSizeMismatch)
+	}
+	dev := ipcDevice(endBuf{g: dst, isG: true})
+	if dev == nil {
+		return d, nil, fmt.Errorf("transport: device import from rank %d into %s memory: %w (%w)", peer, dst.Kind(), ErrIPCDeclined, gpu.ErrUnsupportedKind)
+	}
+	return d, dev, nil
 }
 
 // use registers an import in flight and returns the peer's mapping cache

@@ -39,6 +39,25 @@ type ipcEntry struct {
 	used       uint64 // last use (LRU)
 }
 
+// cached returns a reference to the part of the exporter's allocation that
+// d describes when its mapping is cached (ok), as open would, without
+// opening anything or counting a hit; the caller closes it with
+// gpu.IPCClose.
+func (c *ipcCache) cached(dev *gpu.Device, d ipcDesc) (gpu.Buffer, bool) {
+	key := ipcKey{dev, d.h.Handle}
+	c.mu.Lock()
+	ent := c.m[key]
+	if c.closed || ent == nil || ent.base != d.base || ent.size != d.h.Size {
+		c.mu.Unlock()
+		return gpu.Buffer{}, false
+	}
+	c.tick++
+	ent.used = c.tick
+	c.mu.Unlock()
+	ref, err := dev.IPCOpen(d.h) // the cache's reference keeps it open: no driver call
+	return ref, err == nil
+}
+
 // open returns a reference to the part of the exporter's allocation that d
 // describes, mapped on dev; the caller closes it with gpu.IPCClose. The
 // cache keeps the mapping open for later transfers.
