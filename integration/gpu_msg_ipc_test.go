@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -66,14 +67,17 @@ type devSink struct {
 	next int
 	errs []string
 	mu   sync.Mutex
-	// landing, when set, takes every message of its size (kept, not
-	// freed: a free makes the copy agent return).
-	landing gpu.Buffer
+	// landings, when set, take the messages of their size in turn, one
+	// each (a message may land while the one before is being checked);
+	// they are kept, not freed (a free makes the copy agent return).
+	landings []gpu.Buffer
+	landed   int // PostReceiveDevice's, on the progress goroutine
 }
 
 func (s *devSink) PostReceiveDevice(in *actor.Incoming) gpu.Buffer {
-	if !s.landing.IsZero() && in.Size == s.landing.Len() {
-		return s.landing
+	if s.landed < len(s.landings) && in.Size == s.landings[s.landed].Len() {
+		s.landed++
+		return s.landings[s.landed-1]
 	}
 	n := in.Size
 	if n == devBadSize || n == devBadPairSize {
@@ -108,7 +112,7 @@ func (s *devSink) Receive(c pa.Context) {
 		if m.Buf.Kind() != gpu.KindDevice {
 			s.fail("message %d landed in %s memory", m.N, m.Buf.Kind())
 		}
-		if m.Buf != s.landing {
+		if !slices.Contains(s.landings, m.Buf) {
 			_ = gpu.Free(m.Buf)
 		}
 	case *devMark:
@@ -188,8 +192,8 @@ func TestGPUMessagingIPCAgent(t *testing.T) {
 const msgAgentRounds = 8
 
 // gpuMsgAgent is one rank of TestGPUMessagingIPCAgent: rank 0 sends
-// 64-byte device messages from one buffer into one landing buffer of rank
-// 1's sink; the first opens the mapping, then rank 1 warms its agent and
+// 64-byte device messages from one buffer into landing buffers of rank 1's
+// sink; the first opens the mapping, then rank 1 warms its agent and
 // counts how many of the next msgAgentRounds were imported at once.
 func gpuMsgAgent(ctx context.Context, r *rank) error {
 	sys, err := openGPU(r)
@@ -199,12 +203,19 @@ func gpuMsgAgent(ctx context.Context, r *rank) error {
 	defer sys.Close()
 	dev := sys.Devices()[0]
 	const size = 64
-	buf, err := dev.Alloc(size) // rank 0: the source; rank 1: the landing buffer
+	buf, err := dev.Alloc(size) // rank 0's source
 	if err != nil {
 		return err
 	}
+	sink := &devSink{dev: dev}
+	for range msgAgentRounds + 1 {
+		b, err := dev.Alloc(size)
+		if err != nil {
+			return err
+		}
+		sink.landings = append(sink.landings, b)
+	}
 	return withActors(ctx, r, actor.Options{Device: dev}, func(rt *actor.Runtime) error {
-		sink := &devSink{dev: dev, landing: buf}
 		if _, err := rt.Root().SpawnNamed(rt.Props(func() pa.Actor { return sink }), "devsink"); err != nil {
 			return err
 		}

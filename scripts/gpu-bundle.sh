@@ -17,6 +17,14 @@ go test -c "$flags" -o "$out/bin/jacobi3d.test" ./samples/jacobi3d/
 go build "$flags" -o "$out/bin/troupe" ./cmd/troupe
 go build "$flags" -o "$out/bin/jacobi3d" ./samples/jacobi3d
 go build "$flags" -o "$out/bin/faces" ./samples/faces
+# TROUPE_BUNDLE_BASE=<rev>: troupe as of that revision too, as troupe-base,
+# for A/B runs in one session (gpu-check.sh msgab)
+if [ -n "${TROUPE_BUNDLE_BASE:-}" ]; then
+	base=$(mktemp -d)
+	git worktree add -q --detach "$base" "$TROUPE_BUNDLE_BASE"
+	(cd "$base" && go build "$flags" -o "$OLDPWD/$out/bin/troupe-base" ./cmd/troupe)
+	git worktree remove --force "$base"
+fi
 # the protoactor-go reference of `troupe bench actor --compare`
 go build "$flags" -o "$out/bin/protobench" ./samples/protobench
 # the raw UCX reference of `troupe bench pingpong --compare`

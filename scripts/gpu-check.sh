@@ -4,7 +4,7 @@
 # Jacobi3D on the device. Each step's output goes to $OUT/<step>.log (or
 # ./gpu-logs) and a summary line per step to stdout.
 #   scripts/gpu-check.sh [step...]
-# steps: info gpu gpurace gpubench kcopy acopy agentab ncab integration jacobi bench benchhost run faces pingpong actor overlap lat8
+# steps: info gpu gpurace msgab gpubench kcopy acopy agentab ncab integration jacobi bench benchhost run faces pingpong actor overlap lat8
 set -u
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -45,6 +45,11 @@ for s in $steps; do
 	bench)
 		timeout -k 5 150 "$B/troupe" bench gpu --backend cuda >"$logs/bench.log" 2>&1
 		echo "== bench gpu: exit $?"; cat "$logs/bench.log" ;;
+	msgab) # small-message latency, troupe-base (TROUPE_BUNDLE_BASE) against troupe, alternated
+		for i in 1 2; do for b in troupe-base troupe; do
+			echo "# $b"; timeout -k 5 60 "$B/$b" bench gpu --backend cuda --max 8192 --scale 0.5
+		done; done >"$logs/msgab.log" 2>&1
+		echo "== msgab: exit $?"; grep -vE '^# (msg|troupe bench)' "$logs/msgab.log" ;;
 	gpurace) # the gpu suite on cuda under the race detector
 		step gpurace gpu 200 env TROUPE_GPU=cuda "$B/gpu-race.test" -test.v -test.count=1 -test.timeout=180s ;;
 	gpubench) # stream copy + synchronize, per direction and size
