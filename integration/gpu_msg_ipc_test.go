@@ -231,11 +231,15 @@ func gpuMsgAgent(ctx context.Context, r *rank) error {
 						return err
 					}
 				}
-				// Rank 0 comes once round -1 was acknowledged, so imported.
+				// Rank 0 comes once round -1 was acknowledged, so imported,
+				// and sends on only after rank 1's count.
 				if err := r.b.Barrier(ctx, "gpumsgagent.warm"); err != nil {
 					return err
 				}
 				before = r.t.GPUIPCStats()
+				if err := r.b.Barrier(ctx, "gpumsgagent.counted"); err != nil {
+					return err
+				}
 			}
 			if r.id() != 0 {
 				continue
