@@ -2,6 +2,7 @@ package datatype
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 )
@@ -20,7 +21,9 @@ func TestCrossover(t *testing.T) {
 		{"tie keeps sgl", []time.Duration{3 * ms, 4 * ms}, []time.Duration{3 * ms, 5 * ms}, SchemeSGL, SchemeSGL},
 		{"within the margin keeps the preference", []time.Duration{100 * ms, 100 * ms}, []time.Duration{98 * ms, 99 * ms}, SchemePack, SchemePack},
 		{"beyond the margin", []time.Duration{100 * ms, 100 * ms}, []time.Duration{96 * ms, 99 * ms}, SchemePack, SchemeSGL},
-		{"best, not mean", []time.Duration{10 * ms, 1 * ms}, []time.Duration{2 * ms, 2 * ms}, SchemeSGL, SchemePack},
+		{"lower median of two is the best, not the mean", []time.Duration{10 * ms, 1 * ms}, []time.Duration{2 * ms, 2 * ms}, SchemeSGL, SchemePack},
+		{"median, not best", []time.Duration{9 * ms, 1 * ms, 9 * ms}, []time.Duration{5 * ms, 5 * ms, 6 * ms}, SchemePack, SchemeSGL},
+		{"median, not mean", []time.Duration{3 * ms, 3 * ms, 90 * ms}, []time.Duration{5 * ms, 5 * ms, 5 * ms}, SchemeSGL, SchemePack},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := NewCrossover(len(tc.pack), tc.prefer)
@@ -37,8 +40,8 @@ func TestCrossover(t *testing.T) {
 					c.Observe(s, tc.sgl[i/2])
 				}
 			}
-			if want := "[pack sgl pack sgl]"; fmt.Sprint(asked) != want {
-				t.Fatalf("trials %v, want %s", asked, want)
+			if want := strings.Repeat("pack sgl ", len(tc.pack)); fmt.Sprint(asked) != "["+strings.TrimSpace(want)+"]" {
+				t.Fatalf("trials %v, want pack and sgl alternated, %d each", asked, len(tc.pack))
 			}
 			v, ok := c.Verdict()
 			if !ok || v != tc.want || c.Next() != tc.want {
@@ -69,10 +72,10 @@ func TestCrossover(t *testing.T) {
 
 func TestInCrossoverBand(t *testing.T) {
 	th := DefaultThresholds()
-	if th.InCrossoverBand(Stats{AvgBlock: 8192, Segments: 64}) {
-		t.Error("measuring is on by default")
+	if th.CrossoverBand != 4 {
+		t.Errorf("default band %d, want 4", th.CrossoverBand)
 	}
-	th.CrossoverBand = 4 // T = 8 KiB: [2 KiB, 32 KiB]
+	// T = 8 KiB: [2 KiB, 32 KiB]
 	for _, tc := range []struct {
 		avg  float64
 		segs int64

@@ -87,8 +87,8 @@ type Thresholds struct {
 	// CrossoverBand: layouts whose average block lies within
 	// [T/CrossoverBand, T*CrossoverBand] have the pack/SGL crossover
 	// measured per layout pair (Crossover) instead of assumed at T; 0 or 1
-	// turns measuring off (the default: it helps where T is wrong for the
-	// machine and costs where T is right, docs/noncontig.md).
+	// turns measuring off. On by default (4): T is right for some machines
+	// and wrong for others (docs/noncontig.md).
 	// CrossoverTrials: timed transfers per scheme before the verdict.
 	CrossoverBand   int64
 	CrossoverTrials int
@@ -106,7 +106,7 @@ func DefaultThresholds() Thresholds {
 		WindowMinBlock:    32 << 10,
 		SGLMaxSegments:    1 << 16,
 		MaxIOVsPerOp:      16,
-		CrossoverBand:     0, // off: see docs/noncontig.md
+		CrossoverBand:     4, // [T/4, T*4]: see docs/noncontig.md
 		CrossoverTrials:   8,
 	}
 }

@@ -192,7 +192,7 @@ func TestTypedCrossoverLocal(t *testing.T) {
 	ctx := testCtx(t)
 	for _, tr := range ts {
 		o := DefaultNoncontigOptions()
-		o.Thresholds.CrossoverBand = 4 // off by default
+		o.Thresholds.CrossoverBand = 4 // the default, whatever the environment says
 		if err := tr.SetNoncontigOptions(o); err != nil {
 			t.Fatal(err)
 		}
