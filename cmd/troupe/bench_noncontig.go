@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"runtime"
 	"slices"
@@ -28,12 +29,19 @@ type ncPoint struct {
 	LatUs  float64 `json:"lat_us"`
 	Bytes  int64   `json:"bytes"`
 	Blocks int64   `json:"blocks"`
-	// Batches is how many batches the best was taken from.
+	// Batches is how many batches each scheme ran at this point.
 	Batches int `json:"batches"`
+	// MedianUs is the median one-way latency of the individual ping-pongs
+	// (lat_us with --stat median; typed benchmark only).
+	MedianUs float64 `json:"median_us,omitempty"`
+	// BestBatchUs is the mean one-way latency of the best batch (lat_us
+	// by default; typed benchmark only).
+	BestBatchUs float64 `json:"best_batch_us,omitempty"`
 }
 
-// ncSettleGain is the improvement of a best batch, over ncSettleRounds
-// rounds, below which a point's measurement has settled.
+// ncSettleGain is the change of a scheme's statistic (best batch or
+// median), over ncSettleRounds rounds, below which a point's measurement
+// has settled.
 const (
 	ncSettleGain   = 0.01
 	ncSettleRounds = 3
@@ -41,9 +49,9 @@ const (
 
 // ncSettle decides after each round whether a point's measurement goes on.
 // A point runs at least f.rounds rounds; then rounds go on while some
-// way's best batch improved by more than ncSettleGain in the last
-// ncSettleRounds rounds, up to f.maxRounds rounds and while the point has
-// used less than f.budget. On a shared machine the noise only ever adds
+// way's statistic (its best batch, or its median ping-pong) moved by more
+// than ncSettleGain in the last ncSettleRounds rounds, up to f.maxRounds
+// rounds and while the point has used less than f.budget. On a shared machine the noise only ever adds
 // time, and a layout whose batches vary severalfold (nas_mg_x: 0.66 to 4.3
 // ms one way in one run, its page walks missing the cache the other
 // tenants use) needs more batches than a quiet one before its best is the
@@ -55,7 +63,7 @@ type ncSettle struct {
 	min     int
 	max     int
 	end     time.Time
-	history [][]float64 // the bests after each round (rank 0)
+	history [][]float64 // each way's statistic after each round (rank 0)
 }
 
 func newNCSettle(boot bootstrap.Bootstrapper, point string, f noncontigFlags) *ncSettle {
@@ -63,10 +71,10 @@ func newNCSettle(boot bootstrap.Bootstrapper, point string, f noncontigFlags) *n
 		max: max(f.maxRounds, f.rounds, 1), end: time.Now().Add(f.budget)}
 }
 
-// more reports whether another round follows round (0-based); bests are
-// rank 0's best batch per way so far (ignored on other ranks).
-func (s *ncSettle) more(ctx context.Context, round int, bests []float64) (bool, error) {
-	s.history = append(s.history, bests)
+// more reports whether another round follows round (0-based); stats are
+// rank 0's statistic per way so far (ignored on other ranks).
+func (s *ncSettle) more(ctx context.Context, round int, stats []float64) (bool, error) {
+	s.history = append(s.history, stats)
 	if round+1 < s.min {
 		return true, nil
 	}
@@ -91,7 +99,7 @@ func (s *ncSettle) unsettled(round int) bool {
 	}
 	now, then := s.history[len(s.history)-1], s.history[len(s.history)-1-ncSettleRounds]
 	for k := range now {
-		if now[k] < then[k]*(1-ncSettleGain) {
+		if math.Abs(now[k]-then[k]) > then[k]*ncSettleGain {
 			return true
 		}
 	}
@@ -109,10 +117,17 @@ type noncontigFlags struct {
 	noVec     bool
 	noApp     bool
 	actor     bool
+	stat      string // "median" or "best" (typed benchmark)
+	aa        bool   // measure pack a second time (A/A)
 }
 
 // ncSchemeOrder is the column order of the table.
 var ncSchemeOrder = []datatype.Scheme{datatype.SchemePack, datatype.SchemeSGL, datatype.SchemeZCopy, datatype.SchemeAuto}
+
+// ncAAName is the column of --aa: pack measured a second time, as a fifth
+// way taking its turns like the others, so that the ratio of two
+// measurements of one scheme shows how finely a run can tell schemes apart.
+const ncAAName = "pack2"
 
 // ncTurns is the cycle in which the schemes take turns (indexes into
 // ncSchemeOrder). A scheme leaves the machine in a state the next one
@@ -174,17 +189,23 @@ layout on both sides, for each fixed scheme and for the adaptive default
 vec_<block>x<count>) and the 13 DDTBench layouts. The schemes take turns in
 short batches, in an order in which each follows each other equally often,
 for --rounds rounds, then for further rounds (up to --max-rounds and
---point-time) while some scheme's best batch still improved by more than 1 %
-in the last three rounds; each scheme's best batch is reported. With --actor the
-five ways (am and the four schemes) take turns the same way.`,
+--point-time) while some scheme's statistic still moved by more than 1 % in
+the last three rounds. Each scheme's best batch (the mean of its ping-pongs) is
+reported; --stat median reports the median of all its ping-pongs instead (each
+is timed on its own, and --json gives both). --aa measures pack a second time
+as a fifth way (pack2), to show how finely the run tells schemes apart. With
+--actor the five ways (am and the four schemes) take turns the same way, and
+each way's best batch is reported.`,
 		Args: cobra.NoArgs,
 	}
 	fl := cmd.Flags()
 	fl.StringVar(&f.tls, "tls", "shm", "UCX transports: shm, tcp, or a UCX_TLS value")
 	fl.BoolVar(&f.json, "json", false, `print one JSON object per point: {"layout":"vec_4096x64","scheme":"pack|sgl|zcopy|adaptive","lat_us":...}`)
 	fl.Float64Var(&f.scale, "scale", 1, "iteration count multiplier")
-	fl.IntVar(&f.rounds, "rounds", 4, "rounds per point at least; in each the schemes take turns in batches, each scheme 3 batches (the best batch is reported)")
-	fl.IntVar(&f.maxRounds, "max-rounds", 16, "rounds per point at most: after --rounds, rounds go on while a best batch still improves by more than 1% in three rounds")
+	fl.IntVar(&f.rounds, "rounds", 4, "rounds per point at least; in each the schemes take turns in batches, each scheme 3 batches (4 with --aa)")
+	fl.IntVar(&f.maxRounds, "max-rounds", 16, "rounds per point at most: after --rounds, rounds go on while a scheme's statistic still moves by more than 1% in three rounds")
+	fl.StringVar(&f.stat, "stat", "best", "what is reported per scheme: best (batch) or median (of the individual ping-pongs)")
+	fl.BoolVar(&f.aa, "aa", false, "measure pack a second time (column pack2) as a check of the run's resolution")
 	fl.DurationVar(&f.budget, "point-time", 20*time.Second, "no further round of a point starts after this much time on it")
 	fl.StringSliceVar(&f.layouts, "layout", nil, "only these layouts (vec_<block>x<count> or DDTBench names)")
 	fl.BoolVar(&f.noVec, "no-vectors", false, "skip the vector sweep")
@@ -192,6 +213,12 @@ five ways (am and the four schemes) take turns the same way.`,
 	fl.BoolVar(&f.actor, "actor", false, "ping-pong actor messages with a Typed field instead: packed into the active message (am) or by the typed-transfer protocol per scheme")
 	setBenchRun(cmd, func(ctx context.Context) error { return noncontigRank(ctx, f) },
 		func(ctx context.Context, out io.Writer) error {
+			if f.stat != "median" && f.stat != "best" {
+				return fmt.Errorf("--stat %q: want median or best", f.stat)
+			}
+			if f.actor && (f.aa || f.stat != "best") {
+				return fmt.Errorf("--aa and --stat median measure typed transfers, not --actor")
+			}
 			pts, err := runNoncontigJob(ctx, f)
 			if err != nil {
 				return err
@@ -277,7 +304,11 @@ func (c ncCase) prepare(scale float64) (ncRun, error) {
 
 func runNoncontigJob(ctx context.Context, f noncontigFlags) ([]ncPoint, error) {
 	args := []string{"bench", "noncontig", "--as-rank", "--scale", strconv.FormatFloat(f.scale, 'g', -1, 64),
-		"--rounds", strconv.Itoa(f.rounds), "--max-rounds", strconv.Itoa(f.maxRounds), "--point-time", f.budget.String()}
+		"--rounds", strconv.Itoa(f.rounds), "--max-rounds", strconv.Itoa(f.maxRounds), "--point-time", f.budget.String(),
+		"--stat", f.stat}
+	if f.aa {
+		args = append(args, "--aa")
+	}
 	if len(f.layouts) > 0 {
 		args = append(args, "--layout", strings.Join(f.layouts, ","))
 	}
@@ -325,6 +356,15 @@ func noncontigRank(ctx context.Context, f noncontigFlags) error {
 	}
 	defer closeOut()
 	peer := 1 - t.Rank()
+	schemes, names := slices.Clone(ncSchemeOrder), make([]string, 0, len(ncSchemeOrder)+1)
+	for _, s := range schemes {
+		names = append(names, s.String())
+	}
+	turns := ncTurns
+	if f.aa {
+		schemes, names = append(schemes, datatype.SchemePack), append(names, ncAAName)
+		turns = balancedTurns(len(schemes))
+	}
 	for ci, c := range cases {
 		r, err := c.prepare(f.scale)
 		if err != nil {
@@ -346,50 +386,47 @@ func noncontigRank(ctx context.Context, f noncontigFlags) error {
 			}
 			return t.SendTypedWith(ctx, peer, tag, buf, c.dt, 1, o)
 		}
-		// The schemes take turns batch by batch (ncTurns), so that a slow
-		// spell of the shared machine hits them alike. Each batch starts
-		// from a collected heap and with a few untimed ping-pongs, which
-		// bring back what the previous scheme took from the caches. Each
-		// scheme's best batch is reported: the machine's noise only ever
-		// adds time.
+		// The schemes take turns batch by batch (ncTurns), so that a
+		// slow spell of the shared machine hits them alike. Each batch
+		// starts from a collected heap and with a few untimed ping-pongs,
+		// which bring back what the previous scheme took from the caches.
+		// The machine's noise only ever adds time, so each scheme's best
+		// batch is reported by default. Every ping-pong is also timed on
+		// its own, for --stat median (docs/noncontig.md, "How finely a
+		// run tells schemes apart").
 		batch := max(iters/4, 3)
-		samples := make([][]float64, len(ncSchemeOrder))
+		m := newNCMeasure(len(schemes), f.stat)
 		settle := newNCSettle(boot, c.name, f)
 		for round := 0; ; round++ {
-			for _, k := range ncTurns {
-				s := ncSchemeOrder[k]
+			for _, k := range turns {
+				s := schemes[k]
 				runtime.GC()
 				for i := 0; i < warmup; i++ {
 					if err := one(s); err != nil {
 						return fmt.Errorf("%s %v warm-up: %w", c.name, s, err)
 					}
 				}
-				start := time.Now()
+				m.startBatch()
 				for i := 0; i < batch; i++ {
+					start := time.Now()
 					if err := one(s); err != nil {
 						return fmt.Errorf("%s %v: %w", c.name, s, err)
 					}
+					m.add(k, time.Since(start))
 				}
-				samples[k] = append(samples[k], float64(time.Since(start).Nanoseconds())/float64(2e3*batch))
+				m.endBatch(k)
 			}
-			bests := make([]float64, len(samples))
-			for k := range samples {
-				bests[k] = slices.Min(samples[k])
-			}
-			if more, err := settle.more(ctx, round, bests); err != nil || !more {
+			if more, err := settle.more(ctx, round, m.stats()); err != nil || !more {
 				if err != nil {
 					return err
 				}
 				break
 			}
 		}
-		best := map[datatype.Scheme]float64{}
-		for k, s := range ncSchemeOrder {
-			best[s] = slices.Min(samples[k])
-		}
 		if enc != nil {
-			for k, s := range ncSchemeOrder {
-				p := ncPoint{Layout: c.name, Scheme: s.String(), LatUs: best[s], Bytes: bytes, Blocks: r.segments, Batches: len(samples[k])}
+			for k, name := range names {
+				p := ncPoint{Layout: c.name, Scheme: name, LatUs: m.stat(k), Bytes: bytes, Blocks: r.segments,
+					Batches: len(m.batches[k]), MedianUs: m.median(k), BestBatchUs: m.bestBatch(k)}
 				if err := enc.Encode(p); err != nil {
 					return err
 				}
@@ -402,6 +439,76 @@ func noncontigRank(ctx context.Context, f noncontigFlags) error {
 		fmt.Fprintf(os.Stderr, "rank 0 counters: %+v\n", st)
 	}
 	return boot.Barrier(ctx, "bench.noncontig.done")
+}
+
+// ncMeasure collects one point's timings per way: every ping-pong's
+// one-way latency and each batch's mean, in microseconds.
+type ncMeasure struct {
+	best     bool        // the statistic is the best batch, not the median
+	pingpong [][]float64 // per way: one-way latency of each ping-pong
+	batches  [][]float64 // per way: mean one-way latency of each batch
+	batch    float64     // sum over the batch in progress
+	n        int         // ping-pongs in the batch in progress
+}
+
+func newNCMeasure(ways int, stat string) *ncMeasure {
+	return &ncMeasure{best: stat == "best", pingpong: make([][]float64, ways), batches: make([][]float64, ways)}
+}
+
+func (m *ncMeasure) startBatch() { m.batch, m.n = 0, 0 }
+
+// add records one ping-pong (a round trip) of way k.
+func (m *ncMeasure) add(k int, rtt time.Duration) {
+	us := float64(rtt.Nanoseconds()) / 2e3
+	m.pingpong[k] = append(m.pingpong[k], us)
+	m.batch += us
+	m.n++
+}
+
+func (m *ncMeasure) endBatch(k int) {
+	if m.n > 0 {
+		m.batches[k] = append(m.batches[k], m.batch/float64(m.n))
+	}
+}
+
+// median is way k's median ping-pong (the mean of the middle two for an
+// even count).
+func (m *ncMeasure) median(k int) float64 {
+	v := slices.Clone(m.pingpong[k])
+	if len(v) == 0 {
+		return 0
+	}
+	slices.Sort(v)
+	h := len(v) / 2
+	if len(v)%2 == 1 {
+		return v[h]
+	}
+	return (v[h-1] + v[h]) / 2
+}
+
+// bestBatch is way k's best batch mean (0 before any batch).
+func (m *ncMeasure) bestBatch(k int) float64 {
+	if len(m.batches[k]) == 0 {
+		return 0
+	}
+	return slices.Min(m.batches[k])
+}
+
+// stat is way k's reported latency.
+func (m *ncMeasure) stat(k int) float64 {
+	if m.best {
+		return m.bestBatch(k)
+	}
+	return m.median(k)
+}
+
+// stats is every way's stat so far.
+func (m *ncMeasure) stats() []float64 {
+	out := make([]float64, len(m.pingpong))
+	for k := range out {
+		out[k] = m.stat(k)
+	}
+	return out
 }
 
 func printNoncontig(out io.Writer, f noncontigFlags, pts []ncPoint) error {
@@ -432,16 +539,28 @@ func printNoncontig(out io.Writer, f noncontigFlags, pts []ncPoint) error {
 		r.lat[p.Scheme] = p.LatUs
 	}
 	what, cols := "typed", []string{"pack", "sgl", "zcopy", "adaptive"}
+	how := "best of each scheme's interleaved batches (batches: how many each)"
+	if f.stat == "median" {
+		how = "median of each scheme's ping-pongs, taken in interleaved batches (batches: how many each)"
+	}
 	if f.actor {
 		what, cols = "actor Typed-field", []string{"am", "pack", "sgl", "zcopy", "adaptive"}
 	}
-	fmt.Fprintf(out, "# %s ping-pong latency (us, one way), 2 ranks, UCX_TLS=%s, best of each scheme's interleaved batches (batches: how many each)\n", what, bootstrap.UCXTLS(f.tls))
+	fixed := len(cols) - 1 // the fixed schemes are the columns before adaptive
+	if f.aa {
+		cols = append(cols, ncAAName)
+	}
+	fmt.Fprintf(out, "# %s ping-pong latency (us, one way), 2 ranks, UCX_TLS=%s, %s\n", what, bootstrap.UCXTLS(f.tls), how)
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintf(tw, "layout\tbytes\tblocks\tbatches\t%s\tbest fixed\tadaptive/best\t\n", strings.Join(cols, "\t"))
-	within := 0
+	fmt.Fprintf(tw, "layout\tbytes\tblocks\tbatches\t%s\tbest fixed\tadaptive/best\t", strings.Join(cols, "\t"))
+	if f.aa {
+		fmt.Fprint(tw, "pack2/pack\t")
+	}
+	fmt.Fprintln(tw)
+	within, aaWithin := 0, 0
 	for _, r := range rows {
 		bestName, bestLat := "", 0.0
-		for _, s := range cols[:len(cols)-1] {
+		for _, s := range cols[:fixed] {
 			if l, ok := r.lat[s]; ok && (bestName == "" || l < bestLat) {
 				bestName, bestLat = s, l
 			}
@@ -454,11 +573,22 @@ func printNoncontig(out io.Writer, f noncontigFlags, pts []ncPoint) error {
 		for _, s := range cols {
 			fmt.Fprintf(tw, "%.1f\t", r.lat[s])
 		}
-		fmt.Fprintf(tw, "%s\t%.2f\t\n", bestName, ratio)
+		fmt.Fprintf(tw, "%s\t%.2f\t", bestName, ratio)
+		if f.aa {
+			q := r.lat[ncAAName] / r.lat["pack"]
+			if q >= 1/1.05 && q <= 1.05 {
+				aaWithin++
+			}
+			fmt.Fprintf(tw, "%.2f\t", q)
+		}
+		fmt.Fprintln(tw)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
 	fmt.Fprintf(out, "# adaptive within 5%% of the best fixed scheme at %d of %d points\n", within, len(rows))
+	if f.aa {
+		fmt.Fprintf(out, "# pack measured twice (A/A) within 5%% of itself at %d of %d points\n", aaWithin, len(rows))
+	}
 	return nil
 }

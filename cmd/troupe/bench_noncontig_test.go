@@ -1,6 +1,7 @@
 package main
 
 import (
+	"strings"
 	"testing"
 	"time"
 )
@@ -77,6 +78,70 @@ func TestNCSettle(t *testing.T) {
 		s := &ncSettle{min: 1, max: c.max, end: c.end, history: c.history}
 		if got := s.unsettled(len(c.history) - 1); got != c.want {
 			t.Errorf("%s: unsettled = %v, want %v", c.name, got, c.want)
+		}
+	}
+}
+
+// A way whose statistic got worse by more than the gain is not settled
+// either: a median moves both ways.
+func TestNCSettleWorse(t *testing.T) {
+	h := [][]float64{{10, 20}, {10, 20}, {10, 20}, {10, 21}}
+	s := &ncSettle{min: 1, max: 16, end: time.Now().Add(time.Hour), history: h}
+	if !s.unsettled(len(h) - 1) {
+		t.Error("a way 5 % slower than three rounds ago counted as settled")
+	}
+}
+
+func TestNCMeasure(t *testing.T) {
+	us := func(v float64) time.Duration { return time.Duration(v * 2e3) } // a round trip of v us one way
+	m := newNCMeasure(2, "median")
+	for _, batch := range [][]float64{{4, 5, 30}, {3, 6, 3}} {
+		m.startBatch()
+		for _, v := range batch {
+			m.add(0, us(v))
+		}
+		m.endBatch(0)
+	}
+	if got := m.median(0); got != 4.5 { // 3 3 4 5 6 30
+		t.Errorf("median = %v, want 4.5", got)
+	}
+	if got := m.bestBatch(0); got != 4 { // batches 13 and 4
+		t.Errorf("best batch = %v, want 4", got)
+	}
+	if got := m.stat(0); got != 4.5 {
+		t.Errorf("median stat = %v, want 4.5", got)
+	}
+	if got := m.bestBatch(1); got != 0 || len(m.batches[1]) != 0 {
+		t.Errorf("way without batches: best %v, batches %v", got, m.batches[1])
+	}
+	m.best = true
+	if got := m.stats(); got[0] != 4 || got[1] != 0 {
+		t.Errorf("best stats = %v, want [4 0]", got)
+	}
+}
+
+// The table counts adaptive against the best fixed scheme only (pack2 is
+// not a scheme to beat) and A/A pairs within 5 % either way.
+func TestPrintNoncontigAA(t *testing.T) {
+	var pts []ncPoint
+	add := func(layout string, lat map[string]float64) {
+		for s, l := range lat {
+			pts = append(pts, ncPoint{Layout: layout, Scheme: s, LatUs: l, Bytes: 1024, Blocks: 16, Batches: 12})
+		}
+	}
+	add("a", map[string]float64{"pack": 10, "sgl": 20, "zcopy": 30, "adaptive": 10.4, "pack2": 9.6})
+	add("b", map[string]float64{"pack": 10, "sgl": 20, "zcopy": 30, "adaptive": 10, "pack2": 8})
+	var out strings.Builder
+	if err := printNoncontig(&out, noncontigFlags{aa: true, stat: "best"}, pts); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"pack2/pack",
+		"# adaptive within 5% of the best fixed scheme at 2 of 2 points",
+		"# pack measured twice (A/A) within 5% of itself at 1 of 2 points",
+	} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("table lacks %q:\n%s", want, out.String())
 		}
 	}
 }
