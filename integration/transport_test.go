@@ -227,3 +227,32 @@ func TestDeadPeer(t *testing.T) {
 		}
 	})
 }
+
+// TestOneProcessor runs round trips of every size and a same-tag stream, in
+// both progress modes, and an actor stream, with each rank limited to one P
+// (GOMAXPROCS=1, as a rank bound to one core gets): the progress goroutine
+// and the waiters then share one thread, and must hand it to each other
+// rather than sleep on it (docs/transport.md, "One processor per rank").
+func TestOneProcessor(t *testing.T) {
+	t.Setenv("GOMAXPROCS", "1")
+	oneP := func(t *testing.T, res jobResult, n int) {
+		t.Helper()
+		for r := 0; r < n; r++ {
+			requireLines(t, res, fmt.Sprintf("[%d] rank %d: GOMAXPROCS=1", r, r))
+		}
+	}
+	forTLS(t, func(t *testing.T, c cfg) {
+		res := runJob(t, "integrity", 2, c)
+		oneP(t, res, 2)
+		for _, n := range integritySizes {
+			requireLines(t, res, fmt.Sprintf("[0] rank 0: %d B round trip ok", n))
+		}
+		res = runJob(t, "order", 2, c)
+		requireLines(t, res, fmt.Sprintf("%d same-tag messages arrived in order", orderN))
+	})
+	t.Run("actor-order", func(t *testing.T) {
+		res := runJob(t, "actor-order", actorRanks, cfg{"shm", "direct"})
+		oneP(t, res, actorRanks)
+		requireLine(t, res, fmt.Sprintf("[1] rank 1: both streams of %d messages arrived intact and in order", orderStream))
+	})
+}

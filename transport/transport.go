@@ -555,6 +555,12 @@ func (t *Transport) loop() {
 	var idle time.Time
 	polls := 0
 	pacing := false
+	// oneP: the process runs Go code on one thread at a time (GOMAXPROCS
+	// 1, as a rank bound to one core gets), so this goroutine and the ones
+	// it serves take turns on it: it yields instead of spinning or
+	// sleeping on the thread (docs/transport.md, "One processor per
+	// rank"). Read again every 32 idle passes (GOMAXPROCS may change).
+	oneP := runtime.GOMAXPROCS(0) == 1
 	for !t.stopping.Load() {
 		if pacing {
 			if direct && t.parked.Load() == 0 && t.spinners.Load() == 0 && t.slowPeer() {
@@ -584,7 +590,15 @@ func (t *Transport) loop() {
 				// the receiver's request for its data, which does not wake
 				// the event fd. Sleep the thread instead; a kick that came
 				// meanwhile is answered by going round now.
-				sleepThread(asideInFlight)
+				if oneP {
+					// The waiter runs only while this goroutine does not:
+					// a thread asleep in a system call keeps the P until
+					// sysmon takes it back (up to 10 ms), which made each
+					// of the spinning waiter's yields cost it 50 us or more.
+					runtime.Gosched()
+				} else {
+					sleepThread(asideInFlight)
+				}
 				select {
 				case <-t.kick:
 				default:
@@ -625,9 +639,17 @@ func (t *Transport) loop() {
 			}
 			continue
 		}
-		if polls++; polls&31 != 0 {
+		polls++
+		if oneP {
+			// Whatever else is runnable (a waiter, an actor, the caller
+			// computing) would otherwise wait for this spin to end, or
+			// for the runtime to preempt it after 10 ms.
+			runtime.Gosched()
+		}
+		if polls&31 != 0 {
 			continue // read the clock only every 32 idle polls
 		}
+		oneP = runtime.GOMAXPROCS(0) == 1
 		now := time.Now()
 		if idle.IsZero() {
 			idle = now
