@@ -640,10 +640,14 @@ func (t *Transport) loop() {
 			continue
 		}
 		polls++
-		if oneP {
-			// Whatever else is runnable (a waiter, an actor, the caller
-			// computing) would otherwise wait for this spin to end, or
-			// for the runtime to preempt it after 10 ms.
+		if oneP || (!direct && t.parked.Load() > 0) {
+			// One P: whatever else is runnable (a waiter, an actor, the
+			// caller computing) would otherwise wait for this spin to end,
+			// or for the runtime to preempt it after 10 ms. Queue mode with
+			// a parked waiter: the waiter's next call is what this goroutine
+			// waits for, and without the yield its thread found a core only
+			// after hundreds of microseconds on a small machine (8 B one
+			// way 300-600 us instead of 3-7; docs/transport.md).
 			runtime.Gosched()
 		}
 		if polls&31 != 0 {
