@@ -548,7 +548,8 @@ func (t *Transport) loop() {
 		defer runtime.UnlockOSThread()
 	}
 	defer close(t.loopDone)
-	fds := []unix.PollFd{{Fd: int32(t.efd), Events: unix.POLLIN}}
+	ew := newEventWait(t.efd)
+	defer ew.close()
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	direct := t.opts.Progress == ProgressDirect
@@ -711,7 +712,9 @@ func (t *Transport) loop() {
 		t.mu.Unlock()
 		if !pending && !t.stopping.Load() && (direct || t.spinners.Load() == 0) {
 			// The timeout lets UCX run its keepalive while endpoints exist.
-			_, _ = unix.Poll(fds, 100)
+			// With one P, in the network poller, so that the P stays
+			// free for the rest of the process (eventwait.go).
+			ew.wait(100*time.Millisecond, oneP)
 		}
 		t.sleeping.Store(false)
 		select {
