@@ -21,7 +21,7 @@ import (
 // (docs/transport.md, "One processor per rank").
 type eventWait struct {
 	fds  []unix.PollFd
-	file *os.File       // the duplicate in the network poller; nil: poll(2) only
+	file *os.File        // the duplicate in the network poller; nil: poll(2) only
 	conn syscall.RawConn // file's raw access
 }
 
