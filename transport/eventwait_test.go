@@ -50,7 +50,10 @@ func TestEventWait(t *testing.T) {
 	for _, viaPoller := range []bool{true, false} {
 		// Readiness that came before the wait (after the worker was armed)
 		// must not be lost: the wait returns at once, not at its timeout.
+		// The pause lets the runtime's poller take the edge first, as it
+		// may in a real rank; the wait must still see the fd readable.
 		signal()
+		time.Sleep(5 * time.Millisecond)
 		if !waitReturns(t, e, time.Hour, viaPoller) {
 			t.Fatalf("viaPoller=%v: wait missed an event that came before it", viaPoller)
 		}
