@@ -559,8 +559,9 @@ func (t *Transport) loop() {
 	// oneP: the process runs Go code on one thread at a time (GOMAXPROCS
 	// 1, as a rank bound to one core gets), so this goroutine and the ones
 	// it serves take turns on it: it yields instead of spinning or
-	// sleeping on the thread (docs/transport.md, "One processor per
-	// rank"). Read again every 32 idle passes (GOMAXPROCS may change).
+	// sleeping on the thread, and waits for events in Go's network poller
+	// (docs/transport.md, "One processor per rank"). Read again every 32
+	// idle passes (GOMAXPROCS may change).
 	oneP := runtime.GOMAXPROCS(0) == 1
 	for !t.stopping.Load() {
 		if pacing {
