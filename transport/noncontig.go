@@ -245,7 +245,9 @@ type NoncontigStats struct {
 	KeyPoolRefills, KeyPoolEmpty int64
 	// CrossoverTrials counts receives timed to measure a layout pair's
 	// pack/SGL crossover, CrossoverVerdicts the pairs measured.
-	CrossoverTrials, CrossoverVerdicts int64
+	// CrossoverAdopted counts receives of a symmetric exchange that took
+	// the verdict the lower-ranked peer measured for the other direction.
+	CrossoverTrials, CrossoverVerdicts, CrossoverAdopted int64
 	// Puts counts the RMA writes of zero-copy transfers.
 	Puts int64
 }
@@ -256,7 +258,7 @@ type ncCounters struct {
 	regs, regFails, fallbacks                   atomic.Int64
 	winMaps, winHits, keyX, keysOmitted, rkHits atomic.Int64
 	refills, poolEmpty, puts                    atomic.Int64
-	crossTrials, crossVerdicts                  atomic.Int64
+	crossTrials, crossVerdicts, crossAdopted    atomic.Int64
 }
 
 // TypedOptions choose how one typed call runs.
@@ -356,6 +358,7 @@ func (t *Transport) NoncontigStats() NoncontigStats {
 		Puts:                 c.puts.Load(),
 		CrossoverTrials:      c.crossTrials.Load(),
 		CrossoverVerdicts:    c.crossVerdicts.Load(),
+		CrossoverAdopted:     c.crossAdopted.Load(),
 	}
 }
 

@@ -45,10 +45,12 @@ type layoutState struct {
 
 	// The pack/SGL crossover of layouts near T (datatype.Crossover):
 	// measured on the receiving side per peer and sender layout shape, and
-	// the verdicts this layout's sends were told, per peer.
+	// the verdicts this layout's sends were told, per peer; held counts the
+	// receives in which a verdict was kept back (holdVerdict).
 	crossMu  sync.Mutex
 	crosses  map[crossKey]*datatype.Crossover
 	verdicts map[int]datatype.Scheme
+	held     map[crossKey]int
 }
 
 // crossKey names the layout pair a receive's crossover is measured for.
@@ -79,6 +81,34 @@ func (ls *layoutState) verdict(peer int) (datatype.Scheme, bool) {
 	defer ls.crossMu.Unlock()
 	v, ok := ls.verdicts[peer]
 	return v, ok
+}
+
+// noteSentVerdict records the verdict peer's receiver told this rank for
+// sends of a layout of this shape.
+func (nc *noncontig) noteSentVerdict(k crossKey, v datatype.Scheme) {
+	nc.mu.Lock()
+	defer nc.mu.Unlock()
+	nc.sentVerdicts[k] = v
+}
+
+// sentVerdict is what peer's receiver measured for sends of a layout of
+// this shape from this rank.
+func (nc *noncontig) sentVerdict(k crossKey) (datatype.Scheme, bool) {
+	nc.mu.Lock()
+	defer nc.mu.Unlock()
+	v, ok := nc.sentVerdicts[k]
+	return v, ok
+}
+
+// holdVerdict counts one more receive in which this side keeps its verdict
+// for k to itself and reports whether it still may (at most n); ls.crossMu
+// is held.
+func (ls *layoutState) holdVerdict(k crossKey, n int) bool {
+	if ls.held == nil {
+		ls.held = map[crossKey]int{}
+	}
+	ls.held[k]++
+	return ls.held[k] <= n
 }
 
 func (ls *layoutState) setVerdict(peer int, v datatype.Scheme) {
@@ -158,8 +188,11 @@ type noncontig struct {
 	sendSeq map[seqKey]uint32
 	recvSeq map[seqKey]*recvCounter
 	xids    map[int]uint32
-	nextID  uint64
-	keys    []*windowKey
+	// sentVerdicts are the crossover verdicts peers' receivers told this
+	// rank as a sender, by peer and the shape of this rank's layout.
+	sentVerdicts map[crossKey]datatype.Scheme
+	nextID       uint64
+	keys         []*windowKey
 
 	refill  chan struct{}
 	regWake chan struct{}
@@ -173,15 +206,16 @@ type noncontig struct {
 func newNoncontig(t *Transport, o NoncontigOptions) *noncontig {
 	nc := &noncontig{
 		t: t, opts: o,
-		layouts: map[layoutKey]*layoutState{},
-		wsets:   map[winKey]*windowSet{},
-		remote:  map[int]map[uint64]*remoteEntry{},
-		sendSeq: map[seqKey]uint32{},
-		recvSeq: map[seqKey]*recvCounter{},
-		xids:    map[int]uint32{},
-		refill:  make(chan struct{}, 1),
-		regWake: make(chan struct{}, 1),
-		stop:    make(chan struct{}),
+		layouts:      map[layoutKey]*layoutState{},
+		wsets:        map[winKey]*windowSet{},
+		remote:       map[int]map[uint64]*remoteEntry{},
+		sendSeq:      map[seqKey]uint32{},
+		recvSeq:      map[seqKey]*recvCounter{},
+		xids:         map[int]uint32{},
+		sentVerdicts: map[crossKey]datatype.Scheme{},
+		refill:       make(chan struct{}, 1),
+		regWake:      make(chan struct{}, 1),
+		stop:         make(chan struct{}),
 	}
 	nc.rtsBufs.New = func() any { b := make([]byte, rtsHdrLen+ncEagerMax); return &b }
 	// The key pool starts full, as an MPI library creates its memory keys

@@ -141,6 +141,7 @@ func (nc *noncontig) send(ctx context.Context, c typedCall, seq uint32) (Status,
 		final = m.scheme
 		if m.flags&ctsVerdict != 0 && ls != nil {
 			ls.setVerdict(c.peer, final)
+			nc.noteSentVerdict(crossKey{c.peer, ls.lay.Stats.MinBlock, ls.lay.Stats.Segments}, final)
 		}
 		switch final {
 		case datatype.SchemePack:
@@ -555,17 +556,36 @@ func (nc *noncontig) recv(ctx context.Context, c typedCall, seq uint32) (Status,
 	var ctsFlags uint8
 	if h.flags&rtsCrossover != 0 && h.proposal == datatype.SchemeSGL && c.scheme == datatype.SchemeAuto &&
 		known && ls.lay.Stats.Segments <= nc.opts.Thresholds.SGLMaxSegments {
-		prefer := datatype.SchemePack // what T alone says for this side's layout
-		if ls.lay.Stats.AvgBlock > float64(nc.opts.Thresholds.ZCopyAvgBlock) {
-			prefer = datatype.SchemeSGL
+		// A symmetric exchange (the sender's layout has this side's
+		// shape): the two directions are measured by their receivers
+		// independently and may reach different verdicts, and a mixed
+		// exchange was slower than either scheme (docs/noncontig.md). The
+		// lower rank's receiver decides both: the higher rank takes the
+		// verdict it was told as a sender to the lower one, and until it
+		// knows it, keeps its own verdict to itself for up to
+		// 2 x CrossoverTrials receives, so that the sender keeps asking.
+		k := crossKey{c.peer, h.minBlock, h.segments}
+		higher := c.peer < t.rank && h.minBlock == ls.lay.Stats.MinBlock && h.segments == ls.lay.Stats.Segments
+		if v, ok := nc.sentVerdict(k); ok && higher {
+			final, ctsFlags = v, ctsVerdict
+			nc.c.crossAdopted.Add(1)
+		} else {
+			trials := nc.opts.Thresholds.CrossoverTrials
+			prefer := datatype.SchemePack // what T alone says for this side's layout
+			if ls.lay.Stats.AvgBlock > float64(nc.opts.Thresholds.ZCopyAvgBlock) {
+				prefer = datatype.SchemeSGL
+			}
+			cross = ls.crossover(k, trials, prefer)
+			ls.crossMu.Lock()
+			final = cross.Next()
+			if _, ok := cross.Verdict(); ok {
+				cross = nil
+				if !higher || !ls.holdVerdict(k, 2*trials) {
+					ctsFlags = ctsVerdict
+				}
+			}
+			ls.crossMu.Unlock()
 		}
-		cross = ls.crossover(crossKey{c.peer, h.minBlock, h.segments}, nc.opts.Thresholds.CrossoverTrials, prefer)
-		ls.crossMu.Lock()
-		final = cross.Next()
-		if _, ok := cross.Verdict(); ok {
-			ctsFlags, cross = ctsVerdict, nil
-		}
-		ls.crossMu.Unlock()
 	}
 	var chunk int64
 	if final != datatype.SchemePack {

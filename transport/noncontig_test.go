@@ -187,6 +187,83 @@ func blockDiff(dst, src []byte, block, stride int) string {
 // (CrossoverTrials each), tells the sender its verdict, and from then on
 // every transfer takes the verdict without timing, with identical bytes
 // throughout.
+// In a symmetric exchange (both ranks send layouts of one shape, here from
+// and into separate buffers) the two receivers measure their directions
+// independently; once the lower rank has its verdict, the higher rank takes
+// it, so that after warm-up both directions move by one scheme.
+func TestTypedCrossoverSymmetric(t *testing.T) {
+	ts := localJob(t, 2, ProgressDirect)
+	ctx := testCtx(t)
+	for _, tr := range ts {
+		o := DefaultNoncontigOptions()
+		o.Thresholds.CrossoverBand = 4
+		if err := tr.SetNoncontigOptions(o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	vec, err := datatype.Vector(16, 512, 1024, datatype.Float64) // 16 blocks of 4 KiB, in the band
+	if err != nil {
+		t.Fatal(err)
+	}
+	trials := datatype.DefaultThresholds().CrossoverTrials
+	span := int(vec.Extent())
+	var src, dst [2][]byte
+	for r := range 2 {
+		src[r], dst[r] = make([]byte, span), make([]byte, span)
+	}
+	// one moves a message from rank a to rank b and checks it.
+	one := func(a, b, round int) {
+		t.Helper()
+		copy(src[a], pattern(span, 2*round+a))
+		copy(dst[b], bytes.Repeat([]byte{0xee}, span))
+		rr, err := ts[b].IrecvTypedWith(a, 6, dst[b], vec, 1, TypedOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := ts[a].SendTypedWith(ctx, b, 6, src[a], vec, 1, TypedOptions{}); err != nil {
+			t.Fatalf("round %d: send %d->%d: %v", round, a, b, err)
+		}
+		if _, err := rr.Wait(ctx); err != nil {
+			t.Fatalf("round %d: recv %d->%d: %v", round, a, b, err)
+		}
+		if d := blockDiff(dst[b], src[a], 4096, 8192); d != "" {
+			t.Fatalf("round %d, %d->%d: %s", round, a, b, d)
+		}
+	}
+	round := 0
+	pingPongs := func(n int) {
+		for end := round + n; round < end; round++ {
+			one(0, 1, round)
+			one(1, 0, round)
+		}
+	}
+	// First use, the trials of both directions, and the rounds in which
+	// the lower rank's verdict reaches the higher rank.
+	pingPongs(1 + 2*trials + 3)
+	s0, s1 := ts[0].NoncontigStats(), ts[1].NoncontigStats()
+	if s0.CrossoverVerdicts != 1 {
+		t.Fatalf("rank 0 reached %d verdicts, want 1: %+v", s0.CrossoverVerdicts, s0)
+	}
+	pingPongs(5)
+	e0, e1 := ts[0].NoncontigStats(), ts[1].NoncontigStats()
+	p0, g0 := e0.Received.Pack-s0.Received.Pack, e0.Received.SGL-s0.Received.SGL
+	p1, g1 := e1.Received.Pack-s1.Received.Pack, e1.Received.SGL-s1.Received.SGL
+	if !(p0 == 5 && p1 == 5 && g0 == 0 && g1 == 0 || g0 == 5 && g1 == 5 && p0 == 0 && p1 == 0) {
+		t.Fatalf("after warm-up rank 0 received %d pack and %d SGL, rank 1 %d pack and %d SGL: want one scheme both ways", p0, g0, p1, g1)
+	}
+	if e0.CrossoverTrials != s0.CrossoverTrials || e0.CrossoverAdopted != 0 {
+		t.Fatalf("rank 0 timed %d receives after its verdict and adopted %d verdicts, want neither",
+			e0.CrossoverTrials-s0.CrossoverTrials, e0.CrossoverAdopted)
+	}
+	// SGL proposals keep asking rank 1 to measure; it answers each with
+	// rank 0's verdict. (A pack verdict on both sides needs no adoption:
+	// the senders then propose pack outright.)
+	if g1 == 5 && e1.CrossoverAdopted-s1.CrossoverAdopted != 5 {
+		t.Fatalf("rank 1 took rank 0's verdict for %d of 5 SGL receives", e1.CrossoverAdopted-s1.CrossoverAdopted)
+	}
+	t.Logf("both directions: %d pack, %d SGL of 5", p0, g0)
+}
+
 func TestTypedCrossoverLocal(t *testing.T) {
 	ts := localJob(t, 2, ProgressDirect)
 	ctx := testCtx(t)
