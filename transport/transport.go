@@ -560,8 +560,8 @@ func (t *Transport) loop() {
 	// 1, as a rank bound to one core gets), so this goroutine and the ones
 	// it serves take turns on it: it yields instead of spinning or
 	// sleeping on the thread, and waits for events in Go's network poller
-	// (docs/transport.md, "One processor per rank"). Read again every 32
-	// idle passes (GOMAXPROCS may change).
+	// (docs/transport.md, "One processor per rank"). Read again whenever
+	// it is about to sleep (GOMAXPROCS may change).
 	oneP := runtime.GOMAXPROCS(0) == 1
 	for !t.stopping.Load() {
 		if pacing {
@@ -655,7 +655,6 @@ func (t *Transport) loop() {
 		if polls&31 != 0 {
 			continue // read the clock only every 32 idle polls
 		}
-		oneP = runtime.GOMAXPROCS(0) == 1
 		now := time.Now()
 		if idle.IsZero() {
 			idle = now
@@ -689,6 +688,7 @@ func (t *Transport) loop() {
 			continue
 		}
 		idle = time.Time{}
+		oneP = runtime.GOMAXPROCS(0) == 1 // it takes the scheduler's lock: not on every pass
 		t.mu.Lock()
 		if len(t.bundling) > 0 {
 			// Do not sleep on posts waiting in a bundle: send them, into
