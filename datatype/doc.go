@@ -8,8 +8,9 @@
 // for matching a sender's and a receiver's type signatures, and a layout cache
 // (type, base address, count) -> flattened segments and block statistics.
 //
-// The package is pure Go: it performs no I/O, starts no goroutines and imports
-// nothing of troupe. All results are deterministic.
+// The package is pure Go: it performs no I/O and imports nothing of troupe.
+// It starts goroutines only in PackParallel and UnpackParallel, which wait
+// for them before returning. All results are deterministic.
 //
 // Offsets are in bytes and are relative to the buffer origin, MPI's "buf"
 // argument. Because MPI types may have negative displacements, the byte-slice

@@ -86,33 +86,43 @@ func checkUser(nd *node, base, n int64, what string) error {
 
 // move is the common body of all pack and unpack calls.
 func (t *Type) move(user, packed Region, base, count, offset int64, unpack bool, what string) (int64, error) {
+	nd, n, err := t.prepare(user, packed, base, count, offset, what)
+	if err != nil || n == 0 {
+		return 0, err
+	}
+	e := engine{user: user.Ptr, packed: packed.Ptr, unpack: unpack}
+	e.run(nd, base, offset, n)
+	return n, nil
+}
+
+// prepare checks the arguments of a move and returns the program and the
+// number of packed bytes to move from offset.
+func (t *Type) prepare(user, packed Region, base, count, offset int64, what string) (*node, int64, error) {
 	nd, err := t.program(count)
 	if err != nil {
-		return 0, err
+		return nil, 0, err
 	}
 	if user.Len < 0 || packed.Len < 0 {
-		return 0, invalid("%s: negative region length", what)
+		return nil, 0, invalid("%s: negative region length", what)
 	}
 	if err := checkUser(nd, base, user.Len, what); err != nil {
-		return 0, err
+		return nil, 0, err
 	}
 	var total int64
 	if nd != nil {
 		total = nd.size
 	}
 	if offset < 0 || offset > total {
-		return 0, invalid("%s: packed offset %d outside [0, %d]", what, offset, total)
+		return nil, 0, invalid("%s: packed offset %d outside [0, %d]", what, offset, total)
 	}
 	n := min(packed.Len, total-offset)
 	if n == 0 {
-		return 0, nil
+		return nil, 0, nil
 	}
 	if (user.Ptr == nil) || (packed.Ptr == nil) {
-		return 0, invalid("%s: nil region pointer", what)
+		return nil, 0, invalid("%s: nil region pointer", what)
 	}
-	e := engine{user: user.Ptr, packed: packed.Ptr, unpack: unpack}
-	e.run(nd, base, offset, n)
-	return n, nil
+	return nd, n, nil
 }
 
 // Pack packs count elements of t whose origin is src[base] into dst and

@@ -29,7 +29,13 @@ measures copy of the same number of bytes in the same run.
 With --mpi it also runs the given MPI reference programs (built from
 datatype/layouts/mpiref/mpi_pack.c by 'make bench-mpi') on each layout right
 after troupe's own measurement, checks that they pack the same bytes, and
-prints troupe's pack and unpack bandwidth as a ratio to the best of them.`,
+prints troupe's pack and unpack bandwidth as a ratio to the best of them.
+
+With --workers N (N > 1), troupe packs and unpacks page-bound layouts (small
+blocks about a page apart over a span of 32 MiB or more: nas_mg_x) on up to
+N goroutines with PackParallel and UnpackParallel, and the table gains a
+workers column; every other layout still uses one. The MPI programs always
+use one thread.`,
 	Args: cobra.NoArgs,
 	RunE: runDDT,
 }
@@ -40,6 +46,7 @@ func init() {
 	ddtCmd.Flags().Int("rounds", 3, "rounds per measurement (best is reported)")
 	ddtCmd.Flags().StringSlice("layout", nil, "layouts to run (default: all)")
 	ddtCmd.Flags().Int("repeat", 1, "with --mpi: measure troupe and each MPI program this many times, alternating, and keep the best of each")
+	ddtCmd.Flags().Int("workers", 1, "goroutines per pack and unpack of page-bound layouts (1: the plain single-threaded Pack)")
 	ddtCmd.Flags().StringSlice("mpi", nil, "MPI reference programs to compare with (bin/mpi_pack-openmpi,bin/mpi_pack-mpich)")
 	benchCmd.AddCommand(ddtCmd)
 }
@@ -64,6 +71,7 @@ func runDDT(cmd *cobra.Command, _ []string) error {
 	names, _ := cmd.Flags().GetStringSlice("layout")
 	mpiProgs, _ := cmd.Flags().GetStringSlice("mpi")
 	repeat, _ := cmd.Flags().GetInt("repeat")
+	workers, _ := cmd.Flags().GetInt("workers")
 	if len(mpiProgs) == 0 || repeat < 1 {
 		repeat = 1
 	}
@@ -74,7 +82,11 @@ func runDDT(cmd *cobra.Command, _ []string) error {
 	var tw *tabwriter.Writer
 	if !asJSON {
 		tw = tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
-		fmt.Fprint(tw, "layout\tbytes\tpack GB/s\tunpack GB/s\tcopy GB/s\tpack/copy\tunpack/copy\t")
+		fmt.Fprint(tw, "layout\tbytes\t")
+		if workers > 1 {
+			fmt.Fprint(tw, "workers\t")
+		}
+		fmt.Fprint(tw, "pack GB/s\tunpack GB/s\tcopy GB/s\tpack/copy\tunpack/copy\t")
 		for _, p := range mpiProgs {
 			fmt.Fprintf(tw, "%s pack\t%s unpack\t", mpiLabel(p), mpiLabel(p))
 		}
@@ -89,7 +101,7 @@ func runDDT(cmd *cobra.Command, _ []string) error {
 		if err != nil {
 			return err
 		}
-		row, err := measureDDT(l, mpiProgs, round, rounds, repeat)
+		row, err := measureDDT(l, mpiProgs, round, rounds, repeat, workers)
 		if err != nil {
 			return err
 		}
@@ -100,7 +112,11 @@ func runDDT(cmd *cobra.Command, _ []string) error {
 			}
 			continue
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%.1f\t%.1f\t%.1f\t%.2f\t%.2f\t", r.Layout, r.Bytes,
+		fmt.Fprintf(tw, "%s\t%d\t", r.Layout, r.Bytes)
+		if workers > 1 {
+			fmt.Fprintf(tw, "%d\t", max(1, r.Workers))
+		}
+		fmt.Fprintf(tw, "%.1f\t%.1f\t%.1f\t%.2f\t%.2f\t",
 			r.PackGBps, r.UnpackGBps, r.CopyGBps, r.PackGBps/r.CopyGBps, r.UnpackGBps/r.CopyGBps)
 		var bestPack, bestUnpack float64
 		for _, m := range row.MPI {
@@ -121,7 +137,7 @@ func runDDT(cmd *cobra.Command, _ []string) error {
 // measureDDT measures l with troupe and with each MPI reference program,
 // repeat times in turn (so that a slow moment of the shared machine hits
 // every implementation alike), keeping each one's best figures.
-func measureDDT(l layouts.Layout, mpiProgs []string, round time.Duration, rounds, repeat int) (ddtRow, error) {
+func measureDDT(l layouts.Layout, mpiProgs []string, round time.Duration, rounds, repeat, workers int) (ddtRow, error) {
 	var row ddtRow
 	want := ""
 	if len(mpiProgs) > 0 {
@@ -132,7 +148,7 @@ func measureDDT(l layouts.Layout, mpiProgs []string, round time.Duration, rounds
 		row.MPI = make([]mpiResult, len(mpiProgs))
 	}
 	for range repeat {
-		r, err := layouts.Measure(l, round, rounds)
+		r, err := layouts.Measure(l, round, rounds, workers)
 		if err != nil {
 			return row, err
 		}

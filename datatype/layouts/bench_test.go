@@ -1,6 +1,7 @@
 package layouts
 
 import (
+	"runtime"
 	"testing"
 
 	dt "github.com/troupe-hpc/troupe/datatype"
@@ -53,6 +54,23 @@ func BenchmarkLayouts(b *testing.B) {
 				}
 			}
 			gbps(b)
+		})
+		// Page-bound layouts also pack on several goroutines (at most
+		// GOMAXPROCS; see datatype.Type.Workers).
+		b.Run(name+"/pack_parallel", func(b *testing.B) {
+			setup(b)
+			w := l.Type.Workers(1, runtime.GOMAXPROCS(0))
+			if w == 1 {
+				b.Skip("not page-bound, or one processor: PackParallel would use one goroutine")
+			}
+			b.SetBytes(l.Packed)
+			for b.Loop() {
+				if _, err := l.Type.PackParallel(dt.SliceRegion(packed), dt.SliceRegion(src), l.Base, 1, 0, w); err != nil {
+					b.Fatal(err)
+				}
+			}
+			gbps(b)
+			b.ReportMetric(float64(w), "workers")
 		})
 		b.Run(name+"/copy", func(b *testing.B) {
 			setup(b)

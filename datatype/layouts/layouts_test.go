@@ -3,6 +3,8 @@ package layouts
 import (
 	"testing"
 	"time"
+
+	dt "github.com/troupe-hpc/troupe/datatype"
 )
 
 func TestPackedSizes(t *testing.T) {
@@ -29,9 +31,26 @@ func TestQuickMeasure(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := Measure(l, time.Millisecond, 1)
-	if err != nil || r.PackGBps <= 0 {
+	r, err := Measure(l, time.Millisecond, 1, 1)
+	if err != nil || r.PackGBps <= 0 || r.Workers != 0 {
 		t.Fatal(r, err)
+	}
+}
+
+// TestWorkersRule checks which benchmark layouts are page-bound: only
+// nas_mg_x (8-byte elements 4112 B apart over 273 MB) is split between
+// goroutines; the others are bound by caches or memory bandwidth, where a
+// second goroutine measured slower.
+func TestWorkersRule(t *testing.T) {
+	for _, name := range Names {
+		l, err := Build(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		w := l.Type.Workers(1, 8)
+		if want := name == "nas_mg_x"; (w > 1) != want {
+			t.Errorf("%s: Workers(1, 8) = %d, page-bound %v", name, w, want)
+		}
 	}
 }
 
@@ -58,6 +77,10 @@ func TestPackMatchesSegments(t *testing.T) {
 		}
 		if string(ref) != string(packed) {
 			t.Errorf("%s: Pack differs from the segments", name)
+		}
+		par := make([]byte, len(packed))
+		if _, err := l.Type.PackParallel(dt.SliceRegion(par), dt.SliceRegion(src), l.Base, 1, 0, 4); err != nil || string(par) != string(packed) {
+			t.Errorf("%s: PackParallel with 4 workers differs from Pack (%v)", name, err)
 		}
 		// Unpack into a zeroed buffer and compare the typemap bytes.
 		back := make([]byte, l.Alloc)

@@ -3,6 +3,8 @@ package layouts
 import (
 	"fmt"
 	"time"
+
+	dt "github.com/troupe-hpc/troupe/datatype"
 )
 
 // Result is one layout's measured bandwidths in GB/s (10^9 bytes per
@@ -13,6 +15,7 @@ type Result struct {
 	PackGBps   float64 `json:"pack_GBps"`
 	UnpackGBps float64 `json:"unpack_GBps"`
 	CopyGBps   float64 `json:"copy_GBps"`
+	Workers    int     `json:"workers,omitempty"` // goroutines per pack and unpack, when more than one
 }
 
 // Buffers allocates and fills the source buffer of l and a packed buffer.
@@ -24,16 +27,21 @@ func (l Layout) Buffers() (src, packed []byte) {
 
 // Measure measures pack, unpack and copy of the same number of bytes for l
 // with warm caches: each operation is repeated until a round lasts about
-// round, and the best of rounds rounds is reported.
-func Measure(l Layout, round time.Duration, rounds int) (Result, error) {
+// round, and the best of rounds rounds is reported. With workers > 1, pack
+// and unpack use PackParallel and UnpackParallel with as many goroutines as
+// the layout's Workers allows (one for all but page-bound layouts).
+func Measure(l Layout, round time.Duration, rounds, workers int) (Result, error) {
 	src, packed := l.Buffers()
-	if n, err := l.Type.Pack(packed, src, l.Base, 1); err != nil || n != l.Packed {
+	w := l.Type.Workers(1, workers)
+	srcR, packedR := dt.SliceRegion(src), dt.SliceRegion(packed)
+	pack := func() (int64, error) { return l.Type.PackParallel(packedR, srcR, l.Base, 1, 0, w) }
+	if n, err := pack(); err != nil || n != l.Packed {
 		return Result{}, fmt.Errorf("layouts: %s: pack returned %d, %v; want %d bytes", l.Name, n, err, l.Packed)
 	}
 	cpy := make([]byte, l.Packed)
 	ops := []func() error{
-		func() error { _, err := l.Type.Pack(packed, src, l.Base, 1); return err },
-		func() error { _, err := l.Type.Unpack(src, packed, l.Base, 1); return err },
+		func() error { _, err := pack(); return err },
+		func() error { _, err := l.Type.UnpackParallel(srcR, packedR, l.Base, 1, 0, w); return err },
 		func() error { copy(cpy, packed); return nil },
 	}
 	var gbps [3]float64
@@ -44,7 +52,11 @@ func Measure(l Layout, round time.Duration, rounds int) (Result, error) {
 		}
 		gbps[i] = g
 	}
-	return Result{Layout: l.Name, Bytes: l.Packed, PackGBps: gbps[0], UnpackGBps: gbps[1], CopyGBps: gbps[2]}, nil
+	r := Result{Layout: l.Name, Bytes: l.Packed, PackGBps: gbps[0], UnpackGBps: gbps[1], CopyGBps: gbps[2]}
+	if w > 1 {
+		r.Workers = w
+	}
+	return r, nil
 }
 
 // rate returns the best bandwidth of op over rounds rounds of about round.
@@ -82,15 +94,16 @@ func rate(op func() error, bytes int64, round time.Duration, rounds int) (float6
 	return best, nil
 }
 
-// MeasureAll builds and measures every layout in table order.
-func MeasureAll(round time.Duration, rounds int) ([]Result, error) {
+// MeasureAll builds and measures every layout in table order, with up to
+// workers goroutines per pack and unpack (see Measure).
+func MeasureAll(round time.Duration, rounds, workers int) ([]Result, error) {
 	var out []Result
 	for _, name := range Names {
 		l, err := Build(name)
 		if err != nil {
 			return nil, err
 		}
-		r, err := Measure(l, round, rounds)
+		r, err := Measure(l, round, rounds, workers)
 		if err != nil {
 			return nil, err
 		}
