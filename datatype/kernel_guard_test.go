@@ -31,11 +31,12 @@ func guarded(t *testing.T, n int) (atEnd, atStart []byte) {
 	return a[size-n:], b[:n]
 }
 
-// TestBlocksKernelStaysInside runs the block kernel on blocks of every
-// length it takes up to 300 bytes and a few larger ones, with the first
-// block starting right after a guard page and the last block ending right
-// before one, on both the strided and the packed side. A byte too many in
-// either direction faults; the copied bytes are compared with copy's.
+// TestBlocksKernelStaysInside runs the AVX2 block kernel on blocks of every
+// length it takes up to 300 bytes and a few larger ones, and the REP MOVSB
+// kernel on lengths around its range, with the first block starting right
+// after a guard page and the last block ending right before one, on both
+// the strided and the packed side. A byte too many in either direction
+// faults; the copied bytes are compared with the source's.
 func TestBlocksKernelStaysInside(t *testing.T) {
 	if !hasBlockKernel {
 		t.Skip("no assembly block kernel on this CPU or build (needs amd64 with AVX2, without the purego tag)")
@@ -45,6 +46,19 @@ func TestBlocksKernelStaysInside(t *testing.T) {
 		lens = append(lens, l)
 	}
 	lens = append(lens, 480, 511, 512, 513, 3072, 4096, 4097, blockKernelMax)
+	kernelStaysInside(t, "blocks64", blocks64, lens)
+}
+
+// TestRepKernelStaysInside is TestBlocksKernelStaysInside for blocksRep.
+func TestRepKernelStaysInside(t *testing.T) {
+	if !hasRepKernel {
+		t.Skip("no REP MOVSB kernel on this CPU or build (needs amd64 with ERMS, without the purego tag)")
+	}
+	lens := []int64{1, 7, 63, 64, 65, repKernelMin - 1, repKernelMin, repKernelMin + 1, 4096, 4097, 65536 + 3, repKernelMax}
+	kernelStaysInside(t, "blocksRep", blocksRep, lens)
+}
+
+func kernelStaysInside(t *testing.T, name string, kernel func(dst, src unsafe.Pointer, n, l, dstStride, srcStride int64), lens []int64) {
 	for _, l := range lens {
 		for _, n := range []int64{1, 2, 7} {
 			stride := l + 13
@@ -55,11 +69,11 @@ func TestBlocksKernelStaysInside(t *testing.T) {
 			for i := range src {
 				src[i] = byte(i*7 + 3)
 			}
-			blocks64(unsafe.Pointer(&dst[0]), unsafe.Pointer(&src[0]), n, l, l, stride)
+			kernel(unsafe.Pointer(&dst[0]), unsafe.Pointer(&src[0]), n, l, l, stride)
 			for i := int64(0); i < n; i++ {
 				for j := int64(0); j < l; j++ {
 					if dst[i*l+j] != src[i*stride+j] {
-						t.Fatalf("l=%d n=%d: pack byte %d of block %d = %d, want %d", l, n, j, i, dst[i*l+j], src[i*stride+j])
+						t.Fatalf("%s l=%d n=%d: pack byte %d of block %d = %d, want %d", name, l, n, j, i, dst[i*l+j], src[i*stride+j])
 					}
 				}
 			}
@@ -72,7 +86,7 @@ func TestBlocksKernelStaysInside(t *testing.T) {
 			for i := range user {
 				user[i] = 0xEE
 			}
-			blocks64(unsafe.Pointer(&user[0]), unsafe.Pointer(&packed[len(packed)-int(n*l)]), n, l, stride, l)
+			kernel(unsafe.Pointer(&user[0]), unsafe.Pointer(&packed[len(packed)-int(n*l)]), n, l, stride, l)
 			p := packed[len(packed)-int(n*l):]
 			for i := int64(0); i < span; i++ {
 				blk, off := i/stride, i%stride
@@ -81,7 +95,7 @@ func TestBlocksKernelStaysInside(t *testing.T) {
 					want = p[blk*l+off]
 				}
 				if user[i] != want {
-					t.Fatalf("l=%d n=%d: unpacked byte %d = %#x, want %#x", l, n, i, user[i], want)
+					t.Fatalf("%s l=%d n=%d: unpacked byte %d = %#x, want %#x", name, l, n, i, user[i], want)
 				}
 			}
 		}
