@@ -26,14 +26,16 @@ const (
 	// page-bound layout: half a page, so that nearly every block is on a
 	// page of its own.
 	parallelMinGap = 2048
-	// parallelMinPart is the smallest part of the packed stream given to a
-	// goroutine of its own (about 20 us of page-bound packing, against a
-	// microsecond or two to start and join a goroutine).
-	parallelMinPart = 32 << 10
 	// parallelAlign aligns the parts' boundaries in the packed stream to a
 	// cache line, so that no two goroutines write the same line.
 	parallelAlign = 64
 )
+
+// ParallelMinPart is the smallest part of the packed stream that
+// PackParallel and UnpackParallel give a goroutine of its own: about 20 us
+// of page-bound packing, against a microsecond or two to start and join a
+// goroutine.
+const ParallelMinPart = 32 << 10
 
 // Workers returns how many goroutines, at most limit, PackParallel and
 // UnpackParallel should use for count elements of t: more than one only for
@@ -49,7 +51,7 @@ func (t *Type) Workers(count int64, limit int) int {
 	if span < parallelMinSpan || nd.size/nd.segs > parallelMaxBlock || span/nd.segs < parallelMinGap {
 		return 1
 	}
-	return int(max(1, min(int64(limit), nd.size/parallelMinPart)))
+	return int(max(1, min(int64(limit), nd.size/ParallelMinPart)))
 }
 
 // PackParallel is PackRaw with the packed range cut into at most workers
@@ -81,7 +83,7 @@ func (t *Type) moveParallel(user, packed Region, base, count, offset int64, unpa
 	if err != nil || n == 0 {
 		return 0, err
 	}
-	parts := int64(max(1, min(workers, int(n/parallelMinPart))))
+	parts := int64(max(1, min(workers, int(n/ParallelMinPart))))
 	if parts == 1 {
 		e := engine{user: user.Ptr, packed: packed.Ptr, unpack: unpack}
 		e.run(nd, base, offset, n)

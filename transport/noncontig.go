@@ -80,6 +80,11 @@ type NoncontigOptions struct {
 	// PackDepth is how many pack chunks (and SGL chunks) are in flight per
 	// transfer (default 4). TROUPE_NC_PACK_DEPTH.
 	PackDepth int
+	// PackWorkers bounds the goroutines that pack or unpack one chunk of a
+	// page-bound layout (datatype.Type.Workers: small blocks about a page
+	// apart over 32 MiB or more); every other layout uses one. Default 0:
+	// GOMAXPROCS; 1 turns parallel packing off. TROUPE_NC_PACK_WORKERS.
+	PackWorkers int
 	// PackBuffers is the number of pooled bounce buffers registered up
 	// front (default 16). TROUPE_NC_PACK_BUFFERS.
 	PackBuffers int
@@ -146,7 +151,7 @@ func (o NoncontigOptions) Validate() error {
 	switch {
 	case o.Scheme > datatype.SchemeZCopy:
 		return fmt.Errorf("%w: noncontig scheme %d", ErrInvalid, o.Scheme)
-	case o.PackChunk < 1 || o.PackDepth < 1 || o.PackBuffers < 0 || o.KeyPool < 2 || o.MaxLayouts < 1:
+	case o.PackChunk < 1 || o.PackDepth < 1 || o.PackBuffers < 0 || o.PackWorkers < 0 || o.KeyPool < 2 || o.MaxLayouts < 1:
 		return fmt.Errorf("%w: noncontig options %+v", ErrInvalid, o)
 	case o.EagerLimit > ncEagerMax:
 		return fmt.Errorf("%w: noncontig EagerLimit %d above %d", ErrInvalid, o.EagerLimit, ncEagerMax)
@@ -184,6 +189,7 @@ func NoncontigOptionsFromEnv(o NoncontigOptions) (NoncontigOptions, error) {
 		{"TROUPE_NC_CROSSOVER_TRIALS", &o.Thresholds.CrossoverTrials},
 		{"TROUPE_NC_PACK_CHUNK", &o.PackChunk},
 		{"TROUPE_NC_PACK_DEPTH", &o.PackDepth},
+		{"TROUPE_NC_PACK_WORKERS", &o.PackWorkers},
 		{"TROUPE_NC_PACK_BUFFERS", &o.PackBuffers},
 		{"TROUPE_NC_EAGER", &o.EagerLimit},
 		{"TROUPE_NC_KEY_POOL", &o.KeyPool},
@@ -223,7 +229,10 @@ type SchemeCounts struct {
 type NoncontigStats struct {
 	Sent, Received SchemeCounts // completed transfers by final scheme
 	Eager          int64        // pack sends carried inside the RTS
-	Errors         int64        // transfers failed by a signature or size mismatch
+	// ParallelChunks counts pack chunks packed (sender) or unpacked
+	// (receiver) on several goroutines (NoncontigOptions.PackWorkers).
+	ParallelChunks int64
+	Errors         int64 // transfers failed by a signature or size mismatch
 	// LayoutHits and LayoutMisses count lookups of the layout state (a
 	// miss is a layout's first use).
 	LayoutHits, LayoutMisses int64
@@ -255,6 +264,7 @@ type NoncontigStats struct {
 type ncCounters struct {
 	sent, recv                                  [4]atomic.Int64
 	eager, errors, layoutHits, layoutMisses     atomic.Int64
+	parallelChunks                              atomic.Int64
 	regs, regFails, fallbacks                   atomic.Int64
 	winMaps, winHits, keyX, keysOmitted, rkHits atomic.Int64
 	refills, poolEmpty, puts                    atomic.Int64
@@ -342,6 +352,7 @@ func (t *Transport) NoncontigStats() NoncontigStats {
 		Sent:                 SchemeCounts{Pack: c.sent[datatype.SchemePack].Load(), SGL: c.sent[datatype.SchemeSGL].Load(), ZCopy: c.sent[datatype.SchemeZCopy].Load()},
 		Received:             SchemeCounts{Pack: c.recv[datatype.SchemePack].Load(), SGL: c.recv[datatype.SchemeSGL].Load(), ZCopy: c.recv[datatype.SchemeZCopy].Load()},
 		Eager:                c.eager.Load(),
+		ParallelChunks:       c.parallelChunks.Load(),
 		Errors:               c.errors.Load(),
 		LayoutHits:           c.layoutHits.Load(),
 		LayoutMisses:         c.layoutMisses.Load(),

@@ -211,18 +211,39 @@ func (nc *noncontig) packSend(ctx context.Context, c typedCall, xid uint32) erro
 			q = q[1:]
 		}
 	}
+	w := nc.packWorkers(c)
 	for k := int64(0); k < n && first == nil; k++ {
 		off := k * chunk
 		b := nc.getBounce(min(chunk, c.bytes-off))
-		if _, err := c.dt.PackRaw(datatype.SliceRegion(b), datatype.SliceRegion(c.buf), c.base, c.count, off); err != nil {
+		if _, err := c.dt.PackParallel(datatype.SliceRegion(b), datatype.SliceRegion(c.buf), c.base, c.count, off, w); err != nil {
 			return fmt.Errorf("%w: typed send: packing: %v", ErrInvalid, err)
 		}
+		nc.countParallel(w, len(b))
 		r := t.ncSend(c.peer, ncXferTag(dirData, uint32(t.rank), xid, uint32(k)), bufOf(b), nil)
 		q = append(q, flight{r, b})
 		drain(nc.opts.PackDepth - 1)
 	}
 	drain(0)
 	return first
+}
+
+// packWorkers returns how many goroutines pack or unpack one chunk of c:
+// more than one only for page-bound layouts (datatype.Type.Workers), at most
+// NoncontigOptions.PackWorkers (0: GOMAXPROCS).
+func (nc *noncontig) packWorkers(c typedCall) int {
+	limit := nc.opts.PackWorkers
+	if limit == 0 {
+		limit = runtime.GOMAXPROCS(0)
+	}
+	return c.dt.Workers(c.count, limit)
+}
+
+// countParallel counts a chunk of n bytes moved with w workers if
+// PackParallel split it (it gives each goroutine 32 KiB or more).
+func (nc *noncontig) countParallel(w, n int) {
+	if w > 1 && n >= 2*datatype.ParallelMinPart {
+		nc.c.parallelChunks.Add(1)
+	}
 }
 
 // packRecv receives n pack chunks with PackDepth receives posted ahead and
@@ -246,6 +267,7 @@ func (nc *noncontig) packRecv(ctx context.Context, c typedCall, h rts, discard b
 		post()
 	}
 	var first error
+	w := nc.packWorkers(c)
 	for k := int64(0); k < n; k++ {
 		f := q[0]
 		q = q[1:]
@@ -260,9 +282,10 @@ func (nc *noncontig) packRecv(ctx context.Context, c typedCall, h rts, discard b
 			continue
 		}
 		if !discard && first == nil {
-			if _, err := c.dt.UnpackRaw(datatype.SliceRegion(c.buf), datatype.SliceRegion(f.b), c.base, c.count, k*h.chunk); err != nil {
+			if _, err := c.dt.UnpackParallel(datatype.SliceRegion(c.buf), datatype.SliceRegion(f.b), c.base, c.count, k*h.chunk, w); err != nil {
 				first = fmt.Errorf("%w: typed recv: unpacking: %v", ErrInvalid, err)
 			}
+			nc.countParallel(w, len(f.b))
 		}
 		nc.putBounce(f.b)
 		if next < n {

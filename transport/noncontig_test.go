@@ -329,3 +329,65 @@ func TestTypedCrossoverLocal(t *testing.T) {
 	}
 	t.Logf("verdict: %d pack, %d sgl of 5", pack, sgl)
 }
+
+// TestTypedParallelPack: a page-bound layout (8-byte blocks 4 KiB apart over
+// 64 MiB) sent by host pack in two 64 KiB chunks is packed and unpacked on
+// two goroutines per chunk (ParallelChunks on both sides) and arrives intact,
+// with the gaps of the receive buffer untouched; with PackWorkers 1 the same
+// transfer uses one goroutine.
+func TestTypedParallelPack(t *testing.T) {
+	vec, err := datatype.Vector(1<<14, 1, 512, datatype.Float64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w := vec.Workers(1, 2); w != 2 {
+		t.Fatalf("layout not page-bound: Workers = %d", w)
+	}
+	span := int(vec.Extent())
+	src := make([]byte, span)
+	for i := 0; i < span; i += 4096 { // the blocks: no zero bytes
+		for j := range 8 {
+			src[i+j] = byte(1 + (i/4096*8+j)%255)
+		}
+	}
+	for _, workers := range []int{2, 1} {
+		ts := localJob(t, 2, ProgressDirect)
+		ctx := testCtx(t)
+		for _, tr := range ts {
+			o := DefaultNoncontigOptions()
+			o.PackChunk = 64 << 10
+			o.PackWorkers = workers
+			if err := tr.SetNoncontigOptions(o); err != nil {
+				t.Fatal(err)
+			}
+		}
+		dst := make([]byte, span)
+		o := TypedOptions{Scheme: datatype.SchemePack}
+		rr, err := ts[1].IrecvTypedWith(0, 6, dst, vec, 1, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := ts[0].SendTypedWith(ctx, 1, 6, src, vec, 1, o); err != nil {
+			t.Fatalf("workers %d: send: %v", workers, err)
+		}
+		if _, err := rr.Wait(ctx); err != nil {
+			t.Fatalf("workers %d: recv: %v", workers, err)
+		}
+		for i := 0; i < span; i += 4096 {
+			if !bytes.Equal(dst[i:i+8], src[i:i+8]) {
+				t.Fatalf("workers %d: block at %d: %x, want %x", workers, i, dst[i:i+8], src[i:i+8])
+			}
+		}
+		if zeros, want := bytes.Count(dst, []byte{0}), span-(1<<14)*8; zeros != want {
+			t.Fatalf("workers %d: %d zero bytes in the receive buffer, want %d: a gap was written", workers, zeros, want)
+		}
+		want := int64(2) // chunks
+		if workers == 1 {
+			want = 0
+		}
+		s, r := ts[0].NoncontigStats(), ts[1].NoncontigStats()
+		if s.ParallelChunks != want || r.ParallelChunks != want || s.Sent.Pack != 1 || r.Received.Pack != 1 {
+			t.Fatalf("workers %d: sender %+v, receiver %+v; want %d parallel chunks each", workers, s, r, want)
+		}
+	}
+}
