@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"strings"
 	"testing"
 
@@ -134,9 +135,23 @@ func ncMatrix(name, variant string) scenario {
 			}
 		}
 		st := t.NoncontigStats()
-		r.logf("%s/%s: all schemes ok; sent %+v received %+v", name, variant, st.Sent, st.Received)
+		r.logf("%s/%s: all schemes ok; sent %+v received %+v, %d chunks on several goroutines", name, variant, st.Sent, st.Received, st.ParallelChunks)
 		if r.id() == 1 && (st.Received.Pack == 0 || st.Received.SGL == 0 || st.Received.ZCopy == 0) {
 			return fmt.Errorf("%s: a scheme was never used: %+v", name, st.Received)
+		}
+		// Page-bound layouts (nas_mg_x) pack and unpack their host-pack
+		// chunks on several goroutines when the rank has more than one P;
+		// no other layout does.
+		mine := l.Type
+		if r.id() == 1 {
+			if mine, _, _, err = recvLayout(l, variant); err != nil {
+				return err
+			}
+		}
+		paged := mine.Workers(1, runtime.GOMAXPROCS(0)) > 1
+		if chunks := l.Packed / int64(transport.DefaultNoncontigOptions().PackChunk); paged && st.ParallelChunks < chunks || !paged && st.ParallelChunks != 0 {
+			return fmt.Errorf("%s/%s: %d chunks moved on several goroutines (page-bound %v, GOMAXPROCS %d)",
+				name, variant, st.ParallelChunks, paged, runtime.GOMAXPROCS(0))
 		}
 		return nil
 	}
