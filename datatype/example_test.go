@@ -106,3 +106,24 @@ func ExampleSubarray() {
 	fmt.Println(sub.Size(), sub.LB(), sub.Extent(), tm)
 	// Output: 24 0 80 [{28 12} {48 12}]
 }
+
+// The x face of a large 3-D grid is page-bound: 8-byte elements a page apart
+// over 64 MiB. Workers says how many goroutines pay for it (here up to the
+// limit of 4), and PackParallel packs the same bytes as PackRaw with them.
+// A layout that fits the caches gets one.
+func ExampleType_PackParallel() {
+	face, _ := dt.Vector(1<<14, 1, 512, dt.Float64) // 16384 elements 4 KiB apart
+	small, _ := dt.Vector(64, 1, 512, dt.Float64)
+	fmt.Println(face.Workers(1, 4), small.Workers(1, 4))
+
+	grid := make([]byte, face.Extent())
+	for i := range grid {
+		grid[i] = byte(i / 4096)
+	}
+	packed := make([]byte, 128<<10)
+	n, err := face.PackParallel(dt.SliceRegion(packed), dt.SliceRegion(grid), 0, 1, 0, face.Workers(1, 4))
+	fmt.Println(n, err, packed[8], packed[8*255], packed[8*256])
+	// Output:
+	// 4 1
+	// 131072 <nil> 1 255 0
+}
