@@ -229,10 +229,10 @@ type SchemeCounts struct {
 type NoncontigStats struct {
 	Sent, Received SchemeCounts // completed transfers by final scheme
 	Eager          int64        // pack sends carried inside the RTS
+	Errors         int64        // transfers failed by a signature or size mismatch
 	// ParallelChunks counts pack chunks packed (sender) or unpacked
 	// (receiver) on several goroutines (NoncontigOptions.PackWorkers).
 	ParallelChunks int64
-	Errors         int64 // transfers failed by a signature or size mismatch
 	// LayoutHits and LayoutMisses count lookups of the layout state (a
 	// miss is a layout's first use).
 	LayoutHits, LayoutMisses int64
