@@ -37,6 +37,14 @@ const (
 // goroutine.
 const ParallelMinPart = 32 << 10
 
+// ParallelParts returns how many parts, each on a goroutine of its own,
+// PackParallel and UnpackParallel cut n packed bytes into with workers
+// workers: at most workers, each of at least ParallelMinPart bytes, and
+// never fewer than one.
+func ParallelParts(n int64, workers int) int {
+	return int(max(1, min(int64(workers), n/ParallelMinPart)))
+}
+
 // Workers returns how many goroutines, at most limit, PackParallel and
 // UnpackParallel should use for count elements of t: more than one only for
 // page-bound layouts (small blocks about a page apart over a span of 32 MiB
@@ -51,7 +59,7 @@ func (t *Type) Workers(count int64, limit int) int {
 	if span < parallelMinSpan || nd.size/nd.segs > parallelMaxBlock || span/nd.segs < parallelMinGap {
 		return 1
 	}
-	return int(max(1, min(int64(limit), nd.size/ParallelMinPart)))
+	return ParallelParts(nd.size, limit)
 }
 
 // PackParallel is PackRaw with the packed range cut into at most workers
@@ -83,7 +91,7 @@ func (t *Type) moveParallel(user, packed Region, base, count, offset int64, unpa
 	if err != nil || n == 0 {
 		return 0, err
 	}
-	parts := int64(max(1, min(workers, int(n/ParallelMinPart))))
+	parts := int64(ParallelParts(n, workers))
 	if parts == 1 {
 		e := engine{user: user.Ptr, packed: packed.Ptr, unpack: unpack}
 		e.run(nd, base, offset, n)

@@ -239,9 +239,9 @@ func (nc *noncontig) packWorkers(c typedCall) int {
 }
 
 // countParallel counts a chunk of n bytes moved with w workers if
-// PackParallel split it (it gives each goroutine 32 KiB or more).
+// PackParallel split it.
 func (nc *noncontig) countParallel(w, n int) {
-	if w > 1 && n >= 2*datatype.ParallelMinPart {
+	if datatype.ParallelParts(int64(n), w) > 1 {
 		nc.c.parallelChunks.Add(1)
 	}
 }
