@@ -30,7 +30,7 @@ build: deps
 # 48^3 grid in 4x4x4 blocks (an actor array, 16 blocks per rank), 10 warm-up +
 # 100 timed sweeps, checked bit for bit against a serial reference on rank 0.
 run: build
-	$(BIN)/troupe run -n 4 --tls shm -- $(BIN)/jacobi3d -grid 48 -blocks 4x4x4 -iters 100
+	$(BIN)/troupe run -n 4 --tls shm --procs split -- $(BIN)/jacobi3d -grid 48 -blocks 4x4x4 -iters 100
 
 # test: vet, then every package under the race detector (real UCX between real
 # processes for the transport and integration packages), then the actor flood

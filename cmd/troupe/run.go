@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -25,11 +26,12 @@ func newRunCmd() *cobra.Command {
 	var (
 		n     int
 		tls   string
+		procs string
 		tail  int
 		grace time.Duration
 	)
 	cmd := &cobra.Command{
-		Use:   "run -n N [--tls shm|tcp|...] [--tail K] -- PROGRAM [ARGS...]",
+		Use:   "run -n N [--tls shm|tcp|...] [--procs split|K] [--tail K] -- PROGRAM [ARGS...]",
 		Short: "Run a job of N ranks on this machine",
 		Long: `Run starts a loopback rendezvous service with a fresh job token and spawns N
 copies of PROGRAM with TROUPE_RANK, TROUPE_SIZE, TROUPE_RDV and TROUPE_TOKEN in
@@ -39,10 +41,17 @@ status or is killed by a signal, troupe reports which rank, how it ended and
 its last output lines, stops the other ranks and exits with status 1.
 
 --tls picks UCX transports: shm (UCX_TLS=self,sm), tcp (UCX_TLS=self,tcp), or
-any other value passed verbatim as UCX_TLS. Set TROUPE_LOG=debug for the
-launcher's and rendezvous's logs.`,
+any other value passed verbatim as UCX_TLS.
+
+--procs sets GOMAXPROCS in every rank: split divides the launcher's
+processors evenly among the ranks (at least one each), K gives each rank K;
+without it every rank gets Go's default (all the CPUs, or GOMAXPROCS from the
+environment). Ranks that use the overlap engine want at least two each
+(docs/launcher.md). Set TROUPE_LOG=debug for the launcher's and rendezvous's
+logs.`,
 		Example: `  troupe run -n 2 -- ./pingpong
-  troupe run -n 4 --tls tcp -- ./jacobi3d -size 256`,
+  troupe run -n 4 --tls tcp -- ./jacobi3d -size 256
+  troupe run -n 8 --procs split -- ./jacobi3d`,
 		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			log, err := runLogger(os.Getenv("TROUPE_LOG"), cmd.ErrOrStderr())
@@ -59,16 +68,21 @@ launcher's and rendezvous's logs.`,
 			if tail == 0 {
 				tail = -1 // Launch reads 0 as "default"
 			}
+			perRank, err := parseProcs(procs)
+			if err != nil {
+				return err
+			}
 			return bootstrap.Launch(cmd.Context(), bootstrap.LaunchConfig{
-				N:         n,
-				Program:   args[0],
-				Args:      args[1:],
-				TLS:       tls,
-				Stdout:    cmd.OutOrStdout(),
-				Stderr:    cmd.ErrOrStderr(),
-				TailLines: tail,
-				Grace:     grace,
-				Log:       log.Named("launcher"),
+				N:            n,
+				Program:      args[0],
+				Args:         args[1:],
+				TLS:          tls,
+				ProcsPerRank: perRank,
+				Stdout:       cmd.OutOrStdout(),
+				Stderr:       cmd.ErrOrStderr(),
+				TailLines:    tail,
+				Grace:        grace,
+				Log:          log.Named("launcher"),
 			})
 		},
 	}
@@ -77,9 +91,25 @@ launcher's and rendezvous's logs.`,
 	f.SetInterspersed(false)
 	f.IntVarP(&n, "np", "n", 1, "number of ranks")
 	f.StringVar(&tls, "tls", "", `UCX transports: "shm", "tcp", or a UCX_TLS value`)
+	f.StringVar(&procs, "procs", "", `GOMAXPROCS of each rank: "split" (the launcher's processors divided among the ranks) or a count; unset: Go's default`)
 	f.IntVar(&tail, "tail", bootstrap.DefaultTailLines, "output lines of a failed rank to show")
 	f.DurationVar(&grace, "grace", bootstrap.DefaultGrace, "time between SIGTERM and SIGKILL when stopping ranks")
 	return cmd
+}
+
+// parseProcs reads --procs: "" (Go's default), "split" or a count >= 1.
+func parseProcs(v string) (int, error) {
+	switch v {
+	case "":
+		return 0, nil
+	case "split":
+		return bootstrap.ProcsSplit, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 {
+		return 0, fmt.Errorf("run: --procs must be split or a count >= 1, got %q", v)
+	}
+	return n, nil
 }
 
 // runLogger builds the launcher's logger: console lines on w, warn level

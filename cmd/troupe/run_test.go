@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -83,6 +85,24 @@ func TestRunRankFails(t *testing.T) {
 	assert.Contains(t, err.Error(), "rank 1")
 }
 
+func TestRunProcs(t *testing.T) {
+	out, err := execRun(t, "-n", "2", "--procs", "3", "--", "sh", "-c", `echo "procs $GOMAXPROCS"`)
+	require.NoError(t, err, out)
+	assert.Contains(t, out, "[0] procs 3\n")
+	assert.Contains(t, out, "[1] procs 3\n")
+
+	t.Setenv("GOMAXPROCS", "7") // the flag wins over the environment
+	want := fmt.Sprintf("procs %d\n", bootstrap.SplitProcs(runtime.GOMAXPROCS(0), 2))
+	out, err = execRun(t, "-n", "2", "--procs", "split", "--", "sh", "-c", `echo "procs $GOMAXPROCS"`)
+	require.NoError(t, err, out)
+	assert.Contains(t, out, "[0] "+want)
+	assert.Contains(t, out, "[1] "+want)
+
+	out, err = execRun(t, "-n", "1", "--", "sh", "-c", `echo "procs $GOMAXPROCS"`)
+	require.NoError(t, err, out)
+	assert.Equal(t, "[0] procs 7\n", out, "without --procs the environment passes through")
+}
+
 func TestRunBadArgs(t *testing.T) {
 	_, err := execRun(t, "-n", "2")
 	assert.Error(t, err)
@@ -90,6 +110,10 @@ func TestRunBadArgs(t *testing.T) {
 	assert.ErrorContains(t, err, "-n must be >= 1")
 	_, err = execRun(t, "-n", "1", "--", "/nonexistent/program")
 	assert.Error(t, err)
+	for _, v := range []string{"0", "-2", "half", "1.5"} {
+		_, err = execRun(t, "-n", "1", "--procs", v, "--", "true")
+		assert.ErrorContains(t, err, "--procs must be split or a count >= 1", v)
+	}
 }
 
 func TestRunLogger(t *testing.T) {

@@ -39,6 +39,13 @@ type LaunchConfig struct {
 	// TLS selects UCX transports: "" leaves UCX_TLS alone, "shm" sets
 	// "self,sm", "tcp" sets "self,tcp", anything else is used verbatim.
 	TLS string
+	// ProcsPerRank sets GOMAXPROCS in every rank: 0 leaves it to Go (each
+	// rank then uses all the CPUs the launcher may use, or what GOMAXPROCS
+	// in the environment says), n > 0 gives each rank n, and ProcsSplit
+	// divides the launcher's own GOMAXPROCS evenly among the ranks, at
+	// least one each (SplitProcs). A value set here overrides GOMAXPROCS
+	// in the environment.
+	ProcsPerRank int
 	// Stdout and Stderr receive the ranks' output line by line, prefixed
 	// "[rank] " (default os.Stdout, os.Stderr). Stderr also gets the
 	// launcher's failure report. They may be the same writer.
@@ -50,6 +57,33 @@ type LaunchConfig struct {
 	// (default DefaultGrace).
 	Grace time.Duration
 	Log   *zap.Logger // nil: no logging
+}
+
+// ProcsSplit is LaunchConfig.ProcsPerRank's value for "divide this
+// process's processors among the ranks".
+const ProcsSplit = -1
+
+// SplitProcs returns the GOMAXPROCS each of n ranks gets when procs
+// processors are divided among them: procs/n, at least 1.
+func SplitProcs(procs, n int) int {
+	if n < 1 {
+		return max(procs, 1)
+	}
+	return max(procs/n, 1)
+}
+
+// gomaxprocs returns the GOMAXPROCS entry for cfg's ranks, or "" to leave
+// it alone.
+func gomaxprocs(cfg LaunchConfig) (string, error) {
+	switch {
+	case cfg.ProcsPerRank == 0:
+		return "", nil
+	case cfg.ProcsPerRank == ProcsSplit:
+		return fmt.Sprintf("GOMAXPROCS=%d", SplitProcs(runtime.GOMAXPROCS(0), cfg.N)), nil
+	case cfg.ProcsPerRank > 0:
+		return fmt.Sprintf("GOMAXPROCS=%d", cfg.ProcsPerRank), nil
+	}
+	return "", fmt.Errorf("troupe: processors per rank must be >= 1, 0 (Go's default) or ProcsSplit, got %d", cfg.ProcsPerRank)
 }
 
 // UCXTLS maps a --tls value to UCX_TLS: "shm" -> "self,sm" (UCX's sm alias
@@ -208,6 +242,10 @@ func Launch(ctx context.Context, cfg LaunchConfig) error {
 	if cfg.Program == "" {
 		return errors.New("troupe: no program to run")
 	}
+	procs, err := gomaxprocs(cfg)
+	if err != nil {
+		return err
+	}
 	if cfg.Stdout == nil {
 		cfg.Stdout = os.Stdout
 	}
@@ -242,6 +280,9 @@ func Launch(ctx context.Context, cfg LaunchConfig) error {
 	env := append(os.Environ(), cfg.Env...)
 	if tls := UCXTLS(cfg.TLS); tls != "" {
 		env = append(env, "UCX_TLS="+tls)
+	}
+	if procs != "" {
+		env = append(env, procs) // the last entry of a name wins (os/exec)
 	}
 	env = append(env,
 		EnvSize+"="+fmt.Sprint(cfg.N),

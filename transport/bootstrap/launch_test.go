@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"regexp"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -68,6 +69,7 @@ func childMain() int {
 	}
 	fmt.Printf("rank %d of %d saw %s\n", rank, b.Size(), strings.Join(strs, ","))
 	fmt.Printf("UCX_TLS=%s\n", os.Getenv("UCX_TLS"))
+	fmt.Printf("GOMAXPROCS %d\n", runtime.GOMAXPROCS(0))
 	fmt.Fprintf(os.Stderr, "pid %d\n", os.Getpid())
 	if err := b.Barrier(ctx, "done"); err != nil {
 		fmt.Fprintln(os.Stderr, "barrier:", err)
@@ -186,6 +188,38 @@ func TestLaunchSuccess(t *testing.T) {
 	}
 	assert.Len(t, pidRE.FindAllString(stderr.String(), -1), n)
 	assertGone(t, stderr.String())
+}
+
+func TestLaunchProcsPerRank(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		procs int
+		want  int
+	}{
+		{"count", 2, 2},
+		{"split", ProcsSplit, SplitProcs(runtime.GOMAXPROCS(0), 2)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg, stdout, stderr := launchCfg(t, 2, "GOMAXPROCS=5")
+			cfg.ProcsPerRank = tc.procs
+			require.NoError(t, Launch(t.Context(), cfg), "stderr:\n%s", stderr)
+			for r := range 2 {
+				// What the rank's Go runtime uses, not just its environment.
+				assert.Contains(t, stdout.String(), fmt.Sprintf("[%d] GOMAXPROCS %d\n", r, tc.want))
+			}
+		})
+	}
+	cfg, _, _ := launchCfg(t, 1)
+	cfg.ProcsPerRank = -3
+	assert.ErrorContains(t, Launch(t.Context(), cfg), "processors per rank must be")
+}
+
+func TestSplitProcs(t *testing.T) {
+	assert.Equal(t, 8, SplitProcs(16, 2))
+	assert.Equal(t, 5, SplitProcs(16, 3))
+	assert.Equal(t, 1, SplitProcs(2, 2))
+	assert.Equal(t, 1, SplitProcs(2, 8), "at least one each")
+	assert.Equal(t, 4, SplitProcs(4, 0))
 }
 
 func TestLaunchRankExitStatus(t *testing.T) {
