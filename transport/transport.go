@@ -352,6 +352,9 @@ func New(ctx context.Context, opts Options) (*Transport, error) {
 	t.peers = make([]*peer, t.size)
 	if opts.Overlap != nil {
 		t.ov = newOvState(opts.Overlap)
+		if runtime.GOMAXPROCS(0) == 1 {
+			t.log.Info("overlap engine on with GOMAXPROCS=1: transfers move only while no other goroutine runs, so computation hides none of them (docs/overlap.md, \"One P per rank\")")
+		}
 	}
 	t.reg = newRegCache(defaultRegCacheUnused, t.mapMemory, t.unmapMemory)
 	go t.loop()
