@@ -175,7 +175,7 @@ func printActorRows(out io.Writer, rows []actorRow, f actorBenchFlags) error {
 }
 
 func runActorBenchJob(ctx context.Context, f actorBenchFlags) ([]actorRow, error) {
-	return runBenchJob[actorRow](ctx, 2, f.tls, []string{"bench", "actor", "--as-rank",
+	return runBenchJob[actorRow](ctx, 2, f.tls, 0, []string{"bench", "actor", "--as-rank",
 		"--inline=" + strconv.FormatBool(f.inline), "--rtts", strconv.Itoa(f.rtts),
 		"--sizes", joinInts(f.sizes),
 		"--scale", strconv.FormatFloat(f.scale, 'g', -1, 64)}, nil)

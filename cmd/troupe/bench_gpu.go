@@ -127,7 +127,7 @@ func printGPUPoints(out io.Writer, f gpuBenchFlags, pts []gpuPoint) error {
 }
 
 func runGPUBenchJob(ctx context.Context, f gpuBenchFlags) ([]gpuPoint, error) {
-	return runBenchJob[gpuPoint](ctx, 2, f.tls, []string{"bench", "gpu", "--as-rank",
+	return runBenchJob[gpuPoint](ctx, 2, f.tls, 0, []string{"bench", "gpu", "--as-rank",
 		"--min", strconv.Itoa(f.minSize), "--max", strconv.Itoa(f.maxSize),
 		"--scale", strconv.FormatFloat(f.scale, 'g', -1, 64), "--window", strconv.Itoa(f.window)},
 		[]string{gpu.EnvBackend + "=" + f.backend})

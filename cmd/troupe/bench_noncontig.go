@@ -119,6 +119,7 @@ type noncontigFlags struct {
 	actor     bool
 	stat      string // "median" or "best" (typed benchmark)
 	aa        bool   // measure pack a second time (A/A)
+	procs     string // GOMAXPROCS of each rank, as troupe run --procs ("": Go's default)
 }
 
 // ncSchemeOrder is the column order of the table.
@@ -200,6 +201,7 @@ each way's best batch is reported.`,
 	}
 	fl := cmd.Flags()
 	fl.StringVar(&f.tls, "tls", "shm", "UCX transports: shm, tcp, or a UCX_TLS value")
+	fl.StringVar(&f.procs, "procs", "split", `GOMAXPROCS of each rank as in troupe run: "split" (this process's processors halved), a count, or "" for Go's default`)
 	fl.BoolVar(&f.json, "json", false, `print one JSON object per point: {"layout":"vec_4096x64","scheme":"pack|sgl|zcopy|adaptive","lat_us":...}`)
 	fl.Float64Var(&f.scale, "scale", 1, "iteration count multiplier")
 	fl.IntVar(&f.rounds, "rounds", 4, "rounds per point at least; in each the schemes take turns in batches, each scheme 3 batches (4 with --aa)")
@@ -321,7 +323,11 @@ func runNoncontigJob(ctx context.Context, f noncontigFlags) ([]ncPoint, error) {
 	if f.actor {
 		args = append(args, "--actor")
 	}
-	return runBenchJob[ncPoint](ctx, 2, f.tls, args, nil)
+	procs, err := parseProcs(f.procs)
+	if err != nil {
+		return nil, fmt.Errorf("bench noncontig: %w", err)
+	}
+	return runBenchJob[ncPoint](ctx, 2, f.tls, procs, args, nil)
 }
 
 // ncIters picks the ping-pongs per scheme of one round from the size and
@@ -550,7 +556,7 @@ func printNoncontig(out io.Writer, f noncontigFlags, pts []ncPoint) error {
 	if f.aa {
 		cols = append(cols, ncAAName)
 	}
-	fmt.Fprintf(out, "# %s ping-pong latency (us, one way), 2 ranks, UCX_TLS=%s, %s\n", what, bootstrap.UCXTLS(f.tls), how)
+	fmt.Fprintf(out, "# %s ping-pong latency (us, one way), 2 ranks (GOMAXPROCS %s), UCX_TLS=%s, %s\n", what, procsLabel(f.procs, 2), bootstrap.UCXTLS(f.tls), how)
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintf(tw, "layout\tbytes\tblocks\tbatches\t%s\tbest fixed\tadaptive/best\t", strings.Join(cols, "\t"))
 	if f.aa {

@@ -132,10 +132,11 @@ func TestPrintNoncontigAA(t *testing.T) {
 	add("a", map[string]float64{"pack": 10, "sgl": 20, "zcopy": 30, "adaptive": 10.4, "pack2": 9.6})
 	add("b", map[string]float64{"pack": 10, "sgl": 20, "zcopy": 30, "adaptive": 10, "pack2": 8})
 	var out strings.Builder
-	if err := printNoncontig(&out, noncontigFlags{aa: true, stat: "best"}, pts); err != nil {
+	if err := printNoncontig(&out, noncontigFlags{aa: true, stat: "best", procs: "3"}, pts); err != nil {
 		t.Fatal(err)
 	}
 	for _, want := range []string{
+		"2 ranks (GOMAXPROCS 3 each)",
 		"pack2/pack",
 		"# adaptive within 5% of the best fixed scheme at 2 of 2 points",
 		"# pack measured twice (A/A) within 5% of itself at 1 of 2 points",
@@ -143,5 +144,13 @@ func TestPrintNoncontigAA(t *testing.T) {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("table lacks %q:\n%s", want, out.String())
 		}
+	}
+}
+
+func TestNoncontigBadProcs(t *testing.T) {
+	// Rejected before any rank starts.
+	_, err := runNoncontigJob(t.Context(), noncontigFlags{procs: "half", stat: "best", rounds: 1, maxRounds: 1})
+	if err == nil || !strings.Contains(err.Error(), "--procs must be split or a count") {
+		t.Fatalf("err = %v, want the --procs error", err)
 	}
 }

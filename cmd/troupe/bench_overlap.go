@@ -119,7 +119,7 @@ func init() { benchCmd.AddCommand(newOverlapCmd()) }
 // overlapJob launches n ranks of this executable in one role and returns
 // rank 0's lines.
 func overlapJob(ctx context.Context, f overlapFlags, n int, engine, role string) ([]overlapLine, error) {
-	rows, err := runBenchJob[overlapLine](ctx, n, f.tls, []string{"bench", "overlap", "--as-rank", "--engine", engine,
+	rows, err := runBenchJob[overlapLine](ctx, n, f.tls, 0, []string{"bench", "overlap", "--as-rank", "--engine", engine,
 		"--min", strconv.Itoa(f.minSize), "--max", strconv.Itoa(f.maxSize),
 		"--scale", strconv.FormatFloat(f.scale, 'g', -1, 64),
 		"--calibrate=" + strconv.FormatBool(f.calibrate),

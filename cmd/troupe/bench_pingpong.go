@@ -92,7 +92,7 @@ func init() { benchCmd.AddCommand(newPingpongCmd()) }
 
 // runPingpongJob launches two ranks of this executable and returns rank 0's results.
 func runPingpongJob(ctx context.Context, f pingpongFlags, minSize, maxSize int) ([]perf.Point, error) {
-	return runBenchJob[perf.Point](ctx, 2, f.tls, []string{"bench", "pingpong", "--as-rank",
+	return runBenchJob[perf.Point](ctx, 2, f.tls, 0, []string{"bench", "pingpong", "--as-rank",
 		"--min", strconv.Itoa(minSize), "--max", strconv.Itoa(maxSize),
 		"--scale", strconv.FormatFloat(f.scale, 'g', -1, 64), "--progress", f.progress}, nil)
 }

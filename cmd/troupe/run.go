@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
 	"time"
@@ -110,6 +111,18 @@ func parseProcs(v string) (int, error) {
 		return 0, fmt.Errorf("run: --procs must be split or a count >= 1, got %q", v)
 	}
 	return n, nil
+}
+
+// procsLabel says what GOMAXPROCS the ranks of an n-rank job get from a
+// --procs value, for a benchmark's header.
+func procsLabel(v string, n int) string {
+	switch v {
+	case "":
+		return "Go's default"
+	case "split":
+		return fmt.Sprintf("%d each, split", bootstrap.SplitProcs(runtime.GOMAXPROCS(0), n))
+	}
+	return v + " each"
 }
 
 // runLogger builds the launcher's logger: console lines on w, warn level
