@@ -355,3 +355,10 @@ func TestUCXTLS(t *testing.T) {
 	assert.Equal(t, "self,tcp", UCXTLS("tcp"))
 	assert.Equal(t, "rc,ud", UCXTLS("rc,ud"))
 }
+
+// Eight ranks on a 16-CPU machine get two Ps each with ProcsSplit; more
+// ranks than CPUs still get one each.
+func ExampleSplitProcs() {
+	fmt.Println(SplitProcs(16, 8), SplitProcs(2, 4))
+	// Output: 2 1
+}
