@@ -8,6 +8,7 @@ import (
 	"io"
 	"math"
 	"os"
+	"runtime"
 	"sort"
 	"strconv"
 	"time"
@@ -243,6 +244,13 @@ func overlapRun(ctx context.Context, out io.Writer, f overlapFlags) error {
 	}
 	fmt.Fprintf(out, "# troupe overlap, 2 ranks, UCX_TLS=%s%s, %d round(s) per engine setting (medians)\n", bootstrap.UCXTLS(f.tls), what, f.rounds)
 	fmt.Fprintf(out, "# rank 1 (sender) waits parked, without spinning (docs/overlap.md, section 8)\n")
+	// The ranks inherit this process's environment and CPUs, so they get
+	// the GOMAXPROCS it has.
+	if p := runtime.GOMAXPROCS(0); p == 1 {
+		fmt.Fprintf(out, "# GOMAXPROCS 1 in each rank: the progress goroutine cannot run while the receiver computes, so expect no overlap (docs/overlap.md, \"One P per rank\")\n")
+	} else {
+		fmt.Fprintf(out, "# GOMAXPROCS %d in each rank\n", p)
+	}
 	for _, c := range calib {
 		fmt.Fprintf(out, "# calibration: alpha %.4f ns/B, beta %.1f us, R2 %.3f\n", c.AlphaNsPerB, c.BetaUs, c.R2)
 	}
