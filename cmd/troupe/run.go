@@ -71,7 +71,7 @@ logs.`,
 			}
 			perRank, err := parseProcs(procs)
 			if err != nil {
-				return err
+				return fmt.Errorf("run: %w", err)
 			}
 			return bootstrap.Launch(cmd.Context(), bootstrap.LaunchConfig{
 				N:            n,
@@ -108,7 +108,7 @@ func parseProcs(v string) (int, error) {
 	}
 	n, err := strconv.Atoi(v)
 	if err != nil || n < 1 {
-		return 0, fmt.Errorf("run: --procs must be split or a count >= 1, got %q", v)
+		return 0, fmt.Errorf("--procs must be split or a count >= 1, got %q", v)
 	}
 	return n, nil
 }
