@@ -1,6 +1,7 @@
 package layouts
 
 import (
+	"fmt"
 	"runtime"
 	"testing"
 
@@ -108,6 +109,37 @@ func BenchmarkChunkedPack(b *testing.B) {
 			b.SetBytes(l.Packed)
 			for b.Loop() {
 				if _, err := l.Type.Pack(packed, src, l.Base, 1); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkGap packs 64 blocks of 4 KiB (256 KiB, as vec_4KiB) whose gaps
+// grow from 64 B to 4 KiB (vec_4KiB's), beside a copy of the same bytes: it
+// shows what the gaps between blocks, not the blocks, cost (docs/datatype.md,
+// "Of copy").
+func BenchmarkGap(b *testing.B) {
+	const blocks, elems = 64, 512 // 4 KiB of float64 per block
+	packed := make([]byte, blocks*elems*8)
+	b.Run("copy", func(b *testing.B) {
+		src := make([]byte, len(packed))
+		b.SetBytes(int64(len(packed)))
+		for b.Loop() {
+			copy(packed, src)
+		}
+	})
+	for _, gap := range []int64{64, 1 << 10, 2 << 10, 4 << 10} {
+		t, err := dt.Vector(blocks, elems, elems+gap/8, dt.Float64)
+		if err != nil {
+			b.Fatal(err)
+		}
+		src := make([]byte, t.Extent())
+		b.Run(fmt.Sprintf("gap_%d/pack", gap), func(b *testing.B) {
+			b.SetBytes(int64(len(packed)))
+			for b.Loop() {
+				if _, err := t.Pack(packed, src, 0, 1); err != nil {
 					b.Fatal(err)
 				}
 			}
