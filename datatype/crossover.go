@@ -101,6 +101,18 @@ func (c *Crossover) Verdict() (Scheme, bool) {
 	return c.verdict, c.verdict != SchemeAuto
 }
 
+// Medians returns the median time of the pack and of the SGL trials so far
+// (0 for a scheme not yet timed): with the verdict, what it was judged on.
+func (c *Crossover) Medians() (pack, sgl time.Duration) {
+	var m [2]time.Duration
+	for i := range m {
+		if len(c.times[i]) > 0 {
+			m[i] = median(slices.Clone(c.times[i]))
+		}
+	}
+	return m[0], m[1]
+}
+
 // Best returns the best time observed for pack and for SGL so far (0 for
 // a scheme not yet timed).
 func (c *Crossover) Best() (pack, sgl time.Duration) {

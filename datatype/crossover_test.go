@@ -68,6 +68,21 @@ func TestCrossover(t *testing.T) {
 	if p, s := c.Best(); p != 2*ms || s != ms {
 		t.Fatalf("best %v %v", p, s)
 	}
+	// Medians: what the verdict was judged on, lower median, trials kept
+	// in arrival order (Medians sorts a copy).
+	c = NewCrossover(3, SchemePack)
+	if p, s := c.Medians(); p != 0 || s != 0 {
+		t.Fatalf("medians before any trial %v %v, want 0 0", p, s)
+	}
+	for i, d := range []time.Duration{9 * ms, 5 * ms, 1 * ms, 7 * ms, 4 * ms, 6 * ms} {
+		c.Observe([2]Scheme{SchemePack, SchemeSGL}[i%2], d)
+	}
+	if p, s := c.Medians(); p != 4*ms || s != 6*ms {
+		t.Fatalf("medians %v %v, want 4ms 6ms", p, s)
+	}
+	if p, s := c.Medians(); p != 4*ms || s != 6*ms {
+		t.Fatalf("second call: medians %v %v", p, s)
+	}
 }
 
 func TestInCrossoverBand(t *testing.T) {

@@ -8,6 +8,8 @@ import (
 	"time"
 	"unsafe"
 
+	"go.uber.org/zap"
+
 	"github.com/troupe-hpc/troupe/datatype"
 	"github.com/troupe-hpc/troupe/transport/ucx"
 )
@@ -653,11 +655,15 @@ func (nc *noncontig) recv(ctx context.Context, c typedCall, seq uint32) (Status,
 	if cross != nil {
 		ls.crossMu.Lock()
 		cross.Observe(final, took)
-		_, decided := cross.Verdict()
+		v, decided := cross.Verdict()
+		mp, ms := cross.Medians()
 		ls.crossMu.Unlock()
 		nc.c.crossTrials.Add(1)
 		if decided {
 			nc.c.crossVerdicts.Add(1)
+			t.log.Debug("typed transfer: pack/SGL crossover measured", zap.Int("peer", c.peer),
+				zap.Int64("sender_min_block", h.minBlock), zap.Int64("segments", h.segments),
+				zap.Duration("pack_median", mp), zap.Duration("sgl_median", ms), zap.Stringer("verdict", v))
 		}
 	}
 	nc.c.recv[final].Add(1)

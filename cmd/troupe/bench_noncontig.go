@@ -37,6 +37,42 @@ type ncPoint struct {
 	// BestBatchUs is the mean one-way latency of the best batch (lat_us
 	// by default; typed benchmark only).
 	BestBatchUs float64 `json:"best_batch_us,omitempty"`
+	// Used counts, on the adaptive row, the transfers of its timed batches
+	// by the scheme they took (rank 0's sends and receives; typed
+	// benchmark only): what the adaptive default chose, and how steadily.
+	Used *transport.SchemeCounts `json:"used,omitempty"`
+}
+
+// addUsed adds to u the transfers by scheme that happened between the
+// counters a and b.
+func addUsed(u *transport.SchemeCounts, a, b transport.NoncontigStats) {
+	u.Pack += b.Sent.Pack - a.Sent.Pack + b.Received.Pack - a.Received.Pack
+	u.SGL += b.Sent.SGL - a.Sent.SGL + b.Received.SGL - a.Received.SGL
+	u.ZCopy += b.Sent.ZCopy - a.Sent.ZCopy + b.Received.ZCopy - a.Received.ZCopy
+}
+
+// usedLabel says which scheme the adaptive transfers took: the name of the
+// most frequent one, with its share when others were used too; "-" when
+// nothing was counted.
+func usedLabel(u *transport.SchemeCounts) string {
+	if u == nil {
+		return "-"
+	}
+	n := u.Pack + u.SGL + u.ZCopy
+	if n == 0 {
+		return "-"
+	}
+	name, top := "pack", u.Pack
+	if u.SGL > top {
+		name, top = "sgl", u.SGL
+	}
+	if u.ZCopy > top {
+		name, top = "zcopy", u.ZCopy
+	}
+	if top == n {
+		return name
+	}
+	return fmt.Sprintf("%s %d%%", name, 100*top/n)
 }
 
 // ncSettleGain is the change of a scheme's statistic (best batch or
@@ -403,6 +439,7 @@ func noncontigRank(ctx context.Context, f noncontigFlags) error {
 		batch := max(iters/4, 3)
 		m := newNCMeasure(len(schemes), f.stat)
 		settle := newNCSettle(boot, c.name, f)
+		var used transport.SchemeCounts // the adaptive batches' schemes
 		for round := 0; ; round++ {
 			for _, k := range turns {
 				s := schemes[k]
@@ -412,6 +449,7 @@ func noncontigRank(ctx context.Context, f noncontigFlags) error {
 						return fmt.Errorf("%s %v warm-up: %w", c.name, s, err)
 					}
 				}
+				before := t.NoncontigStats()
 				m.startBatch()
 				for i := 0; i < batch; i++ {
 					start := time.Now()
@@ -421,6 +459,9 @@ func noncontigRank(ctx context.Context, f noncontigFlags) error {
 					m.add(k, time.Since(start))
 				}
 				m.endBatch(k)
+				if s == datatype.SchemeAuto {
+					addUsed(&used, before, t.NoncontigStats())
+				}
 			}
 			if more, err := settle.more(ctx, round, m.stats()); err != nil || !more {
 				if err != nil {
@@ -433,6 +474,9 @@ func noncontigRank(ctx context.Context, f noncontigFlags) error {
 			for k, name := range names {
 				p := ncPoint{Layout: c.name, Scheme: name, LatUs: m.stat(k), Bytes: bytes, Blocks: r.segments,
 					Batches: len(m.batches[k]), MedianUs: m.median(k), BestBatchUs: m.bestBatch(k)}
+				if schemes[k] == datatype.SchemeAuto {
+					p.Used = &used
+				}
 				if err := enc.Encode(p); err != nil {
 					return err
 				}
@@ -532,6 +576,7 @@ func printNoncontig(out io.Writer, f noncontigFlags, pts []ncPoint) error {
 		bytes, blocks int64
 		batches       int
 		lat           map[string]float64
+		used          *transport.SchemeCounts
 	}
 	var rows []*row
 	idx := map[string]*row{}
@@ -543,6 +588,9 @@ func printNoncontig(out io.Writer, f noncontigFlags, pts []ncPoint) error {
 			rows = append(rows, r)
 		}
 		r.lat[p.Scheme] = p.LatUs
+		if p.Scheme == "adaptive" {
+			r.used = p.Used
+		}
 	}
 	what, cols := "typed", []string{"pack", "sgl", "zcopy", "adaptive"}
 	how := "best of each scheme's interleaved batches (batches: how many each)"
@@ -558,7 +606,7 @@ func printNoncontig(out io.Writer, f noncontigFlags, pts []ncPoint) error {
 	}
 	fmt.Fprintf(out, "# %s ping-pong latency (us, one way), 2 ranks (GOMAXPROCS %s), UCX_TLS=%s, %s\n", what, procsLabel(f.procs, 2), bootstrap.UCXTLS(f.tls), how)
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintf(tw, "layout\tbytes\tblocks\tbatches\t%s\tbest fixed\tadaptive/best\t", strings.Join(cols, "\t"))
+	fmt.Fprintf(tw, "layout\tbytes\tblocks\tbatches\t%s\tbest fixed\tadaptive/best\tadaptive used\t", strings.Join(cols, "\t"))
 	if f.aa {
 		fmt.Fprint(tw, "pack2/pack\t")
 	}
@@ -579,7 +627,7 @@ func printNoncontig(out io.Writer, f noncontigFlags, pts []ncPoint) error {
 		for _, s := range cols {
 			fmt.Fprintf(tw, "%.1f\t", r.lat[s])
 		}
-		fmt.Fprintf(tw, "%s\t%.2f\t", bestName, ratio)
+		fmt.Fprintf(tw, "%s\t%.2f\t%s\t", bestName, ratio, usedLabel(r.used))
 		if f.aa {
 			q := r.lat[ncAAName] / r.lat["pack"]
 			if q >= 1/1.05 && q <= 1.05 {

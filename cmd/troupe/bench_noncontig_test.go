@@ -4,6 +4,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/troupe-hpc/troupe/transport"
 )
 
 // Read cyclically, the benchmarks' turn orders must give every scheme every
@@ -131,6 +133,11 @@ func TestPrintNoncontigAA(t *testing.T) {
 	}
 	add("a", map[string]float64{"pack": 10, "sgl": 20, "zcopy": 30, "adaptive": 10.4, "pack2": 9.6})
 	add("b", map[string]float64{"pack": 10, "sgl": 20, "zcopy": 30, "adaptive": 10, "pack2": 8})
+	for i := range pts {
+		if pts[i].Scheme == "adaptive" && pts[i].Layout == "b" {
+			pts[i].Used = &transport.SchemeCounts{Pack: 90, SGL: 10}
+		}
+	}
 	var out strings.Builder
 	if err := printNoncontig(&out, noncontigFlags{aa: true, stat: "best", procs: "3"}, pts); err != nil {
 		t.Fatal(err)
@@ -140,6 +147,8 @@ func TestPrintNoncontigAA(t *testing.T) {
 		"pack2/pack",
 		"# adaptive within 5% of the best fixed scheme at 2 of 2 points",
 		"# pack measured twice (A/A) within 5% of itself at 1 of 2 points",
+		"adaptive used",
+		"pack 90%",
 	} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("table lacks %q:\n%s", want, out.String())
@@ -152,5 +161,67 @@ func TestNoncontigBadProcs(t *testing.T) {
 	_, err := runNoncontigJob(t.Context(), noncontigFlags{procs: "half", stat: "best", rounds: 1, maxRounds: 1})
 	if err == nil || !strings.Contains(err.Error(), "--procs must be split or a count") {
 		t.Fatalf("err = %v, want the --procs error", err)
+	}
+}
+
+// The adaptive row's scheme mix comes from counter differences, sends and
+// receives alike, and is labelled by its most frequent scheme.
+func TestAdaptiveUsed(t *testing.T) {
+	var u transport.SchemeCounts
+	a := transport.NoncontigStats{Sent: transport.SchemeCounts{Pack: 5, SGL: 1}, Received: transport.SchemeCounts{Pack: 5}}
+	b := transport.NoncontigStats{Sent: transport.SchemeCounts{Pack: 5, SGL: 9}, Received: transport.SchemeCounts{Pack: 5, SGL: 8, ZCopy: 1}}
+	addUsed(&u, a, b)
+	addUsed(&u, b, b) // nothing happened in between
+	if want := (transport.SchemeCounts{SGL: 16, ZCopy: 1}); u != want {
+		t.Fatalf("addUsed = %+v, want %+v", u, want)
+	}
+	for _, c := range []struct {
+		u    *transport.SchemeCounts
+		want string
+	}{
+		{nil, "-"},
+		{&transport.SchemeCounts{}, "-"},
+		{&transport.SchemeCounts{Pack: 7}, "pack"},
+		{&transport.SchemeCounts{SGL: 3}, "sgl"},
+		{&u, "sgl 94%"},
+		{&transport.SchemeCounts{Pack: 1, ZCopy: 3}, "zcopy 75%"},
+	} {
+		if got := usedLabel(c.u); got != c.want {
+			t.Errorf("usedLabel(%+v) = %q, want %q", c.u, got, c.want)
+		}
+	}
+}
+
+// A real two-rank job of the typed benchmark (UCX between two processes of
+// this test binary): every scheme is measured, and the adaptive row counts
+// exactly its timed transfers, two per ping-pong on rank 0.
+func TestNoncontigJob(t *testing.T) {
+	t.Setenv(envTestMain, "1")
+	f := noncontigFlags{tls: "shm", scale: 0.1, rounds: 1, maxRounds: 1, budget: time.Minute,
+		layouts: []string{"vec_64x16", "vec_4096x16"}, stat: "best", procs: "split"}
+	pts, err := runNoncontigJob(t.Context(), f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(pts) != 2*len(ncSchemeOrder) {
+		t.Fatalf("%d points, want %d: %+v", len(pts), 2*len(ncSchemeOrder), pts)
+	}
+	for _, p := range pts {
+		if p.LatUs <= 0 || p.Batches < 1 {
+			t.Errorf("%s %s: latency %v, %d batches", p.Layout, p.Scheme, p.LatUs, p.Batches)
+		}
+		if p.Scheme != "adaptive" {
+			if p.Used != nil {
+				t.Errorf("%s %s carries adaptive counts", p.Layout, p.Scheme)
+			}
+			continue
+		}
+		iters, _ := ncIters(p.Bytes, p.Blocks, f.scale)
+		want := int64(2 * max(iters/4, 3) * p.Batches)
+		if u := p.Used; u == nil || u.Pack+u.SGL+u.ZCopy != want {
+			t.Errorf("%s adaptive used %+v, want %d transfers in all", p.Layout, p.Used, want)
+		} else if p.Layout == "vec_64x16" && u.Pack != want {
+			t.Errorf("vec_64x16 (64 B blocks) adaptive used %+v, want pack only", u)
+		}
 	}
 }
