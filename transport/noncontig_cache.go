@@ -5,8 +5,10 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"go.uber.org/zap"
 
@@ -89,6 +91,21 @@ func (nc *noncontig) noteSentVerdict(k crossKey, v datatype.Scheme) {
 	nc.mu.Lock()
 	defer nc.mu.Unlock()
 	nc.sentVerdicts[k] = v
+}
+
+// noteRTT records a round trip from this rank's RTS to peer until its CTS.
+func (nc *noncontig) noteRTT(peer int, d time.Duration) {
+	ns := uint32(min(max(d, 0), time.Duration(math.MaxUint32)))
+	nc.mu.Lock()
+	defer nc.mu.Unlock()
+	nc.rtts[peer] = ns
+}
+
+// rtt is the latest round trip noteRTT recorded for peer (0: none).
+func (nc *noncontig) rtt(peer int) uint32 {
+	nc.mu.Lock()
+	defer nc.mu.Unlock()
+	return nc.rtts[peer]
 }
 
 // sentVerdict is what peer's receiver measured for sends of a layout of
@@ -191,8 +208,11 @@ type noncontig struct {
 	// sentVerdicts are the crossover verdicts peers' receivers told this
 	// rank as a sender, by peer and the shape of this rank's layout.
 	sentVerdicts map[crossKey]datatype.Scheme
-	nextID       uint64
-	keys         []*windowKey
+	// rtts are this rank's latest RTS-to-CTS round trips as a sender, in
+	// nanoseconds, by peer (rts.rtt).
+	rtts   map[int]uint32
+	nextID uint64
+	keys   []*windowKey
 
 	refill  chan struct{}
 	regWake chan struct{}
@@ -213,6 +233,7 @@ func newNoncontig(t *Transport, o NoncontigOptions) *noncontig {
 		recvSeq:      map[seqKey]*recvCounter{},
 		xids:         map[int]uint32{},
 		sentVerdicts: map[crossKey]datatype.Scheme{},
+		rtts:         map[int]uint32{},
 		refill:       make(chan struct{}, 1),
 		regWake:      make(chan struct{}, 1),
 		stop:         make(chan struct{}),

@@ -95,7 +95,7 @@ func (nc *noncontig) send(ctx context.Context, c typedCall, seq uint32) (Status,
 			proposal, flags = datatype.SchemePack, 0
 		}
 	}
-	h := rts{proposal: proposal, flags: flags, xid: nc.nextXid(c.peer), bytes: c.bytes, sig: sig, chunk: int64(nc.opts.PackChunk)}
+	h := rts{proposal: proposal, flags: flags, xid: nc.nextXid(c.peer), bytes: c.bytes, sig: sig, chunk: int64(nc.opts.PackChunk), rtt: nc.rtt(c.peer)}
 	if ls != nil {
 		h.minBlock, h.segments = ls.lay.Stats.MinBlock, ls.lay.Stats.Segments
 	}
@@ -118,6 +118,7 @@ func (nc *noncontig) send(ctx context.Context, c typedCall, seq uint32) (Status,
 	}
 	reply := make([]byte, ctsLen)
 	rr := t.ncRecv(c.peer, ncXferTag(dirReply, uint32(c.peer), h.xid, replyIdx), bufOf(reply), nil)
+	sent := time.Now()
 	sr := t.ncSend(c.peer, ncRTSTag(c.space, me, uint16(c.tag), seq), bufOf(msg), nil)
 	final := proposal
 	if proposal == datatype.SchemePack {
@@ -133,6 +134,7 @@ func (nc *noncontig) send(ctx context.Context, c typedCall, seq uint32) (Status,
 		if _, err := rr.Wait(ctx); err != nil {
 			return Status{}, err
 		}
+		nc.noteRTT(c.peer, time.Since(sent))
 		var m cts
 		if err := m.decode(reply); err != nil {
 			return Status{}, err
@@ -632,7 +634,12 @@ func (nc *noncontig) recv(ctx context.Context, c typedCall, seq uint32) (Status,
 			return reply(idxCTS, cts{status: stOK, scheme: datatype.SchemeSGL, flags: ctsFlags, chunk: chunk, rbytes: c.bytes})
 		})
 		if cross != nil {
-			took = time.Since(start)
+			// Every SGL transfer after the verdict waits for its CTS; a
+			// pack verdict sends at once. The trials, timed from the CTS,
+			// leave that round trip out of both, so SGL is charged the one
+			// its sender measured (docs/noncontig.md, "Why the trials can
+			// pick SGL where pack is faster").
+			took = time.Since(start) + time.Duration(h.rtt)
 		}
 	case datatype.SchemeZCopy:
 		err = nc.zcopyRecv(ctx, c, ls, h, chunk, reply)

@@ -316,6 +316,15 @@ func TestTypedCrossoverLocal(t *testing.T) {
 	if sgl := r1.Received.SGL - r0.Received.SGL; sgl != int64(trials) {
 		t.Fatalf("%d SGL receives during the trials, want %d", sgl, trials)
 	}
+	// The sender measured its RTS-to-CTS round trip (and carries it in its
+	// RTS, where the receiver charges it to the SGL trials).
+	nc0, err := ts[0].noncontig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if nc0.rtt(1) == 0 {
+		t.Fatal("no RTS-to-CTS round trip recorded after the SGL trials")
+	}
 	for ; round < 1+2*trials+5; round++ {
 		transfer(round)
 	}

@@ -68,8 +68,8 @@ func ncXferSource(tag uint64) (src, idx int) {
 // Wire messages, little endian.
 
 const (
-	ncVersion  = 1
-	rtsHdrLen  = 64
+	ncVersion  = 2
+	rtsHdrLen  = 72
 	ctsLen     = 64
 	finLen     = 8
 	ncEagerMax = 32 << 10 // largest payload an RTS may carry inline
@@ -98,6 +98,10 @@ type rts struct {
 	minBlock int64
 	segments int64
 	chunk    int64 // sender's pack chunk
+	// rtt is the sender's latest RTS-to-CTS round trip to this peer, in
+	// nanoseconds (0: none yet): what every transfer that waits for a CTS
+	// pays before its data moves (the crossover trials charge it to SGL).
+	rtt uint32
 }
 
 func (m *rts) encode(b []byte) {
@@ -111,6 +115,8 @@ func (m *rts) encode(b []byte) {
 	le.PutUint64(b[40:], uint64(m.minBlock))
 	le.PutUint64(b[48:], uint64(m.segments))
 	le.PutUint64(b[56:], uint64(m.chunk))
+	le.PutUint32(b[64:], m.rtt)
+	le.PutUint32(b[68:], 0)
 }
 
 func (m *rts) decode(b []byte) error {
@@ -129,6 +135,7 @@ func (m *rts) decode(b []byte) error {
 	m.minBlock = int64(le.Uint64(b[40:]))
 	m.segments = int64(le.Uint64(b[48:]))
 	m.chunk = int64(le.Uint64(b[56:]))
+	m.rtt = le.Uint32(b[64:])
 	switch {
 	case m.proposal < datatype.SchemePack || m.proposal > datatype.SchemeZCopy:
 		return fmt.Errorf("%w: typed RTS proposes scheme %d", ErrInvalid, m.proposal)

@@ -1,0 +1,68 @@
+package transport
+
+import (
+	"errors"
+	"math"
+	"testing"
+	"time"
+
+	"github.com/troupe-hpc/troupe/datatype"
+)
+
+// Every RTS field survives encode and decode, the round trip included, and
+// malformed headers are refused with ErrInvalid.
+func TestRTSWire(t *testing.T) {
+	in := rts{proposal: datatype.SchemeSGL, flags: rtsCrossover, xid: 77, bytes: 65536,
+		sig:      datatype.Signature{Elements: 8192, Hash: [2]uint64{0x0123456789abcdef, 0xfedcba9876543210}},
+		minBlock: 4096, segments: 16, chunk: 131072, rtt: 2345}
+	b := make([]byte, rtsHdrLen)
+	in.encode(b)
+	var out rts
+	if err := out.decode(b); err != nil {
+		t.Fatal(err)
+	}
+	if out != in {
+		t.Fatalf("decoded %+v, want %+v", out, in)
+	}
+	inline := in
+	inline.proposal, inline.flags, inline.bytes = datatype.SchemePack, rtsInline, 3
+	ib := make([]byte, rtsHdrLen+3)
+	inline.encode(ib)
+	if err := out.decode(ib); err != nil || out != inline {
+		t.Fatalf("inline RTS: %+v, %v", out, err)
+	}
+	bad := func(name string, b []byte) {
+		t.Helper()
+		var m rts
+		if err := m.decode(b); !errors.Is(err, ErrInvalid) {
+			t.Errorf("%s: decode error %v, want ErrInvalid", name, err)
+		}
+	}
+	bad("short", b[:rtsHdrLen-1])
+	old := append([]byte(nil), b...)
+	old[0] = 1 // the version before the round trip field
+	bad("version 1", old)
+	scheme := append([]byte(nil), b...)
+	scheme[1] = 9
+	bad("unknown scheme", scheme)
+	bad("inline length", ib[:rtsHdrLen+2])
+}
+
+func TestNoteRTT(t *testing.T) {
+	nc := &noncontig{rtts: map[int]uint32{}}
+	if nc.rtt(3) != 0 {
+		t.Fatal("round trip known before any was noted")
+	}
+	nc.noteRTT(3, 2500*time.Nanosecond)
+	if got := nc.rtt(3); got != 2500 {
+		t.Fatalf("rtt %d, want 2500", got)
+	}
+	nc.noteRTT(3, time.Hour) // beyond 32 bits of nanoseconds: clamped, not wrapped
+	if got := nc.rtt(3); got != math.MaxUint32 {
+		t.Fatalf("rtt %d after an hour, want the 32-bit maximum", got)
+	}
+	nc.noteRTT(3, -time.Second)
+	if got := nc.rtt(3); got != 0 {
+		t.Fatalf("rtt %d for a negative duration, want 0", got)
+	}
+}
