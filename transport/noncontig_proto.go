@@ -637,8 +637,8 @@ func (nc *noncontig) recv(ctx context.Context, c typedCall, seq uint32) (Status,
 			// Every SGL transfer after the verdict waits for its CTS; a
 			// pack verdict sends at once. The trials, timed from the CTS,
 			// leave that round trip out of both, so SGL is charged the one
-			// its sender measured (docs/noncontig.md, "Why the trials can
-			// pick SGL where pack is faster").
+			// its sender measured (docs/noncontig.md, "Why the trials
+			// picked SGL where pack is faster, and the round-trip charge").
 			took = time.Since(start) + time.Duration(h.rtt)
 		}
 	case datatype.SchemeZCopy:
