@@ -254,8 +254,10 @@ type NoncontigStats struct {
 	KeyPoolRefills, KeyPoolEmpty int64
 	// CrossoverTrials counts receives timed to measure a layout pair's
 	// pack/SGL crossover, CrossoverVerdicts the pairs measured.
-	// CrossoverAdopted counts receives of a symmetric exchange that took
-	// the verdict the lower-ranked peer measured for the other direction.
+	// CrossoverAdopted counts receives that took a verdict measured
+	// before: in a symmetric exchange the one the lower-ranked peer
+	// measured for the other direction, or this rank's own for an earlier
+	// layout pair of the same shape.
 	CrossoverTrials, CrossoverVerdicts, CrossoverAdopted int64
 	// Puts counts the RMA writes of zero-copy transfers.
 	Puts int64

@@ -55,10 +55,45 @@ type layoutState struct {
 	held     map[crossKey]int
 }
 
-// crossKey names the layout pair a receive's crossover is measured for.
+// crossKey names the layout pair a receive's crossover is measured for:
+// the peer and the shape of its layout (minimum block, segments, packed
+// bytes).
 type crossKey struct {
-	peer               int
+	peer                      int
+	minBlock, segments, bytes int64
+}
+
+// shapeKey is a crossKey with the shape of the receiving side's layout:
+// two layout pairs with equal shapes (the same types on other buffers, say)
+// share one verdict (noteShapeVerdict).
+type shapeKey struct {
+	crossKey
 	minBlock, segments int64
+}
+
+// noteShapeVerdict records the verdict a receive measured for a layout
+// pair of this shape.
+func (nc *noncontig) noteShapeVerdict(k shapeKey, v datatype.Scheme) {
+	nc.mu.Lock()
+	defer nc.mu.Unlock()
+	nc.shapeVerdicts[k] = v
+}
+
+// shapeVerdict is the verdict measured for a layout pair of this shape, if
+// any.
+func (nc *noncontig) shapeVerdict(k shapeKey) (datatype.Scheme, bool) {
+	nc.mu.Lock()
+	defer nc.mu.Unlock()
+	v, ok := nc.shapeVerdicts[k]
+	return v, ok
+}
+
+// measuring reports whether this layout has a crossover measurement for k
+// (under way or decided).
+func (ls *layoutState) measuring(k crossKey) bool {
+	ls.crossMu.Lock()
+	defer ls.crossMu.Unlock()
+	return ls.crosses[k] != nil
 }
 
 // crossover returns the measurement for receives from peer of a sender
@@ -208,6 +243,9 @@ type noncontig struct {
 	// sentVerdicts are the crossover verdicts peers' receivers told this
 	// rank as a sender, by peer and the shape of this rank's layout.
 	sentVerdicts map[crossKey]datatype.Scheme
+	// shapeVerdicts are the verdicts this rank's receives measured, by the
+	// shapes of both layouts.
+	shapeVerdicts map[shapeKey]datatype.Scheme
 	// rtts are this rank's latest RTS-to-CTS round trips as a sender, in
 	// nanoseconds, by peer (rts.rtt).
 	rtts   map[int]uint32
@@ -226,17 +264,18 @@ type noncontig struct {
 func newNoncontig(t *Transport, o NoncontigOptions) *noncontig {
 	nc := &noncontig{
 		t: t, opts: o,
-		layouts:      map[layoutKey]*layoutState{},
-		wsets:        map[winKey]*windowSet{},
-		remote:       map[int]map[uint64]*remoteEntry{},
-		sendSeq:      map[seqKey]uint32{},
-		recvSeq:      map[seqKey]*recvCounter{},
-		xids:         map[int]uint32{},
-		sentVerdicts: map[crossKey]datatype.Scheme{},
-		rtts:         map[int]uint32{},
-		refill:       make(chan struct{}, 1),
-		regWake:      make(chan struct{}, 1),
-		stop:         make(chan struct{}),
+		layouts:       map[layoutKey]*layoutState{},
+		wsets:         map[winKey]*windowSet{},
+		remote:        map[int]map[uint64]*remoteEntry{},
+		sendSeq:       map[seqKey]uint32{},
+		recvSeq:       map[seqKey]*recvCounter{},
+		xids:          map[int]uint32{},
+		sentVerdicts:  map[crossKey]datatype.Scheme{},
+		shapeVerdicts: map[shapeKey]datatype.Scheme{},
+		rtts:          map[int]uint32{},
+		refill:        make(chan struct{}, 1),
+		regWake:       make(chan struct{}, 1),
+		stop:          make(chan struct{}),
 	}
 	nc.rtsBufs.New = func() any { b := make([]byte, rtsHdrLen+ncEagerMax); return &b }
 	// The key pool starts full, as an MPI library creates its memory keys

@@ -145,7 +145,7 @@ func (nc *noncontig) send(ctx context.Context, c typedCall, seq uint32) (Status,
 		final = m.scheme
 		if m.flags&ctsVerdict != 0 && ls != nil {
 			ls.setVerdict(c.peer, final)
-			nc.noteSentVerdict(crossKey{c.peer, ls.lay.Stats.MinBlock, ls.lay.Stats.Segments}, final)
+			nc.noteSentVerdict(crossKey{c.peer, ls.lay.Stats.MinBlock, ls.lay.Stats.Segments, c.bytes}, final)
 		}
 		switch final {
 		case datatype.SchemePack:
@@ -580,6 +580,7 @@ func (nc *noncontig) recv(ctx context.Context, c typedCall, seq uint32) (Status,
 	// receiver's measurement for this pair picks (and, once it knows,
 	// tells the sender its verdict in the CTS).
 	var cross *datatype.Crossover
+	var sk shapeKey // the pair's shape, for the verdict of a timed receive
 	var ctsFlags uint8
 	if h.flags&rtsCrossover != 0 && h.proposal == datatype.SchemeSGL && c.scheme == datatype.SchemeAuto &&
 		known && ls.lay.Stats.Segments <= nc.opts.Thresholds.SGLMaxSegments {
@@ -591,9 +592,18 @@ func (nc *noncontig) recv(ctx context.Context, c typedCall, seq uint32) (Status,
 		// verdict it was told as a sender to the lower one, and until it
 		// knows it, keeps its own verdict to itself for up to
 		// 2 x CrossoverTrials receives, so that the sender keeps asking.
-		k := crossKey{c.peer, h.minBlock, h.segments}
-		higher := c.peer < t.rank && h.minBlock == ls.lay.Stats.MinBlock && h.segments == ls.lay.Stats.Segments
+		// A pair of layouts shaped like one measured before (the same
+		// types on other buffers) takes that verdict without trials, so
+		// that the two directions, each told or remembering a verdict by
+		// shape, cannot disagree.
+		k := crossKey{c.peer, h.minBlock, h.segments, h.bytes}
+		sk = shapeKey{k, ls.lay.Stats.MinBlock, ls.lay.Stats.Segments}
+		higher := c.peer < t.rank && h.minBlock == ls.lay.Stats.MinBlock && h.segments == ls.lay.Stats.Segments &&
+			h.bytes == c.bytes
 		if v, ok := nc.sentVerdict(k); ok && higher {
+			final, ctsFlags = v, ctsVerdict
+			nc.c.crossAdopted.Add(1)
+		} else if v, ok := nc.shapeVerdict(sk); ok && !higher && !ls.measuring(k) {
 			final, ctsFlags = v, ctsVerdict
 			nc.c.crossAdopted.Add(1)
 		} else {
@@ -668,6 +678,7 @@ func (nc *noncontig) recv(ctx context.Context, c typedCall, seq uint32) (Status,
 		nc.c.crossTrials.Add(1)
 		if decided {
 			nc.c.crossVerdicts.Add(1)
+			nc.noteShapeVerdict(sk, v)
 			t.log.Debug("typed transfer: pack/SGL crossover measured", zap.Int("peer", c.peer),
 				zap.Int64("sender_min_block", h.minBlock), zap.Int64("segments", h.segments),
 				zap.Duration("pack_median", mp), zap.Duration("sgl_median", ms), zap.Stringer("verdict", v))

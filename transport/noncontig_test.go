@@ -339,6 +339,67 @@ func TestTypedCrossoverLocal(t *testing.T) {
 	t.Logf("verdict: %d pack, %d sgl of 5", pack, sgl)
 }
 
+// TestTypedCrossoverShape: once a receiver has a verdict for a layout pair,
+// another pair of the same shape (the same type on other buffers) takes it
+// without trials, so that layouts of one shape cannot end with different
+// verdicts (and a symmetric exchange with one scheme each way).
+func TestTypedCrossoverShape(t *testing.T) {
+	ts := localJob(t, 2, ProgressDirect)
+	ctx := testCtx(t)
+	for _, tr := range ts {
+		o := DefaultNoncontigOptions()
+		o.Thresholds.CrossoverBand = 4
+		if err := tr.SetNoncontigOptions(o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	vec, err := datatype.Vector(16, 512, 1024, datatype.Float64) // 16 blocks of 4 KiB: in the band
+	if err != nil {
+		t.Fatal(err)
+	}
+	trials := datatype.DefaultThresholds().CrossoverTrials
+	span := int(vec.Extent())
+	// Rank 1 sends to rank 0, the lower rank, which decides for itself.
+	transfers := func(src, dst []byte, n int) {
+		t.Helper()
+		for round := range n {
+			copy(src, pattern(span, round))
+			copy(dst, bytes.Repeat([]byte{0xee}, span))
+			rr, err := ts[0].IrecvTypedWith(1, 7, dst, vec, 1, TypedOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := ts[1].SendTypedWith(ctx, 0, 7, src, vec, 1, TypedOptions{}); err != nil {
+				t.Fatalf("round %d: send: %v", round, err)
+			}
+			if _, err := rr.Wait(ctx); err != nil {
+				t.Fatalf("round %d: recv: %v", round, err)
+			}
+			if d := blockDiff(dst, src, 4096, 8192); d != "" {
+				t.Fatalf("round %d: %s", round, d)
+			}
+		}
+	}
+	transfers(make([]byte, span), make([]byte, span), 1+2*trials+2)
+	r1 := ts[0].NoncontigStats()
+	if r1.CrossoverVerdicts != 1 {
+		t.Fatalf("%d verdicts after the first pair's trials, want 1: %+v", r1.CrossoverVerdicts, r1)
+	}
+	// The same type on new buffers: first use (pack), then the verdict.
+	transfers(make([]byte, span), make([]byte, span), 6)
+	r2 := ts[0].NoncontigStats()
+	if r2.CrossoverTrials != r1.CrossoverTrials || r2.CrossoverVerdicts != r1.CrossoverVerdicts {
+		t.Fatalf("the second pair was timed again: %+v -> %+v", r1, r2)
+	}
+	if r2.CrossoverAdopted == r1.CrossoverAdopted {
+		t.Fatalf("the second pair did not take the first one's verdict: %+v", r2)
+	}
+	pack, sgl := r2.Received.Pack-r1.Received.Pack, r2.Received.SGL-r1.Received.SGL
+	if !(sgl == 0 || pack == 1) { // a pack verdict, or SGL after the first use's pack
+		t.Fatalf("second pair: %d pack and %d SGL receives, want one scheme after the first use", pack, sgl)
+	}
+}
+
 // TestTypedParallelPack: a page-bound layout (8-byte blocks 4 KiB apart over
 // 64 MiB) sent by host pack in two 64 KiB chunks is packed and unpacked on
 // two goroutines per chunk (ParallelChunks on both sides) and arrives intact,
