@@ -2,6 +2,7 @@ package transport
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"testing"
@@ -191,9 +192,13 @@ func blockDiff(dst, src []byte, block, stride int) string {
 // and into separate buffers) the two receivers measure their directions
 // independently; once the lower rank has its verdict, the higher rank takes
 // it, so that after warm-up both directions move by one scheme.
-func TestTypedCrossoverSymmetric(t *testing.T) {
+// crossoverJob starts two in-process ranks with the crossover measured
+// (band 4, the default, whatever the environment says) and returns them
+// with a layout in the band, 16 blocks of 4 KiB at an 8 KiB stride, and the
+// number of trials per scheme.
+func crossoverJob(t *testing.T) ([]*Transport, context.Context, *datatype.Type, int) {
+	t.Helper()
 	ts := localJob(t, 2, ProgressDirect)
-	ctx := testCtx(t)
 	for _, tr := range ts {
 		o := DefaultNoncontigOptions()
 		o.Thresholds.CrossoverBand = 4
@@ -201,11 +206,15 @@ func TestTypedCrossoverSymmetric(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	vec, err := datatype.Vector(16, 512, 1024, datatype.Float64) // 16 blocks of 4 KiB, in the band
+	vec, err := datatype.Vector(16, 512, 1024, datatype.Float64)
 	if err != nil {
 		t.Fatal(err)
 	}
-	trials := datatype.DefaultThresholds().CrossoverTrials
+	return ts, testCtx(t), vec, datatype.DefaultThresholds().CrossoverTrials
+}
+
+func TestTypedCrossoverSymmetric(t *testing.T) {
+	ts, ctx, vec, trials := crossoverJob(t)
 	span := int(vec.Extent())
 	var src, dst [2][]byte
 	for r := range 2 {
@@ -265,20 +274,7 @@ func TestTypedCrossoverSymmetric(t *testing.T) {
 }
 
 func TestTypedCrossoverLocal(t *testing.T) {
-	ts := localJob(t, 2, ProgressDirect)
-	ctx := testCtx(t)
-	for _, tr := range ts {
-		o := DefaultNoncontigOptions()
-		o.Thresholds.CrossoverBand = 4 // the default, whatever the environment says
-		if err := tr.SetNoncontigOptions(o); err != nil {
-			t.Fatal(err)
-		}
-	}
-	vec, err := datatype.Vector(16, 512, 1024, datatype.Float64) // 16 blocks of 4 KiB: inside [T/4, 4T]
-	if err != nil {
-		t.Fatal(err)
-	}
-	trials := datatype.DefaultThresholds().CrossoverTrials
+	ts, ctx, vec, trials := crossoverJob(t)
 	span := int(vec.Extent())
 	src, dst := make([]byte, span), make([]byte, span) // reused: the layouts stay cached
 	transfer := func(round int) {
@@ -344,20 +340,7 @@ func TestTypedCrossoverLocal(t *testing.T) {
 // without trials, so that layouts of one shape cannot end with different
 // verdicts (and a symmetric exchange with one scheme each way).
 func TestTypedCrossoverShape(t *testing.T) {
-	ts := localJob(t, 2, ProgressDirect)
-	ctx := testCtx(t)
-	for _, tr := range ts {
-		o := DefaultNoncontigOptions()
-		o.Thresholds.CrossoverBand = 4
-		if err := tr.SetNoncontigOptions(o); err != nil {
-			t.Fatal(err)
-		}
-	}
-	vec, err := datatype.Vector(16, 512, 1024, datatype.Float64) // 16 blocks of 4 KiB: in the band
-	if err != nil {
-		t.Fatal(err)
-	}
-	trials := datatype.DefaultThresholds().CrossoverTrials
+	ts, ctx, vec, trials := crossoverJob(t)
 	span := int(vec.Extent())
 	// Rank 1 sends to rank 0, the lower rank, which decides for itself.
 	transfers := func(src, dst []byte, n int) {
