@@ -76,8 +76,17 @@ type shapeKey struct {
 func (nc *noncontig) noteShapeVerdict(k shapeKey, v datatype.Scheme) {
 	nc.mu.Lock()
 	defer nc.mu.Unlock()
+	if len(nc.shapeVerdicts) >= nc.maxVerdicts() {
+		clear(nc.shapeVerdicts) // measured again when next needed
+	}
 	nc.shapeVerdicts[k] = v
 }
+
+// maxVerdicts bounds each of the verdict maps (sentVerdicts,
+// shapeVerdicts): four per layout kept. A program that keeps making layouts
+// of new shapes would otherwise grow them without end; past the bound a map
+// starts over, and its pairs are measured again.
+func (nc *noncontig) maxVerdicts() int { return 4 * max(nc.opts.MaxLayouts, 1) }
 
 // shapeVerdict is the verdict measured for a layout pair of this shape, if
 // any.
@@ -125,6 +134,9 @@ func (ls *layoutState) verdict(peer int) (datatype.Scheme, bool) {
 func (nc *noncontig) noteSentVerdict(k crossKey, v datatype.Scheme) {
 	nc.mu.Lock()
 	defer nc.mu.Unlock()
+	if len(nc.sentVerdicts) >= nc.maxVerdicts() {
+		clear(nc.sentVerdicts)
+	}
 	nc.sentVerdicts[k] = v
 }
 

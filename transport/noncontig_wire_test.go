@@ -66,3 +66,24 @@ func TestNoteRTT(t *testing.T) {
 		t.Fatalf("rtt %d for a negative duration, want 0", got)
 	}
 }
+
+// The verdict maps are bounded: past four entries per kept layout a map
+// starts over rather than growing.
+func TestVerdictMapsBounded(t *testing.T) {
+	nc := &noncontig{opts: NoncontigOptions{MaxLayouts: 2}, sentVerdicts: map[crossKey]datatype.Scheme{},
+		shapeVerdicts: map[shapeKey]datatype.Scheme{}}
+	for i := range 20 {
+		k := crossKey{peer: 1, minBlock: int64(i + 1), segments: 2, bytes: 64}
+		nc.noteSentVerdict(k, datatype.SchemePack)
+		nc.noteShapeVerdict(shapeKey{crossKey: k, minBlock: 8, segments: 2}, datatype.SchemeSGL)
+		if len(nc.sentVerdicts) > 8 || len(nc.shapeVerdicts) > 8 {
+			t.Fatalf("after %d verdicts: %d sent, %d shape entries, want at most 8", i+1, len(nc.sentVerdicts), len(nc.shapeVerdicts))
+		}
+		if v, ok := nc.sentVerdict(k); !ok || v != datatype.SchemePack {
+			t.Fatalf("the newest sent verdict is gone: %v %v", v, ok)
+		}
+		if v, ok := nc.shapeVerdict(shapeKey{crossKey: k, minBlock: 8, segments: 2}); !ok || v != datatype.SchemeSGL {
+			t.Fatalf("the newest shape verdict is gone: %v %v", v, ok)
+		}
+	}
+}
