@@ -142,17 +142,17 @@ func (nc *noncontig) noteSentVerdict(k crossKey, v datatype.Scheme) {
 
 // noteRTT records a round trip from this rank's RTS to peer until its CTS.
 func (nc *noncontig) noteRTT(peer int, d time.Duration) {
-	ns := uint32(min(max(d, 0), time.Duration(math.MaxUint32)))
-	nc.mu.Lock()
-	defer nc.mu.Unlock()
-	nc.rtts[peer] = ns
+	if peer >= 0 && peer < len(nc.rtts) {
+		nc.rtts[peer].Store(uint32(min(max(d, 0), time.Duration(math.MaxUint32))))
+	}
 }
 
 // rtt is the latest round trip noteRTT recorded for peer (0: none).
 func (nc *noncontig) rtt(peer int) uint32 {
-	nc.mu.Lock()
-	defer nc.mu.Unlock()
-	return nc.rtts[peer]
+	if peer < 0 || peer >= len(nc.rtts) {
+		return 0
+	}
+	return nc.rtts[peer].Load()
 }
 
 // sentVerdict is what peer's receiver measured for sends of a layout of
@@ -259,8 +259,9 @@ type noncontig struct {
 	// shapes of both layouts.
 	shapeVerdicts map[shapeKey]datatype.Scheme
 	// rtts are this rank's latest RTS-to-CTS round trips as a sender, in
-	// nanoseconds, by peer (rts.rtt).
-	rtts   map[int]uint32
+	// nanoseconds, by peer rank (rts.rtt): atomics, read on every typed
+	// send without the mutex.
+	rtts   []atomic.Uint32
 	nextID uint64
 	keys   []*windowKey
 
@@ -284,7 +285,7 @@ func newNoncontig(t *Transport, o NoncontigOptions) *noncontig {
 		xids:          map[int]uint32{},
 		sentVerdicts:  map[crossKey]datatype.Scheme{},
 		shapeVerdicts: map[shapeKey]datatype.Scheme{},
-		rtts:          map[int]uint32{},
+		rtts:          make([]atomic.Uint32, t.size),
 		refill:        make(chan struct{}, 1),
 		regWake:       make(chan struct{}, 1),
 		stop:          make(chan struct{}),

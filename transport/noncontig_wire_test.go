@@ -3,6 +3,7 @@ package transport
 import (
 	"errors"
 	"math"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -49,7 +50,7 @@ func TestRTSWire(t *testing.T) {
 }
 
 func TestNoteRTT(t *testing.T) {
-	nc := &noncontig{rtts: map[int]uint32{}}
+	nc := &noncontig{rtts: make([]atomic.Uint32, 4)}
 	if nc.rtt(3) != 0 {
 		t.Fatal("round trip known before any was noted")
 	}
