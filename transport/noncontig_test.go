@@ -213,6 +213,28 @@ func crossoverJob(t *testing.T) ([]*Transport, context.Context, *datatype.Type, 
 	return ts, testCtx(t), vec, datatype.DefaultThresholds().CrossoverTrials
 }
 
+// crossoverTransfer moves one message of round's pattern from rank a to
+// rank b (the receive posted first) with the crossover job's layout and
+// checks that the blocks arrived and the gaps of dst stayed untouched.
+func crossoverTransfer(t *testing.T, ctx context.Context, a, b *Transport, tag int, src, dst []byte, vec *datatype.Type, round int) {
+	t.Helper()
+	copy(src, pattern(len(src), round))
+	copy(dst, bytes.Repeat([]byte{0xee}, len(dst)))
+	rr, err := b.IrecvTypedWith(a.Rank(), tag, dst, vec, 1, TypedOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.SendTypedWith(ctx, b.Rank(), tag, src, vec, 1, TypedOptions{}); err != nil {
+		t.Fatalf("round %d: send: %v", round, err)
+	}
+	if _, err := rr.Wait(ctx); err != nil {
+		t.Fatalf("round %d: recv: %v", round, err)
+	}
+	if d := blockDiff(dst, src, 4096, 8192); d != "" {
+		t.Fatalf("round %d: %s", round, d)
+	}
+}
+
 func TestTypedCrossoverSymmetric(t *testing.T) {
 	ts, ctx, vec, trials := crossoverJob(t)
 	span := int(vec.Extent())
@@ -279,21 +301,7 @@ func TestTypedCrossoverLocal(t *testing.T) {
 	src, dst := make([]byte, span), make([]byte, span) // reused: the layouts stay cached
 	transfer := func(round int) {
 		t.Helper()
-		copy(src, pattern(span, round))
-		copy(dst, bytes.Repeat([]byte{0xee}, span))
-		rr, err := ts[1].IrecvTypedWith(0, 5, dst, vec, 1, TypedOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := ts[0].SendTypedWith(ctx, 1, 5, src, vec, 1, TypedOptions{}); err != nil {
-			t.Fatalf("round %d: send: %v", round, err)
-		}
-		if _, err := rr.Wait(ctx); err != nil {
-			t.Fatalf("round %d: recv: %v", round, err)
-		}
-		if d := blockDiff(dst, src, 4096, 8192); d != "" {
-			t.Fatalf("round %d: %s", round, d)
-		}
+		crossoverTransfer(t, ctx, ts[0], ts[1], 5, src, dst, vec, round)
 	}
 	r0 := ts[1].NoncontigStats()
 	// The first use goes pack and leaves the layouts cached; then the
@@ -346,21 +354,7 @@ func TestTypedCrossoverShape(t *testing.T) {
 	transfers := func(src, dst []byte, n int) {
 		t.Helper()
 		for round := range n {
-			copy(src, pattern(span, round))
-			copy(dst, bytes.Repeat([]byte{0xee}, span))
-			rr, err := ts[0].IrecvTypedWith(1, 7, dst, vec, 1, TypedOptions{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := ts[1].SendTypedWith(ctx, 0, 7, src, vec, 1, TypedOptions{}); err != nil {
-				t.Fatalf("round %d: send: %v", round, err)
-			}
-			if _, err := rr.Wait(ctx); err != nil {
-				t.Fatalf("round %d: recv: %v", round, err)
-			}
-			if d := blockDiff(dst, src, 4096, 8192); d != "" {
-				t.Fatalf("round %d: %s", round, d)
-			}
+			crossoverTransfer(t, ctx, ts[1], ts[0], 7, src, dst, vec, round)
 		}
 	}
 	transfers(make([]byte, span), make([]byte, span), 1+2*trials+2)
