@@ -3,6 +3,7 @@ package datatype
 import (
 	"fmt"
 	"strings"
+	"time"
 )
 
 // This file holds the pure planning half of troupe's noncontiguous transfer
@@ -92,6 +93,13 @@ type Thresholds struct {
 	// CrossoverTrials: timed transfers per scheme before the verdict.
 	CrossoverBand   int64
 	CrossoverTrials int
+	// CrossoverReuse: how long after it was measured a verdict is taken
+	// for other buffers of the same layout shapes without trials of
+	// their own; later pairs are measured afresh, because what a shared
+	// machine favours drifts over minutes (docs/noncontig.md). A pair
+	// keeps the verdict it took or measured. 0: reused for as long as it
+	// is kept.
+	CrossoverReuse time.Duration
 }
 
 // DefaultThresholds returns the defaults measured on troupe's reference
@@ -108,6 +116,7 @@ func DefaultThresholds() Thresholds {
 		MaxIOVsPerOp:      16,
 		CrossoverBand:     4, // [T/4, T*4]: see docs/noncontig.md
 		CrossoverTrials:   8,
+		CrossoverReuse:    time.Second,
 	}
 }
 
@@ -122,6 +131,8 @@ func (th Thresholds) Validate() error {
 		return invalid("Thresholds: MaxIOVsPerOp %d < 1", th.MaxIOVsPerOp)
 	case th.CrossoverBand < 0 || th.CrossoverTrials < 0:
 		return invalid("Thresholds: negative CrossoverBand %d or CrossoverTrials %d", th.CrossoverBand, th.CrossoverTrials)
+	case th.CrossoverReuse < 0:
+		return invalid("Thresholds: negative CrossoverReuse %v", th.CrossoverReuse)
 	}
 	return nil
 }

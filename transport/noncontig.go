@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"github.com/troupe-hpc/troupe/datatype"
@@ -72,7 +73,8 @@ type NoncontigOptions struct {
 	// TROUPE_NC_T (ZCopyAvgBlock), TROUPE_NC_WINDOW_SEGMENTS,
 	// TROUPE_NC_WINDOW_MIN_BLOCK, TROUPE_NC_SGL_SEGMENTS,
 	// TROUPE_NC_MAX_IOVS, TROUPE_NC_CROSSOVER_BAND,
-	// TROUPE_NC_CROSSOVER_TRIALS.
+	// TROUPE_NC_CROSSOVER_TRIALS, TROUPE_NC_CROSSOVER_REUSE (a Go
+	// duration, such as 1s).
 	Thresholds datatype.Thresholds
 	// PackChunk is the size of one pipelined pack message and of the pooled
 	// bounce buffers (default 128 KiB). TROUPE_NC_PACK_CHUNK.
@@ -203,6 +205,13 @@ func NoncontigOptionsFromEnv(o NoncontigOptions) (NoncontigOptions, error) {
 			}
 			*e.dst = n
 		}
+	}
+	if v, ok := os.LookupEnv("TROUPE_NC_CROSSOVER_REUSE"); ok {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			return o, fmt.Errorf("%w: TROUPE_NC_CROSSOVER_REUSE=%q: %v", ErrInvalid, v, err)
+		}
+		o.Thresholds.CrossoverReuse = d
 	}
 	if v, ok := os.LookupEnv("TROUPE_NC_SCHEME"); ok {
 		s, err := datatype.ParseScheme(v)

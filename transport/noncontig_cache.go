@@ -53,6 +53,16 @@ type layoutState struct {
 	crosses  map[crossKey]*datatype.Crossover
 	verdicts map[int]datatype.Scheme
 	held     map[crossKey]int
+	// adopted are the verdicts this layout's receives took from another
+	// measurement (a symmetric peer's, or one of a pair of the same
+	// shapes), per peer and sender layout shape: once taken, kept.
+	adopted map[crossKey]datatype.Scheme
+}
+
+// keptVerdict is a crossover verdict and when it was measured or told.
+type keptVerdict struct {
+	v  datatype.Scheme
+	at time.Time
 }
 
 // crossKey names the layout pair a receive's crossover is measured for:
@@ -79,7 +89,14 @@ func (nc *noncontig) noteShapeVerdict(k shapeKey, v datatype.Scheme) {
 	if len(nc.shapeVerdicts) >= nc.maxVerdicts() {
 		clear(nc.shapeVerdicts) // measured again when next needed
 	}
-	nc.shapeVerdicts[k] = v
+	nc.shapeVerdicts[k] = keptVerdict{v, time.Now()}
+}
+
+// reusable reports whether a verdict kept since at may still be taken for
+// a layout pair that has none (Thresholds.CrossoverReuse).
+func (nc *noncontig) reusable(at time.Time) bool {
+	d := nc.opts.Thresholds.CrossoverReuse
+	return d <= 0 || time.Since(at) <= d
 }
 
 // maxVerdicts bounds each of the verdict maps (sentVerdicts,
@@ -89,12 +106,12 @@ func (nc *noncontig) noteShapeVerdict(k shapeKey, v datatype.Scheme) {
 func (nc *noncontig) maxVerdicts() int { return 4 * max(nc.opts.MaxLayouts, 1) }
 
 // shapeVerdict is the verdict measured for a layout pair of this shape, if
-// any.
+// there is one recent enough to reuse.
 func (nc *noncontig) shapeVerdict(k shapeKey) (datatype.Scheme, bool) {
 	nc.mu.Lock()
 	defer nc.mu.Unlock()
-	v, ok := nc.shapeVerdicts[k]
-	return v, ok
+	kv, ok := nc.shapeVerdicts[k]
+	return kv.v, ok && nc.reusable(kv.at)
 }
 
 // measuring reports whether this layout has a crossover measurement for k
@@ -137,7 +154,7 @@ func (nc *noncontig) noteSentVerdict(k crossKey, v datatype.Scheme) {
 	if len(nc.sentVerdicts) >= nc.maxVerdicts() {
 		clear(nc.sentVerdicts)
 	}
-	nc.sentVerdicts[k] = v
+	nc.sentVerdicts[k] = keptVerdict{v, time.Now()}
 }
 
 // noteRTT records a round trip from this rank's RTS to peer until its CTS.
@@ -156,12 +173,30 @@ func (nc *noncontig) rtt(peer int) uint32 {
 }
 
 // sentVerdict is what peer's receiver measured for sends of a layout of
-// this shape from this rank.
+// this shape from this rank, if it was told recently enough to reuse.
 func (nc *noncontig) sentVerdict(k crossKey) (datatype.Scheme, bool) {
 	nc.mu.Lock()
 	defer nc.mu.Unlock()
-	v, ok := nc.sentVerdicts[k]
+	kv, ok := nc.sentVerdicts[k]
+	return kv.v, ok && nc.reusable(kv.at)
+}
+
+// adoptedVerdict is the verdict this layout's receives from k took before.
+func (ls *layoutState) adoptedVerdict(k crossKey) (datatype.Scheme, bool) {
+	ls.crossMu.Lock()
+	defer ls.crossMu.Unlock()
+	v, ok := ls.adopted[k]
 	return v, ok
+}
+
+// adopt keeps v as the verdict of this layout's receives from k.
+func (ls *layoutState) adopt(k crossKey, v datatype.Scheme) {
+	ls.crossMu.Lock()
+	defer ls.crossMu.Unlock()
+	if ls.adopted == nil {
+		ls.adopted = map[crossKey]datatype.Scheme{}
+	}
+	ls.adopted[k] = v
 }
 
 // holdVerdict counts one more receive in which this side keeps its verdict
@@ -254,10 +289,10 @@ type noncontig struct {
 	xids    map[int]uint32
 	// sentVerdicts are the crossover verdicts peers' receivers told this
 	// rank as a sender, by peer and the shape of this rank's layout.
-	sentVerdicts map[crossKey]datatype.Scheme
+	sentVerdicts map[crossKey]keptVerdict
 	// shapeVerdicts are the verdicts this rank's receives measured, by the
 	// shapes of both layouts.
-	shapeVerdicts map[shapeKey]datatype.Scheme
+	shapeVerdicts map[shapeKey]keptVerdict
 	// rtts are this rank's latest RTS-to-CTS round trips as a sender, in
 	// nanoseconds, by peer rank (rts.rtt): atomics, read on every typed
 	// send without the mutex.
@@ -283,8 +318,8 @@ func newNoncontig(t *Transport, o NoncontigOptions) *noncontig {
 		sendSeq:       map[seqKey]uint32{},
 		recvSeq:       map[seqKey]*recvCounter{},
 		xids:          map[int]uint32{},
-		sentVerdicts:  map[crossKey]datatype.Scheme{},
-		shapeVerdicts: map[shapeKey]datatype.Scheme{},
+		sentVerdicts:  map[crossKey]keptVerdict{},
+		shapeVerdicts: map[shapeKey]keptVerdict{},
 		rtts:          make([]atomic.Uint32, t.size),
 		refill:        make(chan struct{}, 1),
 		regWake:       make(chan struct{}, 1),

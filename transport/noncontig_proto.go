@@ -595,15 +595,22 @@ func (nc *noncontig) recv(ctx context.Context, c typedCall, seq uint32) (Status,
 		// A pair of layouts shaped like one measured before (the same
 		// types on other buffers) takes that verdict without trials, so
 		// that the two directions, each told or remembering a verdict by
-		// shape, cannot disagree.
+		// shape, cannot disagree; but only a verdict younger than
+		// CrossoverReuse, because what the machine favours drifts. A
+		// pair keeps the verdict it took (ls.adopted).
 		k := crossKey{c.peer, h.minBlock, h.segments, h.bytes}
 		sk = shapeKey{k, ls.lay.Stats.MinBlock, ls.lay.Stats.Segments}
 		higher := c.peer < t.rank && h.minBlock == ls.lay.Stats.MinBlock && h.segments == ls.lay.Stats.Segments &&
 			h.bytes == c.bytes
-		if v, ok := nc.sentVerdict(k); ok && higher {
+		if v, ok := ls.adoptedVerdict(k); ok {
+			final, ctsFlags = v, ctsVerdict
+			nc.c.crossAdopted.Add(1)
+		} else if v, ok := nc.sentVerdict(k); ok && higher {
+			ls.adopt(k, v)
 			final, ctsFlags = v, ctsVerdict
 			nc.c.crossAdopted.Add(1)
 		} else if v, ok := nc.shapeVerdict(sk); ok && !higher && !ls.measuring(k) {
+			ls.adopt(k, v)
 			final, ctsFlags = v, ctsVerdict
 			nc.c.crossAdopted.Add(1)
 		} else {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/troupe-hpc/troupe/datatype"
 )
@@ -346,7 +347,9 @@ func TestTypedCrossoverLocal(t *testing.T) {
 // TestTypedCrossoverShape: once a receiver has a verdict for a layout pair,
 // another pair of the same shape (the same type on other buffers) takes it
 // without trials, so that layouts of one shape cannot end with different
-// verdicts (and a symmetric exchange with one scheme each way).
+// verdicts (and a symmetric exchange with one scheme each way). A pair keeps
+// the verdict it took; a verdict older than CrossoverReuse is not taken by a
+// new pair, which is measured anew.
 func TestTypedCrossoverShape(t *testing.T) {
 	ts, ctx, vec, trials := crossoverJob(t)
 	span := int(vec.Extent())
@@ -363,7 +366,8 @@ func TestTypedCrossoverShape(t *testing.T) {
 		t.Fatalf("%d verdicts after the first pair's trials, want 1: %+v", r1.CrossoverVerdicts, r1)
 	}
 	// The same type on new buffers: first use (pack), then the verdict.
-	transfers(make([]byte, span), make([]byte, span), 6)
+	src2, dst2 := make([]byte, span), make([]byte, span)
+	transfers(src2, dst2, 6)
 	r2 := ts[0].NoncontigStats()
 	if r2.CrossoverTrials != r1.CrossoverTrials || r2.CrossoverVerdicts != r1.CrossoverVerdicts {
 		t.Fatalf("the second pair was timed again: %+v -> %+v", r1, r2)
@@ -374,6 +378,29 @@ func TestTypedCrossoverShape(t *testing.T) {
 	pack, sgl := r2.Received.Pack-r1.Received.Pack, r2.Received.SGL-r1.Received.SGL
 	if !(sgl == 0 || pack == 1) { // a pack verdict, or SGL after the first use's pack
 		t.Fatalf("second pair: %d pack and %d SGL receives, want one scheme after the first use", pack, sgl)
+	}
+	// From now on every verdict is too old to reuse for a new pair.
+	nc, err := ts[0].noncontig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc.opts.Thresholds.CrossoverReuse = time.Nanosecond
+	// The second pair keeps the verdict it took (a pack verdict at the
+	// sender, which no longer asks; an SGL verdict at the receiver).
+	transfers(src2, dst2, 4)
+	r3 := ts[0].NoncontigStats()
+	pack3, sgl3 := r3.Received.Pack-r2.Received.Pack, r3.Received.SGL-r2.Received.SGL
+	if r3.CrossoverTrials != r2.CrossoverTrials || r3.CrossoverVerdicts != r2.CrossoverVerdicts ||
+		(sgl == 0) != (pack3 == 4) || (sgl != 0) != (sgl3 == 4) {
+		t.Fatalf("the second pair did not keep its verdict (%d pack, %d SGL of 4; before %d, %d): %+v -> %+v",
+			pack3, sgl3, pack, sgl, r2, r3)
+	}
+	// A third pair of the same shape is measured anew.
+	transfers(make([]byte, span), make([]byte, span), 1+2*trials+2)
+	r4 := ts[0].NoncontigStats()
+	if r4.CrossoverVerdicts != 2 || r4.CrossoverTrials-r3.CrossoverTrials != int64(2*trials) {
+		t.Fatalf("the third pair, after the reuse time: %d verdicts, %d trials, want 2 and %d: %+v",
+			r4.CrossoverVerdicts, r4.CrossoverTrials-r3.CrossoverTrials, 2*trials, r4)
 	}
 }
 

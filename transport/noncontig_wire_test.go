@@ -3,6 +3,7 @@ package transport
 import (
 	"errors"
 	"math"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -71,8 +72,8 @@ func TestNoteRTT(t *testing.T) {
 // The verdict maps are bounded: past four entries per kept layout a map
 // starts over rather than growing.
 func TestVerdictMapsBounded(t *testing.T) {
-	nc := &noncontig{opts: NoncontigOptions{MaxLayouts: 2}, sentVerdicts: map[crossKey]datatype.Scheme{},
-		shapeVerdicts: map[shapeKey]datatype.Scheme{}}
+	nc := &noncontig{opts: NoncontigOptions{MaxLayouts: 2}, sentVerdicts: map[crossKey]keptVerdict{},
+		shapeVerdicts: map[shapeKey]keptVerdict{}}
 	for i := range 20 {
 		k := crossKey{peer: 1, minBlock: int64(i + 1), segments: 2, bytes: 64}
 		nc.noteSentVerdict(k, datatype.SchemePack)
@@ -86,5 +87,35 @@ func TestVerdictMapsBounded(t *testing.T) {
 		if v, ok := nc.shapeVerdict(shapeKey{crossKey: k, minBlock: 8, segments: 2}); !ok || v != datatype.SchemeSGL {
 			t.Fatalf("the newest shape verdict is gone: %v %v", v, ok)
 		}
+	}
+}
+
+// The TROUPE_NC_* variables reach the options, and a value that does not
+// parse is refused with ErrInvalid naming the variable.
+func TestNoncontigOptionsFromEnv(t *testing.T) {
+	t.Setenv("TROUPE_NC_T", "4096")
+	t.Setenv("TROUPE_NC_CROSSOVER_TRIALS", "5")
+	t.Setenv("TROUPE_NC_CROSSOVER_REUSE", "250ms")
+	t.Setenv("TROUPE_NC_SCHEME", "sgl")
+	o, err := NoncontigOptionsFromEnv(DefaultNoncontigOptions())
+	if err != nil {
+		t.Fatal(err)
+	}
+	th := o.Thresholds
+	if th.ZCopyAvgBlock != 4096 || th.CrossoverTrials != 5 || th.CrossoverReuse != 250*time.Millisecond || o.Scheme != datatype.SchemeSGL {
+		t.Fatalf("options from the environment: T %d, trials %d, reuse %v, scheme %v", th.ZCopyAvgBlock, th.CrossoverTrials, th.CrossoverReuse, o.Scheme)
+	}
+	for name, bad := range map[string]string{"TROUPE_NC_CROSSOVER_REUSE": "soon", "TROUPE_NC_T": "8k", "TROUPE_NC_PACK_DEPTH": "x"} {
+		t.Run(name, func(t *testing.T) {
+			t.Setenv(name, bad)
+			_, err := NoncontigOptionsFromEnv(DefaultNoncontigOptions())
+			if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), name) {
+				t.Fatalf("%s=%q: error %v, want ErrInvalid naming it", name, bad, err)
+			}
+		})
+	}
+	t.Setenv("TROUPE_NC_CROSSOVER_REUSE", "-1s")
+	if _, err := NoncontigOptionsFromEnv(DefaultNoncontigOptions()); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "CrossoverReuse") {
+		t.Fatalf("a negative reuse time: error %v, want ErrInvalid naming CrossoverReuse", err)
 	}
 }
