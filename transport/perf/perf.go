@@ -107,7 +107,7 @@ func Latency(ctx context.Context, t *transport.Transport, size int, scale float6
 	if t.Rank() != 0 {
 		return 0, nil
 	}
-	return float64(time.Since(start).Microseconds()) / float64(iters) / 2, nil
+	return time.Since(start).Seconds() * 1e6 / float64(iters) / 2, nil
 }
 
 // Bandwidth measures unidirectional bandwidth from rank 0 to rank 1 with
