@@ -1,6 +1,7 @@
 package jacobi
 
 import (
+	"fmt"
 	"math"
 	"testing"
 )
@@ -201,5 +202,24 @@ func TestBlocksMatchSerial(t *testing.T) {
 	}
 	if err := bs[0].geo.UnpackFace(bs[0].u, XHigh, make([]float64, 3)); err == nil {
 		t.Fatal("UnpackFace took a face of the wrong size")
+	}
+}
+
+// BenchmarkSweep times one sweep of a 48^3 and a 96^3 block (the grids of
+// the MPI comparison, docs/jacobi3d.md), in ns per point.
+func BenchmarkSweep(b *testing.B) {
+	for _, n := range []int{48, 96} {
+		b.Run(fmt.Sprint(n), func(b *testing.B) {
+			blk := NewBlock(Box{NX: n, NY: n, NZ: n})
+			u, v := make([]float64, blk.Len()), make([]float64, blk.Len())
+			for i := range u {
+				u[i] = float64(i%7) / 7
+			}
+			b.ResetTimer()
+			for b.Loop() {
+				blk.Sweep(u, v)
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(n*n*n), "ns/point")
+		})
 	}
 }
