@@ -5,7 +5,7 @@ GO      ?= go
 BIN     := bin
 RACE_PKGS := ./...
 
-.PHONY: deps build run test bench bench-mpi ptx clean
+.PHONY: deps build run test bench bench-mpi bench-jacobi-mpi ptx clean
 
 # deps installs UCX (headers, library, ucx_perftest), pkg-config and, if no Go
 # toolchain is on PATH, Debian's Go (which fetches the go.mod toolchain).
@@ -66,6 +66,16 @@ bench-mpi: build
 	mpicc.openmpi -O2 -o $(BIN)/mpi_pack-openmpi $(MPIREF)
 	mpicc.mpich -O2 -o $(BIN)/mpi_pack-mpich $(MPIREF)
 	$(BIN)/troupe bench ddt --repeat 3 --mpi $(BIN)/mpi_pack-openmpi,$(BIN)/mpi_pack-mpich
+
+# bench-jacobi-mpi: troupe's Jacobi3D against the same problem written with
+# MPI (samples/jacobi3d/mpiref/jacobi3d_mpi.c), built with Open MPI and with
+# MPICH, on 1, 2 and 4 ranks (installs both MPIs).
+bench-jacobi-mpi: build
+	@if ! command -v mpicc.openmpi >/dev/null 2>&1 || ! command -v mpicc.mpich >/dev/null 2>&1; then \
+		echo "installing libopenmpi-dev libmpich-dev"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libopenmpi-dev libmpich-dev >/dev/null; \
+	fi
+	samples/jacobi3d/mpiref/compare.sh
 
 # ptx regenerates the committed PTX of the CUDA kernels (*.cu next to *.ptx)
 # with clang (installs Debian's clang); the tests check it when clang is

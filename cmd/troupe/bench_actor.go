@@ -29,6 +29,7 @@ type actorBenchFlags struct {
 	compare bool
 	inline  bool
 	sizes   []int
+	rttSize []int
 	repeat  int
 }
 
@@ -82,6 +83,7 @@ executable or on PATH) and prints both side by side.`,
 	fl.BoolVar(&f.json, "json", false, `print one JSON object per row: {"test":"rtt","size":8,"us":...}`)
 	fl.IntVar(&f.rtts, "rtts", 20000, "round trips to time (0 skips the round-trip tests)")
 	fl.IntSliceVar(&f.sizes, "sizes", []int{64, 64 << 10, 1 << 20}, "message sizes of the throughput tests")
+	fl.IntSliceVar(&f.rttSize, "rtt-sizes", []int{8}, "payload sizes of the actor round trip (both ways)")
 	fl.Float64Var(&f.scale, "scale", 1, "message count multiplier for the throughput tests")
 	fl.BoolVar(&f.compare, "compare", false, "also run protoactor-go's gRPC remote (protobench) and compare")
 	fl.BoolVar(&f.inline, "inline", false, "run the echo actor inline on the progress goroutine (synchronized dispatcher)")
@@ -177,7 +179,7 @@ func printActorRows(out io.Writer, rows []actorRow, f actorBenchFlags) error {
 func runActorBenchJob(ctx context.Context, f actorBenchFlags) ([]actorRow, error) {
 	return runBenchJob[actorRow](ctx, 2, f.tls, 0, []string{"bench", "actor", "--as-rank",
 		"--inline=" + strconv.FormatBool(f.inline), "--rtts", strconv.Itoa(f.rtts),
-		"--sizes", joinInts(f.sizes),
+		"--sizes", joinInts(f.sizes), "--rtt-sizes", joinInts(f.rttSize),
 		"--scale", strconv.FormatFloat(f.scale, 'g', -1, 64)}, nil)
 }
 
@@ -359,24 +361,28 @@ func tputMessages(size int) int {
 	}
 }
 
-// actorBenchRTT measures the actor request/response round trip and the raw
-// transport tag round trip in the same job, both 8 B.
+// actorBenchRTT measures the actor request/response round trip for each
+// payload size of --rtt-sizes (the response carries the same payload back),
+// and the raw transport tag round trip of 8 B in the same job.
 func actorBenchRTT(ctx context.Context, rt *actor.Runtime, f actorBenchFlags) ([]actorRow, error) {
 	var rows []actorRow
 	echo := rt.PID(1, "echo")
-	msg := &rttMsg{Data: make([]byte, 8)}
 	warm := f.rtts / 10
 	lat := make([]float64, 0, f.rtts)
-	for i := 0; i < warm+f.rtts; i++ {
-		t0 := time.Now()
-		if _, err := rt.Request(echo, msg, 10*time.Second); err != nil {
-			return nil, fmt.Errorf("round trip %d: %w", i, err)
+	for _, size := range f.rttSize {
+		msg := &rttMsg{Data: make([]byte, size)}
+		lat = lat[:0]
+		for i := 0; i < warm+f.rtts; i++ {
+			t0 := time.Now()
+			if _, err := rt.Request(echo, msg, 10*time.Second); err != nil {
+				return nil, fmt.Errorf("round trip %d of %d B: %w", i, size, err)
+			}
+			if i >= warm {
+				lat = append(lat, float64(time.Since(t0).Nanoseconds())/1e3)
+			}
 		}
-		if i >= warm {
-			lat = append(lat, float64(time.Since(t0).Nanoseconds())/1e3)
-		}
+		rows = append(rows, actorRow{Test: "rtt", Size: size, Us: median(lat)})
 	}
-	rows = append(rows, actorRow{Test: "rtt", Size: 8, Us: median(lat)})
 	// Raw transport tag round trip in the same job.
 	t := rt.Transport()
 	buf := make([]byte, 8)

@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# compare.sh: troupe's Jacobi3D against the same problem written with MPI
+# (jacobi3d_mpi.c), built with Open MPI and with MPICH, on this machine, in
+# one run. For each grid and rank count the three programs take turns
+# (troupe, Open MPI, MPICH) for the given number of rounds; the best iter_ms of
+# each is reported, and every run's field_hash must equal every other's.
+#
+# usage: samples/jacobi3d/mpiref/compare.sh [-g "48 96"] [-n "1 2 4"] [-r 3] [-o] [-p split]
+#   -g grids, -n rank counts, -r rounds, -o: MPI with -overlap (interior swept
+#   while halos travel), -p: troupe run --procs (default split).
+# Expects bin/troupe and bin/jacobi3d (make build) and mpicc.openmpi and
+# mpicc.mpich (make bench-jacobi-mpi installs them).
+set -euo pipefail
+cd "$(dirname "$0")/../../.."
+grids="48 96" ranks="1 2 4" rounds=3 overlap="" procs=split
+while getopts "g:n:r:op:" opt; do
+	case $opt in
+	g) grids=$OPTARG ;;
+	n) ranks=$OPTARG ;;
+	r) rounds=$OPTARG ;;
+	o) overlap=-overlap ;;
+	p) procs=$OPTARG ;;
+	*) sed -n '2,13p' "$0" >&2; exit 2 ;;
+	esac
+done
+src=samples/jacobi3d/mpiref/jacobi3d_mpi.c
+for m in openmpi mpich; do
+	if [ ! -x bin/jacobi3d_mpi-$m ] || [ $src -nt bin/jacobi3d_mpi-$m ]; then
+		mpicc.$m -O2 -ffp-contract=off -Wno-stringop-overflow -o bin/jacobi3d_mpi-$m $src -lm
+	fi
+done
+# Open MPI refuses root without these, and more ranks than cores without
+# --oversubscribe (with which it also yields when idle).
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+
+# run prints "iter_ms field_hash" of one run of program $1 on $2 ranks, grid $3.
+run() {
+	local out
+	case $1 in
+	troupe) out=$(bin/troupe run -n "$2" --tls shm --procs "$procs" -- bin/jacobi3d -grid "$3" -check=false 2>&1 | sed 's/^\[0\] //') ;;
+	openmpi) out=$(mpirun.openmpi --oversubscribe -n "$2" bin/jacobi3d_mpi-openmpi -grid "$3" $overlap 2>&1) ;;
+	mpich) out=$(mpirun.mpich -n "$2" bin/jacobi3d_mpi-mpich -grid "$3" $overlap 2>&1) ;;
+	esac
+	local it h
+	it=$(awk '$1 == "iter_ms" {print $2}' <<<"$out")
+	h=$(awk '$1 == "field_hash" {print $2}' <<<"$out")
+	if [ -z "$it" ] || [ -z "$h" ]; then
+		echo "compare.sh: $1 on $2 ranks, grid $3 printed no iter_ms/field_hash:" >&2
+		echo "$out" >&2
+		exit 1
+	fi
+	echo "$it $h"
+}
+
+printf "# Jacobi3D, troupe (--procs %s) against MPI%s, %s round(s), best iter_ms (median ms per sweep) of each\n" "$procs" "${overlap:+ ($overlap)}" "$rounds"
+printf "%-5s %-6s %12s %12s %12s %14s %s\n" grid ranks troupe openmpi mpich troupe/bestMPI field_hash
+for g in $grids; do
+	for n in $ranks; do
+		declare -A best=()
+		hash=""
+		for ((r = 0; r < rounds; r++)); do
+			for p in troupe openmpi mpich; do
+				read -r it h < <(run $p "$n" "$g")
+				if [ -n "$hash" ] && [ "$h" != "$hash" ]; then
+					echo "compare.sh: $p on $n ranks, grid $g: field_hash $h, another run gave $hash" >&2
+					exit 1
+				fi
+				hash=$h
+				if [ -z "${best[$p]:-}" ] || awk -v a="$it" -v b="${best[$p]}" 'BEGIN {exit !(a < b)}'; then
+					best[$p]=$it
+				fi
+			done
+		done
+		ratio=$(awk -v t="${best[troupe]}" -v a="${best[openmpi]}" -v b="${best[mpich]}" 'BEGIN {m = a < b ? a : b; printf "%.2f", t / m}')
+		printf "%-5s %-6s %12s %12s %12s %14s %s\n" "$g" "$n" "${best[troupe]}" "${best[openmpi]}" "${best[mpich]}" "$ratio" "$hash"
+		unset best
+	done
+done
