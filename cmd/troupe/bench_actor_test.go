@@ -1,6 +1,9 @@
 package main
 
-import "testing"
+import (
+	"fmt"
+	"testing"
+)
 
 func TestBestActorRows(t *testing.T) {
 	run1 := []actorRow{
@@ -27,6 +30,36 @@ func TestBestActorRows(t *testing.T) {
 	for i := range want {
 		if got[i] != want[i] {
 			t.Errorf("row %d: got %+v, want %+v", i, got[i], want[i])
+		}
+	}
+}
+
+// A real two-rank job of the actor benchmark (UCX between two processes of
+// this test binary): one round-trip row per --rtt-sizes payload, the tag
+// round trip and one throughput row, all with positive values.
+func TestActorJob(t *testing.T) {
+	t.Setenv(envTestMain, "1")
+	f := actorBenchFlags{tls: "shm", rtts: 50, rttSize: []int{8, 20000}, sizes: []int{64}, scale: 0.001}
+	rows, err := runActorBenchJob(t.Context(), f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]bool{"rtt/8": false, "rtt/20000": false, "tag_rtt/8": false, "tput/64": false}
+	for _, r := range rows {
+		k := fmt.Sprintf("%s/%d", r.Test, r.Size)
+		seen, ok := want[k]
+		if !ok || seen {
+			t.Errorf("unexpected or repeated row %+v", r)
+			continue
+		}
+		want[k] = true
+		if r.Test == "tput" && (r.MsgsPerS <= 0 || r.MBps <= 0) || r.Test != "tput" && r.Us <= 0 {
+			t.Errorf("row %+v: want a positive measurement", r)
+		}
+	}
+	for k, seen := range want {
+		if !seen {
+			t.Errorf("no %s row in %+v", k, rows)
 		}
 	}
 }
