@@ -264,11 +264,12 @@ func (rt *Runtime) postAM(r int, hdr, data []byte, pooled bool) error {
 		// track, nothing to pin.
 		return rt.t.PostAM(r, amActor, hdr, data)
 	}
-	// The transport reads header and data until the send completes: they
-	// must not be the pooled buffer.
-	hdr = bytes.Clone(hdr)
-	if pooled {
-		data = bytes.Clone(data)
+	// The transport reads header and data until the send completes. When
+	// they are the pooled buffer (pooled), that buffer has grown past
+	// MaxPostAM and putSendBuf drops it instead of pooling it, so it is
+	// the send's own: no copy. Otherwise the header is copied out of it.
+	if !pooled {
+		hdr = bytes.Clone(hdr)
 	}
 	req, err := rt.t.SendAM(r, amActor, hdr, data, transport.AMAuto)
 	if err == nil {
