@@ -178,6 +178,13 @@ func (b Block) PackFaceTo(dst, u []float64, d int) error {
 	w := hi[0] - lo[0]
 	p := 0
 	for k := lo[2]; k < hi[2]; k++ {
+		if w == 1 { // an x face: one point per row, no copy call each
+			row := b.Idx(lo[0], lo[1], k)
+			for j := lo[1]; j < hi[1]; j, row, p = j+1, row+b.SX, p+1 {
+				dst[p] = u[row]
+			}
+			continue
+		}
 		for j := lo[1]; j < hi[1]; j++ {
 			row := b.Idx(lo[0], j, k)
 			copy(dst[p:p+w], u[row:row+w])
@@ -197,6 +204,13 @@ func (b Block) UnpackFace(u []float64, d int, face []float64) error {
 	w := hi[0] - lo[0]
 	p := 0
 	for k := lo[2]; k < hi[2]; k++ {
+		if w == 1 { // an x face: one point per row, no copy call each
+			row := b.Idx(lo[0], lo[1], k)
+			for j := lo[1]; j < hi[1]; j, row, p = j+1, row+b.SX, p+1 {
+				u[row] = face[p]
+			}
+			continue
+		}
 		for j := lo[1]; j < hi[1]; j++ {
 			row := b.Idx(lo[0], j, k)
 			copy(u[row:row+w], face[p:p+w])

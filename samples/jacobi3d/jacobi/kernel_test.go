@@ -223,3 +223,31 @@ func BenchmarkSweep(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkFaces packs and unpacks the six faces of a 16^3 and a 32^3
+// block (grid 48 and 96 in the default 3x3x3 blocks), in ns per face point.
+func BenchmarkFaces(b *testing.B) {
+	for _, n := range []int{16, 32} {
+		b.Run(fmt.Sprint(n), func(b *testing.B) {
+			blk := NewBlock(Box{NX: n, NY: n, NZ: n})
+			u := make([]float64, blk.Len())
+			faces := make([][]float64, NumDirs)
+			points := 0
+			for d := range faces {
+				faces[d] = make([]float64, blk.FaceLen(d))
+				points += len(faces[d])
+			}
+			for b.Loop() {
+				for d, f := range faces {
+					if err := blk.PackFaceTo(f, u, d); err != nil {
+						b.Fatal(err)
+					}
+					if err := blk.UnpackFace(u, d, f); err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(points), "ns/point")
+		})
+	}
+}
