@@ -82,30 +82,30 @@ func (b Block) Idx(i, j, k int) int { return (i + 1) + b.SX*(j+1) + b.SXY*(k+1) 
 // reference's: s = u[c]; s += x-1; s += x+1; s += y-1; s += y+1; s += z-1;
 // s += z+1; v = s*C7, each a separately rounded float64 operation.
 func (b Block) Sweep(u, v []float64) float64 {
-	sx, sxy, n := b.SX, b.SXY, b.NX
 	r := 0.0
 	for k := 0; k < b.NZ; k++ {
 		for j := 0; j < b.NY; j++ {
-			row := b.Idx(0, j, k)
-			// Rows of exactly n elements: sweepRow's indexes are then
-			// proven in bounds and nothing is checked per point.
-			r = sweepRow(v[row:][:n], u[row:][:n], u[row-1:][:n], u[row+1:][:n],
-				u[row-sx:][:n], u[row+sx:][:n], u[row-sxy:][:n], u[row+sxy:][:n], r)
+			r = sweepRow(v, u, b.Idx(0, j, k), b.NX, b.SX, b.SXY, r)
 		}
 	}
 	return r
 }
 
-// sweepRow computes one row of a sweep into out from the row c0 and its six
-// neighbour rows, and returns max(r, the row's largest |out - c0|). It is a
-// function of its own so that the compiler keeps the loop's eight pointers
-// and index in registers (inside Sweep's nested loops it kept the index on
-// the stack, a store and a load on every point's critical path).
+// sweepRow computes the n points of one row, from index row on, into v from
+// u, and returns max(r, the row's largest |v - u|). It is a function of its
+// own, with few arguments (all in registers), so that the compiler keeps the
+// loop's eight row pointers and index in registers (inside Sweep's nested
+// loops it kept the index on the stack, a store and a load on every point's
+// critical path).
 //
 //go:noinline
-func sweepRow(out, c0, xm, xp, ym, yp, zm, zp []float64, r float64) float64 {
-	n := len(out)
-	c0, xm, xp, ym, yp, zm, zp = c0[:n], xm[:n], xp[:n], ym[:n], yp[:n], zm[:n], zp[:n]
+func sweepRow(v, u []float64, row, n, sx, sxy int, r float64) float64 {
+	// Rows of exactly n elements: every index below is then proven in
+	// bounds and nothing is checked per point.
+	out := v[row:][:n]
+	c0, xm, xp := u[row:][:n], u[row-1:][:n], u[row+1:][:n]
+	ym, yp := u[row-sx:][:n], u[row+sx:][:n]
+	zm, zp := u[row-sxy:][:n], u[row+sxy:][:n]
 	for i := 0; i < n; i++ {
 		old := c0[i]
 		s := old
