@@ -435,6 +435,10 @@ type block struct {
 	done    bool // final sweep done and reported
 	failed  bool
 	halos   map[int]*haloSet // faces by iteration: the input of sweep Iter+1
+	// spare are faces received and unpacked, by side: nobody else holds
+	// them, and the face this block sends on side d has the length of the
+	// one it receives there, so packFaces packs into them.
+	spare [NumDirs][]float64
 	kernel  time.Duration    // kernel time of sweeps after the warm-up
 	kernelW time.Duration    // kernel time of warm-up sweeps
 }
@@ -599,6 +603,7 @@ func (b *block) step() {
 				if f != nil {
 					// Lengths were checked in addHalo.
 					_ = b.geo.UnpackFace(b.u, d, f)
+					b.spare[d] = f
 				}
 			}
 			delete(b.halos, b.sweep)
@@ -673,9 +678,15 @@ func (b *block) deviceSweep(hs *haloSet) bool {
 func (b *block) packFaces() [NumDirs][]float64 {
 	var faces [NumDirs][]float64
 	for d, p := range b.nbr {
-		if p != nil {
-			faces[d] = b.geo.PackFace(b.u, d)
+		if p == nil {
+			continue
 		}
+		if f := b.spare[d]; len(f) == b.geo.FaceLen(d) {
+			_ = b.geo.PackFaceTo(f, b.u, d) // the length is right
+			faces[d], b.spare[d] = f, nil
+			continue
+		}
+		faces[d] = b.geo.PackFace(b.u, d)
 	}
 	return faces
 }
