@@ -438,9 +438,9 @@ type block struct {
 	// spare are faces received and unpacked, by side: nobody else holds
 	// them, and the face this block sends on side d has the length of the
 	// one it receives there, so packFaces packs into them.
-	spare [NumDirs][]float64
-	kernel  time.Duration    // kernel time of sweeps after the warm-up
-	kernelW time.Duration    // kernel time of warm-up sweeps
+	spare   [NumDirs][]float64
+	kernel  time.Duration // kernel time of sweeps after the warm-up
+	kernelW time.Duration // kernel time of warm-up sweeps
 }
 
 // haloSet collects the faces of one iteration.
