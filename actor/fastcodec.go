@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"math"
 	"reflect"
+	"slices"
 	"strings"
 	"unsafe"
 
@@ -302,6 +303,19 @@ func appendFast(b []byte, v *fastValue, p unsafe.Pointer) []byte {
 			return append(b, 0xc0)
 		}
 		b = appendArrayLen(b, h.len)
+		if v.elem == fkFloat64 {
+			// Halo faces and the like: 9 bytes a value, written in
+			// place rather than appended one by one.
+			n := len(b)
+			b = slices.Grow(b, 9*h.len)[:n+9*h.len]
+			out := b[n:]
+			for i, f := range unsafe.Slice((*float64)(h.data), h.len) {
+				o := out[9*i : 9*i+9]
+				o[0] = 0xcb
+				binary.BigEndian.PutUint64(o[1:], math.Float64bits(f))
+			}
+			return b
+		}
 		for i := 0; i < h.len; i++ {
 			b = appendScalar(b, v.elem, unsafe.Add(h.data, uintptr(i)*v.esize))
 		}
@@ -414,6 +428,25 @@ func (r *fastReader) uint() uint64 {
 	}
 	r.bad = true
 	return 0
+}
+
+// float64s reads len(dst) msgpack float64 values (each 0xcb and 8 bytes)
+// into dst in one pass.
+func (r *fastReader) float64s(dst []float64) {
+	if r.bad || 9*len(dst) > len(r.b)-r.off {
+		r.bad = true
+		return
+	}
+	src := r.b[r.off : r.off+9*len(dst)]
+	for i := range dst {
+		if len(src) < 9 || src[0] != 0xcb {
+			r.bad = true
+			return
+		}
+		dst[i] = math.Float64frombits(binary.BigEndian.Uint64(src[1:9]))
+		src = src[9:]
+	}
+	r.off += 9 * len(dst)
 }
 
 // fixed reads a value written with type byte code and n bytes.
@@ -547,8 +580,12 @@ func (r *fastReader) value(v *fastValue, p unsafe.Pointer) {
 		}
 		s := reflect.MakeSlice(v.typ, n, n)
 		data := s.UnsafePointer()
-		for i := 0; i < n && !r.bad; i++ {
-			r.scalar(v.elem, unsafe.Add(data, uintptr(i)*v.esize))
+		if v.elem == fkFloat64 {
+			r.float64s(unsafe.Slice((*float64)(data), n))
+		} else {
+			for i := 0; i < n && !r.bad; i++ {
+				r.scalar(v.elem, unsafe.Add(data, uintptr(i)*v.esize))
+			}
 		}
 		if !r.bad {
 			reflect.NewAt(v.typ, p).Elem().Set(s)

@@ -2,6 +2,7 @@ package actor
 
 import (
 	"bytes"
+	"fmt"
 	"math"
 	"reflect"
 	"testing"
@@ -276,4 +277,30 @@ func FuzzFastDecode(f *testing.F) {
 			t.Fatalf("%x as %s: fast %#v, msgpack %#v", b, ct.name, got, want)
 		}
 	})
+}
+
+// BenchmarkFloat64s encodes and decodes a message with a []float64 field of
+// 256 and 2304 values (the faces of Jacobi3D's 16^3 and 48^3 blocks).
+func BenchmarkFloat64s(b *testing.B) {
+	ct := codecOf(b, fastAll{})
+	for _, n := range []int{256, 2304} {
+		b.Run(fmt.Sprint(n), func(b *testing.B) {
+			m := &fastAll{Fs: make([]float64, n)}
+			for i := range m.Fs {
+				m.Fs[i] = float64(i) / 7
+			}
+			var buf []byte
+			for b.Loop() {
+				body, _, err := appendBody(buf[:0], ct, m, true)
+				if err != nil {
+					b.Fatal(err)
+				}
+				buf = body
+				if _, err := decodeBody(ct, body, true, nil); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.SetBytes(int64(8 * n))
+		})
+	}
 }
