@@ -48,8 +48,9 @@ any other value passed verbatim as UCX_TLS.
 processors evenly among the ranks (at least one each), K gives each rank K;
 without it every rank gets Go's default (all the CPUs, or GOMAXPROCS from the
 environment). Ranks that use the overlap engine want at least two each
-(docs/launcher.md). Set TROUPE_LOG=debug for the launcher's and rendezvous's
-logs.`,
+(docs/launcher.md). With more ranks than the launcher's processors, ranks get
+TROUPE_SPIN=10us (poll briefly, then sleep) unless the environment sets it.
+Set TROUPE_LOG=debug for the launcher's and rendezvous's logs.`,
 		Example: `  troupe run -n 2 -- ./pingpong
   troupe run -n 4 --tls tcp -- ./jacobi3d -size 256
   troupe run -n 8 --procs split -- ./jacobi3d`,

@@ -70,6 +70,7 @@ func childMain() int {
 	fmt.Printf("rank %d of %d saw %s\n", rank, b.Size(), strings.Join(strs, ","))
 	fmt.Printf("UCX_TLS=%s\n", os.Getenv("UCX_TLS"))
 	fmt.Printf("GOMAXPROCS %d\n", runtime.GOMAXPROCS(0))
+	fmt.Printf("TROUPE_SPIN=%s\n", os.Getenv(EnvSpin))
 	fmt.Fprintf(os.Stderr, "pid %d\n", os.Getpid())
 	if err := b.Barrier(ctx, "done"); err != nil {
 		fmt.Fprintln(os.Stderr, "barrier:", err)
@@ -361,4 +362,41 @@ func TestUCXTLS(t *testing.T) {
 func ExampleSplitProcs() {
 	fmt.Println(SplitProcs(16, 8), SplitProcs(2, 4))
 	// Output: 2 1
+}
+
+func TestSpinEnv(t *testing.T) {
+	assert.Equal(t, "", spinEnv(2, 2, nil), "not oversubscribed")
+	assert.Equal(t, "TROUPE_SPIN=10us", spinEnv(4, 2, []string{"PATH=/bin"}))
+	assert.Equal(t, "", spinEnv(4, 2, []string{"TROUPE_SPIN=1ms"}), "the environment's value stays")
+	d, err := time.ParseDuration(strings.TrimPrefix(spinEnv(3, 1, nil), EnvSpin+"="))
+	require.NoError(t, err)
+	assert.Equal(t, OversubscribedSpin, d)
+}
+
+// A job with more ranks than the launcher has processors gets the short
+// spin in every rank; one that fits gets none, and a TROUPE_SPIN of the
+// caller's stays.
+func TestLaunchOversubscribedSpin(t *testing.T) {
+	procs := runtime.GOMAXPROCS(0)
+	if procs > 8 {
+		t.Skipf("%d processors: an oversubscribed job would take %d ranks", procs, procs+1)
+	}
+	for _, tc := range []struct {
+		name string
+		n    int
+		env  []string
+		want string
+	}{
+		{"fits", 1, nil, ""},
+		{"oversubscribed", procs + 1, nil, "10us"},
+		{"set by the caller", procs + 1, []string{"TROUPE_SPIN=3ms"}, "3ms"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg, stdout, stderr := launchCfg(t, tc.n, tc.env...)
+			require.NoError(t, Launch(t.Context(), cfg), "stderr:\n%s", stderr)
+			for r := range tc.n {
+				assert.Contains(t, stdout.String(), fmt.Sprintf("[%d] TROUPE_SPIN=%s\n", r, tc.want))
+			}
+		})
+	}
 }
