@@ -90,6 +90,9 @@ executable or on PATH) and prints both side by side.`,
 	fl.IntVar(&f.repeat, "repeat", 3, "measure this many times, troupe and (with --compare) protoactor in turn, and report each one's best")
 	setBenchRun(cmd, func(ctx context.Context) error { return actorBenchRank(ctx, f) },
 		func(ctx context.Context, out io.Writer) error {
+			if err := f.validate(); err != nil {
+				return err
+			}
 			var rows []actorRow
 			for range max(f.repeat, 1) {
 				run, err := runActorBenchJob(ctx, f)
@@ -111,6 +114,21 @@ executable or on PATH) and prints both side by side.`,
 			return printActorRows(out, rows, f)
 		})
 	return cmd
+}
+
+// validate refuses message sizes the benchmark cannot send.
+func (f actorBenchFlags) validate() error {
+	for _, s := range f.rttSize {
+		if s < 0 {
+			return fmt.Errorf("bench actor: --rtt-sizes: negative size %d", s)
+		}
+	}
+	for _, s := range f.sizes {
+		if s < 1 {
+			return fmt.Errorf("bench actor: --sizes: size %d, want at least 1", s)
+		}
+	}
+	return nil
 }
 
 // bestActorRows merges the rows of one more run into best: per

@@ -63,3 +63,15 @@ func TestActorJob(t *testing.T) {
 		}
 	}
 }
+
+func TestActorFlagsValidate(t *testing.T) {
+	ok := actorBenchFlags{rttSize: []int{0, 8}, sizes: []int{64}}
+	if err := ok.validate(); err != nil {
+		t.Fatalf("valid sizes refused: %v", err)
+	}
+	for _, f := range []actorBenchFlags{{rttSize: []int{-1}}, {sizes: []int{0}}} {
+		if err := f.validate(); err == nil {
+			t.Errorf("%+v accepted", f)
+		}
+	}
+}
