@@ -84,45 +84,47 @@ func (b Block) Idx(i, j, k int) int { return (i + 1) + b.SX*(j+1) + b.SXY*(k+1) 
 func (b Block) Sweep(u, v []float64) float64 {
 	r := 0.0
 	for k := 0; k < b.NZ; k++ {
-		for j := 0; j < b.NY; j++ {
-			r = sweepRow(v, u, b.Idx(0, j, k), b.NX, b.SX, b.SXY, r)
-		}
+		r = sweepPlane(v, u, b.Idx(0, 0, k), b.NX, b.NY, b.SX, b.SXY, r)
 	}
 	return r
 }
 
-// sweepRow computes the n points of one row, from index row on, into v from
-// u, and returns max(r, the row's largest |v - u|). It is a function of its
-// own, with few arguments (all in registers), so that the compiler keeps the
-// loop's eight row pointers and index in registers (inside Sweep's nested
-// loops it kept the index on the stack, a store and a load on every point's
-// critical path).
+// sweepPlane computes the ny rows of n points of one plane, the first
+// starting at index row, into v from u, and returns max(r, the plane's
+// largest |v - u|). It is a function of its own, with few arguments (all in
+// registers), so that the compiler keeps the inner loop's eight row pointers
+// and index in registers (inside Sweep's nested loops it kept the index on
+// the stack, a store and a load on every point's critical path); a plane
+// rather than a row per call, because a row of a 16^3 block is only 16
+// points (BenchmarkSweep: 2.2 ns a point per row, 1.8 per plane).
 //
 //go:noinline
-func sweepRow(v, u []float64, row, n, sx, sxy int, r float64) float64 {
-	// Rows of exactly n elements: every index below is then proven in
-	// bounds and nothing is checked per point.
-	out := v[row:][:n]
-	c0, xm, xp := u[row:][:n], u[row-1:][:n], u[row+1:][:n]
-	ym, yp := u[row-sx:][:n], u[row+sx:][:n]
-	zm, zp := u[row-sxy:][:n], u[row+sxy:][:n]
-	for i := 0; i < n; i++ {
-		old := c0[i]
-		s := old
-		s += xm[i]
-		s += xp[i]
-		s += ym[i]
-		s += yp[i]
-		s += zm[i]
-		s += zp[i]
-		// The explicit conversion forbids fusing s*C7 - old into an FMA
-		// on architectures that would (the Go spec allows it).
-		nv := float64(s * C7)
-		out[i] = nv
-		// |d| > r as two comparisons, both rarely true, instead of
-		// math.Abs, which moves d through an integer register.
-		if d := nv - old; d > r || -d > r {
-			r = max(d, -d)
+func sweepPlane(v, u []float64, row, n, ny, sx, sxy int, r float64) float64 {
+	for j := 0; j < ny; j, row = j+1, row+sx {
+		// Rows of exactly n elements: every index below is then proven
+		// in bounds and nothing is checked per point.
+		out := v[row:][:n]
+		c0, xm, xp := u[row:][:n], u[row-1:][:n], u[row+1:][:n]
+		ym, yp := u[row-sx:][:n], u[row+sx:][:n]
+		zm, zp := u[row-sxy:][:n], u[row+sxy:][:n]
+		for i := 0; i < n; i++ {
+			old := c0[i]
+			s := old
+			s += xm[i]
+			s += xp[i]
+			s += ym[i]
+			s += yp[i]
+			s += zm[i]
+			s += zp[i]
+			// The explicit conversion forbids fusing s*C7 - old into an
+			// FMA on architectures that would (the Go spec allows it).
+			nv := float64(s * C7)
+			out[i] = nv
+			// |d| > r as two comparisons, both rarely true, instead of
+			// math.Abs, which moves d through an integer register.
+			if d := nv - old; d > r || -d > r {
+				r = max(d, -d)
+			}
 		}
 	}
 	return r
