@@ -53,8 +53,10 @@ const DefaultSpin = 200 * time.Microsecond
 // yields, protoactor's default.
 const defaultThroughput = 300
 
-// EnvSpin overrides DefaultSpin (a Go duration, for example "500us").
-const EnvSpin = "TROUPE_SPIN"
+// EnvSpin overrides DefaultSpin (a Go duration, for example "500us"). The
+// launcher sets it for jobs with more ranks than processors
+// (bootstrap.OversubscribedSpin).
+const EnvSpin = bootstrap.EnvSpin
 
 // Options configure a Runtime.
 type Options struct {
