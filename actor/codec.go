@@ -13,6 +13,7 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/troupe-hpc/troupe/gpu"
+	"github.com/troupe-hpc/troupe/transport"
 )
 
 // ErrUnregistered is returned when a message's type was never registered.
@@ -44,6 +45,21 @@ type codecType struct {
 	// sentAs are lastSent's entries for this type: sent as a value, and
 	// as a pointer.
 	sentAs [2]sentType
+
+	// lastLarge is the encoded size of the type's last message when that
+	// was larger than transport.MaxPostAM, else 0: the next one is encoded
+	// into a pooled buffer of that size (post).
+	lastLarge atomic.Int64
+}
+
+// noteSize records the encoded size n of a message of the type (lastLarge).
+func (ct *codecType) noteSize(n int) {
+	switch {
+	case n > transport.MaxPostAM:
+		ct.lastLarge.Store(int64(n))
+	case ct.lastLarge.Load() != 0:
+		ct.lastLarge.Store(0)
+	}
 }
 
 // sentType is a message type as lookupType found it: the dynamic type of

@@ -143,10 +143,27 @@ func (rt *Runtime) post(r int, target *pa.PID, msg any, sender *pa.PID, flags ui
 	// The body, then the envelope, go into one pooled buffer: a message
 	// small enough to be posted is copied by the transport before PostAM
 	// returns, so the buffer serves the next message.
+	//
+	// A type whose last message was too large to be posted is encoded into
+	// a buffer of that size from the landing pool instead, which returns
+	// to the pool once the transport is done with it (largeSends): growing
+	// the small buffer took new memory for every such message, and a page
+	// touched for the first time costs about 10 us on a virtual machine
+	// (docs/actor.md).
 	sb := sendBufs.Get().(*[]byte)
 	defer putSendBuf(sb)
-	b, payload, err := appendBody((*sb)[:0], ct, msg, ptr)
-	*sb = b
+	start, reused := (*sb)[:0], false
+	if n := ct.lastLarge.Load(); n > 0 {
+		rt.large.reclaim()
+		start, reused = takeBuf(int(n))
+		start = start[:0]
+	}
+	var held *transport.Request // the send that still reads b
+	b, payload, err := appendBody(start, ct, msg, ptr)
+	defer func() { rt.large.release(b, held) }()
+	if cap(b) <= transport.MaxPostAM {
+		*sb = b
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -180,6 +197,10 @@ func (rt *Runtime) post(r int, target *pa.PID, msg any, sender *pa.PID, flags ui
 	b = appendEnvelope(b, &e)
 	*sb = b
 	hdr := b[len(body):]
+	ct.noteSize(len(b))
+	if reused && unsafe.SliceData(b) == unsafe.SliceData(start) {
+		rt.stats.LargeReused.Add(1)
+	}
 	out := rt.out[r]
 	cost := rt.cost(len(body) + e.PayloadLen)
 	if dev != nil {
@@ -199,7 +220,7 @@ func (rt *Runtime) post(r int, target *pa.PID, msg any, sender *pa.PID, flags ui
 		// under one lock; the transfer itself runs after, in this
 		// goroutine.
 		out.orderMu.Lock()
-		if err = rt.postAM(r, hdr, data, pooled); err == nil {
+		if held, err = rt.postAM(r, hdr, data, pooled); err == nil {
 			f := direct.f
 			xfer, err = rt.t.PrepareSendTyped(r, 0, f.Buf, f.Type, int(f.Count), rt.typedOptions(f.Base))
 			if err != nil {
@@ -218,7 +239,7 @@ func (rt *Runtime) post(r int, target *pa.PID, msg any, sender *pa.PID, flags ui
 		// messages arrive: the message and the channel send go out under
 		// one lock.
 		out.orderMu.Lock()
-		if err = rt.postAM(r, hdr, data, pooled); err == nil {
+		if held, err = rt.postAM(r, hdr, data, pooled); err == nil {
 			if err = rt.sendPair(dev); err != nil {
 				out.orderMu.Unlock()
 				return nil, fmt.Errorf("actor: sending %s to %s: its gpu.Buffer field: %w", ct.name, target, err)
@@ -226,7 +247,7 @@ func (rt *Runtime) post(r int, target *pa.PID, msg any, sender *pa.PID, flags ui
 		}
 		out.orderMu.Unlock()
 	} else {
-		err = rt.postAM(r, hdr, data, pooled)
+		held, err = rt.postAM(r, hdr, data, pooled)
 	}
 	if err != nil {
 		if e.Flags&flagNoCredit == 0 {
@@ -257,27 +278,33 @@ func (rt *Runtime) post(r int, target *pa.PID, msg any, sender *pa.PID, flags ui
 }
 
 // postAM sends one actor message's header and data; pooled says data is in
-// the pooled buffer, as hdr is.
-func (rt *Runtime) postAM(r int, hdr, data []byte, pooled bool) error {
+// the encoding buffer, as hdr is. It returns the send's request when the
+// transport goes on reading that buffer after the call.
+func (rt *Runtime) postAM(r int, hdr, data []byte, pooled bool) (*transport.Request, error) {
 	if len(hdr)+len(data) <= transport.MaxPostAM {
 		// Small messages are copied as they are posted: no request to
 		// track, nothing to pin.
-		return rt.t.PostAM(r, amActor, hdr, data)
+		return nil, rt.t.PostAM(r, amActor, hdr, data)
 	}
 	// The transport reads header and data until the send completes. When
-	// they are the pooled buffer (pooled), that buffer has grown past
-	// MaxPostAM and putSendBuf drops it instead of pooling it, so it is
-	// the send's own: no copy. Otherwise the header is copied out of it.
+	// they are the encoding buffer (pooled), that buffer is larger than
+	// MaxPostAM, so putSendBuf does not keep it: it is the send's own (no
+	// copy) until largeSends takes it back. Otherwise the header is copied
+	// out of it.
 	if !pooled {
 		hdr = bytes.Clone(hdr)
 	}
 	req, err := rt.t.SendAM(r, amActor, hdr, data, transport.AMAuto)
-	if err == nil {
-		if done, rerr := req.Finished(); done && rerr != nil {
-			err = rerr
-		}
+	if err != nil {
+		return nil, err
 	}
-	return err
+	if done, rerr := req.Finished(); done && rerr != nil {
+		return nil, rerr
+	}
+	if !pooled {
+		return nil, nil
+	}
+	return req, nil
 }
 
 // sendBufs holds the buffers send encodes into.
@@ -857,17 +884,23 @@ func bufClass(n int) int {
 
 // getBuf returns a buffer of exactly n bytes, pooled from minPooled up.
 func getBuf(n int) []byte {
+	b, _ := takeBuf(n)
+	return b
+}
+
+// takeBuf is getBuf, also reporting whether the buffer came from the pool.
+func takeBuf(n int) (b []byte, pooled bool) {
 	if n < minPooled {
-		return make([]byte, n)
+		return make([]byte, n), false
 	}
 	c := bufClass(n)
 	if c >= len(bufPools) {
-		return make([]byte, n)
+		return make([]byte, n), false
 	}
 	if p, ok := bufPools[c].Get().(*byte); ok {
-		return unsafe.Slice(p, 1<<(c+minBufShift))[:n]
+		return unsafe.Slice(p, 1<<(c+minBufShift))[:n], true
 	}
-	return make([]byte, n, 1<<(c+minBufShift))
+	return make([]byte, n, 1<<(c+minBufShift)), false
 }
 
 // putBuf returns a buffer from getBuf to the pool.

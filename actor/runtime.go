@@ -140,6 +140,7 @@ type Runtime struct {
 
 	devSends   deviceSends   // CUDA IPC device messages awaiting acknowledgement
 	pairs      pairChannels  // where large gpu.Buffer fields travel (device_pair.go)
+	large      largeSends    // buffers of large messages in flight (largesend.go)
 	devResends deviceResends // declined CUDA IPC device messages awaiting their bytes
 	devOnce    sync.Once
 	dev        *gpu.Device
@@ -182,7 +183,10 @@ type Stats struct {
 	CreditWaits    atomic.Uint64 // sends that waited for credits
 	CreditsBack    atomic.Uint64 // credit messages sent back to senders
 	DecodeErrors   atomic.Uint64 // malformed envelopes or bodies received
-	WatchesByLoss  atomic.Uint64 // Terminated messages generated for lost ranks
+	// LargeReused counts messages larger than transport.MaxPostAM encoded
+	// into the buffer of an earlier one whose send had completed.
+	LargeReused   atomic.Uint64
+	WatchesByLoss atomic.Uint64 // Terminated messages generated for lost ranks
 }
 
 // Address returns the actor-system address of rank r.

@@ -1,0 +1,93 @@
+package actor
+
+import (
+	"testing"
+	"time"
+
+	pa "github.com/asynkron/protoactor-go/actor"
+
+	"github.com/troupe-hpc/troupe/transport"
+)
+
+// field is a message too large to be posted (transport.MaxPostAM) once
+// its Values are in: it goes by SendAM from its encoding buffer.
+type field struct {
+	Seq    int
+	Values []float64
+}
+
+func init() { MustRegister[field]() }
+
+// TestLargeSendReusesBuffers: a rank sending one large message after
+// another encodes each into the buffer of an earlier one once that send has
+// completed (largeSends), and every message arrives intact; a small message
+// of the same type in between makes the next large one start afresh, and
+// then reuse again.
+func TestLargeSendReusesBuffers(t *testing.T) {
+	rts := startLocal(t, 2)
+	pid, err := rts[1].System().Root.SpawnNamed(rts[1].PropsFromFunc(func(c pa.Context) {
+		if m, ok := c.Message().(*field); ok {
+			sum := 0.0
+			for _, v := range m.Values {
+				sum += v
+			}
+			c.Respond(&pong{N: int(sum)})
+		}
+	}), "sum")
+	if err != nil {
+		t.Fatal(err)
+	}
+	remote := rts[0].PID(1, pid.Id)
+	const n = 4096 // 36 KiB encoded
+	if 9*n <= transport.MaxPostAM {
+		t.Fatalf("%d values do not make a large message", n)
+	}
+	st := rts[0].Stats()
+	send := func(seq, values int) {
+		t.Helper()
+		m := &field{Seq: seq, Values: make([]float64, values)}
+		want := 0
+		for i := range m.Values {
+			m.Values[i] = float64(seq + i)
+			want += seq + i
+		}
+		res, err := rts[0].Request(remote, m, 10*time.Second)
+		if err != nil {
+			t.Fatalf("message %d: %v", seq, err)
+		}
+		if p, ok := res.(*pong); !ok || p.N != want {
+			t.Fatalf("message %d: got %#v, want sum %d", seq, res, want)
+		}
+	}
+	before := st.LargeReused.Load()
+	const rounds = 20
+	for i := range rounds {
+		send(i, n)
+	}
+	// The first message has no buffer to reuse; each later one follows a
+	// completed send (the answer came back), so it finds one, unless the
+	// garbage collector emptied the pool meanwhile.
+	reused := st.LargeReused.Load() - before
+	if reused < rounds/2 || reused > rounds-1 {
+		t.Fatalf("%d of %d large messages reused a buffer, want %d to %d", reused, rounds, rounds/2, rounds-1)
+	}
+	if h := rts[0].large.held(); h > 1 {
+		t.Fatalf("%d buffers still wait for their sends", h)
+	}
+	// A small message resets the type's size: the next large one grows
+	// the small buffer (no reuse), the one after reuses again.
+	send(100, 8)
+	before = st.LargeReused.Load()
+	send(101, n)
+	if got := st.LargeReused.Load() - before; got != 0 {
+		t.Fatalf("a large message after a small one reused a buffer (%d)", got)
+	}
+	send(102, n)
+	send(103, n)
+	if got := st.LargeReused.Load() - before; got < 1 {
+		t.Fatal("large messages after the first did not reuse its buffer")
+	}
+	// A message larger than the last outgrows the pooled buffer and still
+	// arrives intact.
+	send(104, 2*n)
+}
