@@ -24,6 +24,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime/pprof"
+	"runtime/trace"
 	"strconv"
 	"strings"
 	"syscall"
@@ -57,6 +58,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	check := fs.Bool("check", false, "compare with a serial reference on rank 0 (default: on when the grid has at most 48^3 points)")
 	timeout := fs.Duration("timeout", 10*time.Minute, "give up after this long")
 	cpuProfile := fs.String("cpuprofile", "", "write each rank's CPU profile to FILE.RANK")
+	traceOut := fs.String("trace", "", "write each rank's Go execution trace (go tool trace) to FILE.RANK")
 	useGPU := fs.Bool("gpu", false, "keep the fields in gpu device memory and run the stencil on the device (TROUPE_GPU picks the backend; only host runs kernels)")
 	gpuAPI := fs.String("gpu-api", jacobi.APIMessaging, "with -gpu, how device halos travel: messaging (actor messages with a gpu.Buffer field) or channel")
 	if err := fs.Parse(args); err != nil {
@@ -108,6 +110,14 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 		defer stopProfile()
 	}
+	if *traceOut != "" {
+		stopTrace, err := startTrace(fmt.Sprintf("%s.%d", *traceOut, rt.Rank()))
+		if err != nil {
+			fmt.Fprintln(stderr, "jacobi3d:", err)
+			return 1
+		}
+		defer stopTrace()
+	}
 	if cfg.Blocks == [3]int{} {
 		cfg.Blocks = jacobi.DefaultBlocks(rt.Size(), cfg.NX, cfg.NY, cfg.NZ)
 	}
@@ -142,6 +152,23 @@ func startProfile(path string) (func(), error) {
 	}
 	return func() {
 		pprof.StopCPUProfile()
+		f.Close()
+	}, nil
+}
+
+// startTrace starts a Go execution trace into path and returns its stop
+// function.
+func startTrace(path string) (func(), error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, fmt.Errorf("trace: %w", err)
+	}
+	if err := trace.Start(f); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("trace: %w", err)
+	}
+	return func() {
+		trace.Stop()
 		f.Close()
 	}, nil
 }
