@@ -162,11 +162,16 @@ type Result struct {
 
 // Halo is a block's boundary plane after sweep Iter, sent to the neighbour
 // on that side. Dir is the face of the receiving block whose ghost plane it
-// fills (XLow..ZHigh); Face is i-fastest, then j, then k.
+// fills (XLow..ZHigh); Face holds its float64s, i-fastest, then j, then k,
+// little-endian (faceBytes). Face is an actor.Payload: it travels as the
+// active message's data, sent from the sender's face buffer and landing in
+// the receiving runtime's pooled memory, without the msgpack encoding a
+// []float64 would get (9 bytes and a byte swap per value, and new memory
+// for every face received).
 type Halo struct {
 	Iter int
 	Dir  int
-	Face []float64
+	Face actor.Payload
 }
 
 // Go allows the blocks to compute sweeps up to Until; Last says Until is the
@@ -435,10 +440,14 @@ type block struct {
 	done    bool // final sweep done and reported
 	failed  bool
 	halos   map[int]*haloSet // faces by iteration: the input of sweep Iter+1
-	// spare are faces received and unpacked, by side: nobody else holds
-	// them, and the face this block sends on side d has the length of the
-	// one it receives there, so packFaces packs into them.
-	spare   [NumDirs][]float64
+	// out are the faces this block sends, by side and iteration parity.
+	// The face of iteration s+2 is packed only after the neighbour has
+	// unpacked that of s (our sweep s+2 needs its face of s+1, which it
+	// sends after its sweep s+1, which unpacked ours of s), so two buffers
+	// per side are enough, for a neighbour on this rank (which gets the
+	// buffer itself) and on another alike.
+	out    [NumDirs][2][]float64
+	remote [NumDirs]bool // the neighbour on that side is on another rank
 	kernel  time.Duration // kernel time of sweeps after the warm-up
 	kernelW time.Duration // kernel time of warm-up sweeps
 }
@@ -446,6 +455,7 @@ type block struct {
 // haloSet collects the faces of one iteration.
 type haloSet struct {
 	faces [NumDirs][]float64
+	land  [NumDirs]actor.Payload // faces the runtime landed: released once unpacked
 	dev   [NumDirs]gpu.Buffer // GPU mode: device faces
 	owned [NumDirs]bool       // dev[d] was allocated for us: free after use
 	n     int
@@ -461,9 +471,10 @@ func newBlock(el *actor.Element, rt *actor.Runtime, cfg *Config, rs *rankState, 
 		a.Element(ix, iy-1, iz), a.Element(ix, iy+1, iz),
 		a.Element(ix, iy, iz-1), a.Element(ix, iy, iz+1),
 	}
-	for _, p := range b.nbr {
+	for d, p := range b.nbr {
 		if p != nil {
 			b.need++
+			b.remote[d] = actor.RankOf(p) != rt.Rank()
 		}
 	}
 	if cfg.GPU {
@@ -559,8 +570,8 @@ func (b *block) addHalo(m *Halo) error {
 	if m.Iter < b.sweep {
 		return fmt.Errorf("halo of iteration %d for face %d after sweep %d", m.Iter, m.Dir, b.sweep)
 	}
-	if len(m.Face) != b.geo.FaceLen(m.Dir) {
-		return fmt.Errorf("halo for face %d has %d points, want %d", m.Dir, len(m.Face), b.geo.FaceLen(m.Dir))
+	if n := b.geo.FaceLen(m.Dir); len(m.Face) != 8*n {
+		return fmt.Errorf("halo for face %d has %d bytes, want %d (%d points)", m.Dir, len(m.Face), 8*n, n)
 	}
 	hs := b.halos[m.Iter]
 	if hs == nil {
@@ -570,7 +581,12 @@ func (b *block) addHalo(m *Halo) error {
 	if hs.faces[m.Dir] != nil {
 		return fmt.Errorf("two halos of iteration %d for face %d", m.Iter, m.Dir)
 	}
-	hs.faces[m.Dir] = m.Face
+	hs.faces[m.Dir] = faceFloats(m.Face)
+	if b.remote[m.Dir] {
+		// Landed by the runtime in its pool; from a neighbour on this
+		// rank it is that block's own buffer.
+		hs.land[m.Dir] = m.Face
+	}
 	hs.n++
 	return nil
 }
@@ -603,7 +619,9 @@ func (b *block) step() {
 				if f != nil {
 					// Lengths were checked in addHalo.
 					_ = b.geo.UnpackFace(b.u, d, f)
-					b.spare[d] = f
+				}
+				if hs.land[d] != nil {
+					actor.ReleasePayload(hs.land[d])
 				}
 			}
 			delete(b.halos, b.sweep)
@@ -674,19 +692,20 @@ func (b *block) deviceSweep(hs *haloSet) bool {
 	return !b.failed
 }
 
-// packFaces copies the planes every neighbour needs out of u.
+// packFaces copies the planes every neighbour needs out of u, into the
+// send buffers of the current sweep's parity.
 func (b *block) packFaces() [NumDirs][]float64 {
 	var faces [NumDirs][]float64
 	for d, p := range b.nbr {
 		if p == nil {
 			continue
 		}
-		if f := b.spare[d]; len(f) == b.geo.FaceLen(d) {
-			_ = b.geo.PackFaceTo(f, b.u, d) // the length is right
-			faces[d], b.spare[d] = f, nil
-			continue
+		f := &b.out[d][b.sweep%2]
+		if *f == nil {
+			*f = make([]float64, b.geo.FaceLen(d))
 		}
-		faces[d] = b.geo.PackFace(b.u, d)
+		_ = b.geo.PackFaceTo(*f, b.u, d) // the length is right
+		faces[d] = *f
 	}
 	return faces
 }
@@ -706,7 +725,7 @@ func (b *block) send(faces [NumDirs][]float64) {
 		if p == nil {
 			continue
 		}
-		if err := b.rt.Send(p, &Halo{Iter: b.sweep, Dir: d ^ 1, Face: faces[d]}); err != nil {
+		if err := b.rt.Send(p, &Halo{Iter: b.sweep, Dir: d ^ 1, Face: faceBytes(faces[d])}); err != nil {
 			b.fail(fmt.Errorf("sending halo %d of iteration %d: %w", d, b.sweep, err))
 			return
 		}
