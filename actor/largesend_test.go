@@ -18,14 +18,9 @@ type field struct {
 
 func init() { MustRegister[field]() }
 
-// TestLargeSendReusesBuffers: a rank sending one large message after
-// another encodes each into the buffer of an earlier one once that send has
-// completed (largeSends), and every message arrives intact; a small message
-// of the same type in between makes the next large one start afresh, and
-// then reuse again.
-func TestLargeSendReusesBuffers(t *testing.T) {
-	rts := startLocal(t, 2)
-	pid, err := rts[1].System().Root.SpawnNamed(rts[1].PropsFromFunc(func(c pa.Context) {
+// echoFieldProps answers a field with the sum of its values.
+func echoFieldProps(rt *Runtime) *pa.Props {
+	return rt.PropsFromFunc(func(c pa.Context) {
 		if m, ok := c.Message().(*field); ok {
 			sum := 0.0
 			for _, v := range m.Values {
@@ -33,7 +28,17 @@ func TestLargeSendReusesBuffers(t *testing.T) {
 			}
 			c.Respond(&pong{N: int(sum)})
 		}
-	}), "sum")
+	})
+}
+
+// TestLargeSendReusesBuffers: a rank sending one large message after
+// another encodes each into the buffer of an earlier one once that send has
+// completed (largeSends), and every message arrives intact; a small message
+// of the same type in between makes the next large one start afresh, and
+// then reuse again.
+func TestLargeSendReusesBuffers(t *testing.T) {
+	rts := startLocal(t, 2)
+	pid, err := rts[1].System().Root.SpawnNamed(echoFieldProps(rts[1]), "sum")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -90,4 +95,37 @@ func TestLargeSendReusesBuffers(t *testing.T) {
 	// A message larger than the last outgrows the pooled buffer and still
 	// arrives intact.
 	send(104, 2*n)
+}
+
+// TestLargeMessagesPulled: a message between transport.PullMin and the CMA
+// threshold is read by its receiver (CMA) unless the runtime is
+// SenderDriven, and arrives intact either way.
+func TestLargeMessagesPulled(t *testing.T) {
+	for _, senderDriven := range []bool{false, true} {
+		rts := startLocalWith(t, 2, Options{SenderDriven: senderDriven})
+		if !rts[0].Transport().CMAStats().Enabled {
+			t.Skip("CMA is not available on this machine (process_vm_readv refused)")
+		}
+		pid, err := rts[1].System().Root.SpawnNamed(echoFieldProps(rts[1]), "sum")
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := &field{Values: make([]float64, (transport.PullMin+4096)/8)}
+		want := 0
+		for i := range m.Values {
+			m.Values[i] = float64(i)
+			want += i
+		}
+		before := rts[0].Transport().CMAStats().Sent
+		res, err := rts[0].Request(rts[0].PID(1, pid.Id), m, 10*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p, ok := res.(*pong); !ok || p.N != want {
+			t.Fatalf("sender driven %v: got %#v, want sum %d", senderDriven, res, want)
+		}
+		if n := rts[0].Transport().CMAStats().Sent - before; (n == 1) == senderDriven || n > 1 {
+			t.Fatalf("sender driven %v: the message went by CMA %d times", senderDriven, n)
+		}
+	}
 }

@@ -294,7 +294,7 @@ func (rt *Runtime) postAM(r int, hdr, data []byte, pooled bool) (*transport.Requ
 	if !pooled {
 		hdr = bytes.Clone(hdr)
 	}
-	req, err := rt.t.SendAM(r, amActor, hdr, data, transport.AMAuto)
+	req, err := rt.t.SendAM(r, amActor, hdr, data, rt.amMode)
 	if err != nil {
 		return nil, err
 	}

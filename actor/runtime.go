@@ -87,7 +87,19 @@ type Options struct {
 	// default, normally the layout-aware adaptive scheme; the receiver has
 	// the last word, see transport.TypedOptions).
 	TypedScheme datatype.Scheme
+	// SenderDriven leaves the data of messages from transport.PullMin up to
+	// the transport's CMA threshold (64 KiB) to UCX's rendezvous, as for
+	// tagged sends. By default a process of the same host reads it
+	// (transport.AMPull), because UCX's rendezvous moves the data only
+	// while the sender progresses, and an actor that computes after
+	// sending holds up every receiver of its messages. Sender-driven
+	// transfers give shorter round trips at those sizes (docs/actor.md,
+	// "Receiver-driven large messages"). TROUPE_ACTOR_PULL=off sets it.
+	SenderDriven bool
 }
+
+// EnvActorPull, set to "off", makes Init's runtime SenderDriven.
+const EnvActorPull = "TROUPE_ACTOR_PULL"
 
 // DefaultTypedDirectMin is the default Options.TypedDirectMin.
 const DefaultTypedDirectMin = 256 << 10
@@ -141,6 +153,7 @@ type Runtime struct {
 	devSends   deviceSends   // CUDA IPC device messages awaiting acknowledgement
 	pairs      pairChannels  // where large gpu.Buffer fields travel (device_pair.go)
 	large      largeSends    // buffers of large messages in flight (largesend.go)
+	amMode     uint32        // how large messages are sent (Options.SenderDriven)
 	devResends deviceResends // declined CUDA IPC device messages awaiting their bytes
 	devOnce    sync.Once
 	dev        *gpu.Device
@@ -317,6 +330,10 @@ func start(ctx context.Context, t *transport.Transport, opts Options) (*Runtime,
 	_ = rt.SetTypedTransfer(opts.TypedDirectMin, opts.TypedScheme) // checked above
 	rt.credits = max(rt.credits, 4)
 	rt.pairs.min = pairMin()
+	rt.amMode = transport.AMAuto | transport.AMPull
+	if opts.SenderDriven || os.Getenv(EnvActorPull) == "off" {
+		rt.amMode = transport.AMAuto
+	}
 	core := rt.log.Core()
 	rt.sys = pa.NewActorSystem(pa.WithLoggerFactory(func(*pa.ActorSystem) *slog.Logger {
 		return slog.New(zapslog.NewHandler(core, zapslog.WithName("protoactor")))

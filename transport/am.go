@@ -185,7 +185,19 @@ const (
 	AMAuto  uint32 = 0               // UCX picks eager or rendezvous by size
 	AMEager uint32 = ucx.AMSendEager // force eager
 	AMRndv  uint32 = ucx.AMSendRndv  // force rendezvous
+	// AMPull, added to AMAuto or AMRndv, asks that the data of a send of
+	// PullMin bytes or more to a process of this host be read by the
+	// receiver (CMA, cma.go) whatever Options.CMAThreshold says, so that
+	// it moves while this rank computes: UCX's rendezvous over shared
+	// memory waits for the sender's progress once the receiver asks for
+	// the data (docs/transport.md, "Receiver-driven actor messages").
+	// TROUPE_CMA=off still turns CMA off.
+	AMPull uint32 = 1 << 31
 )
+
+// PullMin is the smallest data size AMPull reads by CMA: sizes below go
+// eager, copied as they are sent.
+const PullMin = MaxPostAM
 
 // SendAM starts sending an active message with header and data to dst.
 // Neither may be modified until the request completes.
@@ -193,8 +205,10 @@ func (t *Transport) SendAM(dst int, id uint16, header, data []byte, mode uint32)
 	if err := t.checkRank(dst, "am-send"); err != nil {
 		return nil, err
 	}
+	pull := mode&AMPull != 0
+	mode &^= AMPull
 	r := t.newRequest("am-send", dst, int(id), len(data))
-	if mode != AMEager && t.useCMA(dst, len(data)) {
+	if mode != AMEager && t.useCMA(dst, len(data), pull) {
 		r.b = ucx.Buffer{Ptr: bytesPtr(data), Len: len(data)}
 		t.exec(func() { t.startCMAAM(r, id, header) })
 		return r, nil

@@ -276,10 +276,15 @@ func (t *Transport) cmaSetup(exchange func([]byte) ([][]byte, error)) error {
 	return nil
 }
 
-// useCMA reports whether a tagged send of n bytes to dst goes by CMA. It
-// may be called without the worker lock.
-func (t *Transport) useCMA(dst, n int) bool {
-	if !t.cma.on || n < t.cma.thresh || t.cma.peers == nil {
+// useCMA reports whether a send of n bytes to dst goes by CMA, the
+// threshold being Options.CMAThreshold, or with pull (AMPull) the smaller
+// of it and PullMin. It may be called without the worker lock.
+func (t *Transport) useCMA(dst, n int, pull bool) bool {
+	thresh := t.cma.thresh
+	if pull {
+		thresh = min(thresh, PullMin)
+	}
+	if !t.cma.on || n < thresh || t.cma.peers == nil {
 		return false
 	}
 	p := t.cma.peers[dst]

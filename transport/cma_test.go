@@ -309,3 +309,71 @@ func TestCMAReceiveDuringProbe(t *testing.T) {
 	}
 	t.Logf("%d of 100 receives were posted while the probe was receiving the descriptor", attached)
 }
+
+// AMPull: an active message between PullMin and the CMA threshold goes by
+// UCX with AMAuto and by CMA with AMPull; one below PullMin stays eager
+// either way; the data arrives intact on both paths.
+func TestCMAPullActiveMessages(t *testing.T) {
+	t.Setenv("TROUPE_CMA_THRESHOLD", "65536")
+	ts := localJob(t, 2, ProgressDirect)
+	if !ts[0].CMAStats().Enabled || !ts[1].CMAStats().Enabled {
+		t.Skip("CMA is not available on this machine (process_vm_readv refused)")
+	}
+	ctx := testCtx(t)
+	if ts[0].cma.thresh <= PullMin {
+		t.Fatalf("CMA threshold %d leaves no room above PullMin %d", ts[0].cma.thresh, PullMin)
+	}
+	got := make(chan []byte, 1)
+	errc := make(chan error, 1)
+	if err := ts[1].SetAMHandler(10, func(m *AMMessage) {
+		dst := make([]byte, m.Size)
+		r, err := m.RecvData(dst)
+		if err != nil {
+			errc <- err
+			return
+		}
+		go func() {
+			if _, err := r.Wait(ctx); err != nil {
+				errc <- err
+				return
+			}
+			got <- dst
+		}()
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		size    int
+		mode    uint32
+		viaCMA  bool
+		comment string
+	}{
+		{PullMin + 1000, AMAuto, false, "below the CMA threshold, no pull"},
+		{PullMin + 1000, AMAuto | AMPull, true, "pull"},
+		{PullMin - 1000, AMAuto | AMPull, false, "pull, below PullMin"},
+		{ts[0].cma.thresh - 1, AMRndv | AMPull, true, "pull with forced rendezvous"},
+	} {
+		before := ts[0].CMAStats().Sent
+		want := pattern(c.size, c.size%251)
+		s, err := ts[0].SendAM(1, 10, []byte("h"), want, c.mode)
+		if err != nil {
+			t.Fatalf("%s: %v", c.comment, err)
+		}
+		select {
+		case b := <-got:
+			if !bytes.Equal(b, want) {
+				t.Fatalf("%s: data differs", c.comment)
+			}
+		case err := <-errc:
+			t.Fatalf("%s: %v", c.comment, err)
+		case <-ctx.Done():
+			t.Fatalf("%s: %v", c.comment, ctx.Err())
+		}
+		if _, err := s.Wait(ctx); err != nil {
+			t.Fatalf("%s: send: %v", c.comment, err)
+		}
+		if n := ts[0].CMAStats().Sent - before; (n == 1) != c.viaCMA || n > 1 {
+			t.Fatalf("%s: %d bytes sent by CMA %d times, want via CMA %v", c.comment, c.size, n, c.viaCMA)
+		}
+	}
+}

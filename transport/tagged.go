@@ -46,7 +46,7 @@ func (t *Transport) Isend(dst, tag int, buf []byte) (*Request, error) {
 // sendStart picks how a contiguous tagged send of n bytes to dst starts:
 // by CMA to a rank on the same host (cma.go), else through UCX.
 func (t *Transport) sendStart(dst, n int) func(*Transport, *Request) {
-	if t.useCMA(dst, n) {
+	if t.useCMA(dst, n, false) {
 		return startCMASend
 	}
 	return startSend

@@ -245,6 +245,11 @@ func actorBenchRank(ctx context.Context, f actorBenchFlags) error {
 		return err
 	}
 	defer rt.Shutdown(context.Background())
+	stopTrace, err := benchTrace(rt.Rank())
+	if err != nil {
+		return err
+	}
+	defer stopTrace()
 	if rt.Rank() == 1 {
 		var opts []pa.PropsOption
 		if f.inline {
