@@ -310,16 +310,12 @@ func (b *block) addDeviceHalo(iter, dir int, face gpu.Buffer) error {
 	if dir < 0 || dir >= NumDirs || b.nbr[dir] == nil {
 		return fmt.Errorf("halo for face %d, which has no neighbour", dir)
 	}
-	if iter < b.sweep {
-		return fmt.Errorf("halo of iteration %d for face %d after sweep %d", iter, dir, b.sweep)
-	}
 	if want := b.geo.FaceLen(dir) * 8; face.Len() != want {
 		return fmt.Errorf("halo for face %d has %d bytes, want %d", dir, face.Len(), want)
 	}
-	hs := b.halos[iter]
-	if hs == nil {
-		hs = &haloSet{}
-		b.halos[iter] = hs
+	hs, err := b.halos.add(iter, b.sweep)
+	if err != nil {
+		return fmt.Errorf("face %d: %w", dir, err)
 	}
 	if !hs.dev[dir].IsZero() {
 		return fmt.Errorf("two halos of iteration %d for face %d", iter, dir)

@@ -51,3 +51,41 @@ func TestFaceBytes(t *testing.T) {
 		t.Error("an empty face read as non-nil")
 	}
 }
+
+// TestHaloRing: faces of the current iteration and the next are kept
+// apart by parity; older or further ones are errors; a used set empties.
+func TestHaloRing(t *testing.T) {
+	var r haloRing
+	if r.current(4) != nil {
+		t.Fatal("an empty ring has faces")
+	}
+	for _, iter := range []int{3, 6} {
+		if _, err := r.add(iter, 4); err == nil {
+			t.Errorf("a face of iteration %d was taken at sweep 4", iter)
+		}
+	}
+	next, err := r.add(5, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	next.n++
+	if r.current(4) != nil {
+		t.Fatal("the next iteration's face counts for the current one")
+	}
+	cur, err := r.add(4, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cur.n++
+	if cur == next || r.current(4) != cur || cur.iter != 4 || next.iter != 5 {
+		t.Fatalf("sets: current %p (iter %d), next %p (iter %d)", cur, cur.iter, next, next.iter)
+	}
+	r.done(4)
+	if r.current(4) != nil || r.current(5) != next || next.n != 1 {
+		t.Fatal("done emptied the wrong set")
+	}
+	// Sweep 5: iteration 6 takes the set iteration 4 left.
+	if hs, err := r.add(6, 5); err != nil || hs != cur {
+		t.Fatalf("iteration 6 at sweep 5: set %p (want %p), %v", hs, cur, err)
+	}
+}

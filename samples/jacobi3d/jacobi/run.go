@@ -439,32 +439,63 @@ type block struct {
 	started bool
 	done    bool // final sweep done and reported
 	failed  bool
-	halos   map[int]*haloSet // faces by iteration: the input of sweep Iter+1
+	halos   haloRing // faces by iteration: the input of sweep Iter+1
 	// out are the faces this block sends, by side and iteration parity.
 	// The face of iteration s+2 is packed only after the neighbour has
 	// unpacked that of s (our sweep s+2 needs its face of s+1, which it
 	// sends after its sweep s+1, which unpacked ours of s), so two buffers
 	// per side are enough, for a neighbour on this rank (which gets the
 	// buffer itself) and on another alike.
-	out    [NumDirs][2][]float64
-	remote [NumDirs]bool // the neighbour on that side is on another rank
+	out     [NumDirs][2][]float64
+	remote  [NumDirs]bool // the neighbour on that side is on another rank
 	kernel  time.Duration // kernel time of sweeps after the warm-up
 	kernelW time.Duration // kernel time of warm-up sweeps
 }
 
+// haloRing holds the faces of the two iterations a block can have faces
+// of: its current one and the next (a neighbour is at most one sweep
+// ahead: its sweep s+2 needs our face of s+1). Kept in place, by iteration
+// parity, so that receiving a face allocates nothing.
+type haloRing [2]haloSet
+
+// add returns the set for a face of iteration iter, which must be sweep
+// (the iteration the block needs next) or sweep+1.
+func (r *haloRing) add(iter, sweep int) (*haloSet, error) {
+	if iter < sweep || iter > sweep+1 {
+		return nil, fmt.Errorf("halo of iteration %d after sweep %d (a neighbour is at most one sweep ahead)", iter, sweep)
+	}
+	hs := &r[iter%2]
+	if hs.n == 0 {
+		hs.iter = iter
+	}
+	return hs, nil
+}
+
+// current returns the faces of iteration sweep, nil if none came yet.
+func (r *haloRing) current(sweep int) *haloSet {
+	if hs := &r[sweep%2]; hs.n > 0 && hs.iter == sweep {
+		return hs
+	}
+	return nil
+}
+
+// done empties the set of iteration sweep once its faces are used.
+func (r *haloRing) done(sweep int) { r[sweep%2] = haloSet{} }
+
 // haloSet collects the faces of one iteration.
 type haloSet struct {
+	iter  int
 	faces [NumDirs][]float64
 	land  [NumDirs]actor.Payload // faces the runtime landed: released once unpacked
-	dev   [NumDirs]gpu.Buffer // GPU mode: device faces
-	owned [NumDirs]bool       // dev[d] was allocated for us: free after use
+	dev   [NumDirs]gpu.Buffer    // GPU mode: device faces
+	owned [NumDirs]bool          // dev[d] was allocated for us: free after use
 	n     int
 }
 
 func newBlock(el *actor.Element, rt *actor.Runtime, cfg *Config, rs *rankState, driver *pa.PID) *block {
 	ix, iy, iz := el.Index[0], el.Index[1], el.Index[2]
 	geo := NewBlock(BlockBox(cfg.NX, cfg.NY, cfg.NZ, cfg.Blocks, ix, iy, iz))
-	b := &block{el: el, rt: rt, cfg: cfg, rs: rs, driver: driver, self: selfPID(el), geo: geo, halos: map[int]*haloSet{}}
+	b := &block{el: el, rt: rt, cfg: cfg, rs: rs, driver: driver, self: selfPID(el), geo: geo}
 	a := el.Array
 	b.nbr = [NumDirs]*pa.PID{
 		a.Element(ix-1, iy, iz), a.Element(ix+1, iy, iz),
@@ -567,16 +598,12 @@ func (b *block) addHalo(m *Halo) error {
 	if m.Dir < 0 || m.Dir >= NumDirs || b.nbr[m.Dir] == nil {
 		return fmt.Errorf("halo for face %d, which has no neighbour", m.Dir)
 	}
-	if m.Iter < b.sweep {
-		return fmt.Errorf("halo of iteration %d for face %d after sweep %d", m.Iter, m.Dir, b.sweep)
-	}
 	if n := b.geo.FaceLen(m.Dir); len(m.Face) != 8*n {
 		return fmt.Errorf("halo for face %d has %d bytes, want %d (%d points)", m.Dir, len(m.Face), 8*n, n)
 	}
-	hs := b.halos[m.Iter]
-	if hs == nil {
-		hs = &haloSet{}
-		b.halos[m.Iter] = hs
+	hs, err := b.halos.add(m.Iter, b.sweep)
+	if err != nil {
+		return fmt.Errorf("face %d: %w", m.Dir, err)
 	}
 	if hs.faces[m.Dir] != nil {
 		return fmt.Errorf("two halos of iteration %d for face %d", m.Iter, m.Dir)
@@ -602,7 +629,7 @@ func (b *block) step() {
 		if b.sweep >= b.granted {
 			return
 		}
-		hs := b.halos[b.sweep]
+		hs := b.halos.current(b.sweep)
 		if b.need > 0 && (hs == nil || hs.n < b.need) {
 			return
 		}
@@ -624,7 +651,7 @@ func (b *block) step() {
 					actor.ReleasePayload(hs.land[d])
 				}
 			}
-			delete(b.halos, b.sweep)
+			b.halos.done(b.sweep)
 		}
 		r := b.geo.Sweep(b.u, b.v)
 		b.u, b.v = b.v, b.u
@@ -666,7 +693,7 @@ func (b *block) deviceSweep(hs *haloSet) bool {
 	b.rs.begin()
 	start := time.Now()
 	r, err := b.deviceStep(hs, last)
-	delete(b.halos, b.sweep)
+	b.halos.done(b.sweep)
 	b.sweep++
 	if el := time.Since(start); b.sweep > b.cfg.Warmup {
 		b.kernel += el
