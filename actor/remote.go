@@ -195,7 +195,9 @@ func (rt *Runtime) post(r int, target *pa.PID, msg any, sender *pa.PID, flags ui
 		e.Body, e.PayloadLen, data = body, len(payload), payload
 	}
 	b = appendEnvelope(b, &e)
-	*sb = b
+	if cap(b) <= transport.MaxPostAM {
+		*sb = b
+	}
 	hdr := b[len(body):]
 	ct.noteSize(len(b))
 	if reused && unsafe.SliceData(b) == unsafe.SliceData(start) {

@@ -102,21 +102,23 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	status := 0
-	if *cpuProfile != "" {
-		stopProfile, err := startProfile(fmt.Sprintf("%s.%d", *cpuProfile, rt.Rank()))
+	for _, r := range []struct {
+		what, base string
+		start      func(io.Writer) error
+		stop       func()
+	}{
+		{"cpu profile", *cpuProfile, pprof.StartCPUProfile, pprof.StopCPUProfile},
+		{"trace", *traceOut, trace.Start, trace.Stop},
+	} {
+		if r.base == "" {
+			continue
+		}
+		stop, err := startRecording(r.what, fmt.Sprintf("%s.%d", r.base, rt.Rank()), r.start, r.stop)
 		if err != nil {
 			fmt.Fprintln(stderr, "jacobi3d:", err)
 			return 1
 		}
-		defer stopProfile()
-	}
-	if *traceOut != "" {
-		stopTrace, err := startTrace(fmt.Sprintf("%s.%d", *traceOut, rt.Rank()))
-		if err != nil {
-			fmt.Fprintln(stderr, "jacobi3d:", err)
-			return 1
-		}
-		defer stopTrace()
+		defer stop()
 	}
 	if cfg.Blocks == [3]int{} {
 		cfg.Blocks = jacobi.DefaultBlocks(rt.Size(), cfg.NX, cfg.NY, cfg.NZ)
@@ -140,35 +142,20 @@ func run(args []string, stdout, stderr io.Writer) int {
 	return status
 }
 
-// startProfile starts a CPU profile into path and returns its stop function.
-func startProfile(path string) (func(), error) {
+// startRecording starts a per-rank recording (what: "cpu profile" or
+// "trace") into path with start, and returns the function that ends it
+// with stop and closes the file.
+func startRecording(what, path string, start func(io.Writer) error, stop func()) (func(), error) {
 	f, err := os.Create(path)
 	if err != nil {
-		return nil, fmt.Errorf("cpu profile: %w", err)
+		return nil, fmt.Errorf("%s: %w", what, err)
 	}
-	if err := pprof.StartCPUProfile(f); err != nil {
+	if err := start(f); err != nil {
 		f.Close()
-		return nil, fmt.Errorf("cpu profile: %w", err)
+		return nil, fmt.Errorf("%s: %w", what, err)
 	}
 	return func() {
-		pprof.StopCPUProfile()
-		f.Close()
-	}, nil
-}
-
-// startTrace starts a Go execution trace into path and returns its stop
-// function.
-func startTrace(path string) (func(), error) {
-	f, err := os.Create(path)
-	if err != nil {
-		return nil, fmt.Errorf("trace: %w", err)
-	}
-	if err := trace.Start(f); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("trace: %w", err)
-	}
-	return func() {
-		trace.Stop()
+		stop()
 		f.Close()
 	}, nil
 }
