@@ -100,6 +100,7 @@ func (b Block) Sweep(u, v []float64) float64 {
 //
 //go:noinline
 func sweepPlane(v, u []float64, row, n, ny, sx, sxy int, r float64) float64 {
+	nr := -r
 	for j := 0; j < ny; j, row = j+1, row+sx {
 		// Rows of exactly n elements: every index below is then proven
 		// in bounds and nothing is checked per point.
@@ -120,10 +121,12 @@ func sweepPlane(v, u []float64, row, n, ny, sx, sxy int, r float64) float64 {
 			// FMA on architectures that would (the Go spec allows it).
 			nv := float64(s * C7)
 			out[i] = nv
-			// |d| > r as two comparisons, both rarely true, instead of
-			// math.Abs, which moves d through an integer register.
-			if d := nv - old; d > r || -d > r {
+			// |d| > r as two comparisons with r and -r, both rarely
+			// true, instead of math.Abs, which moves d through an
+			// integer register (and -d, a sign flip per point).
+			if d := nv - old; d > r || d < nr {
 				r = max(d, -d)
+				nr = -r
 			}
 		}
 	}
