@@ -446,7 +446,11 @@ type block struct {
 	// sends after its sweep s+1, which unpacked ours of s), so two buffers
 	// per side are enough, for a neighbour on this rank (which gets the
 	// buffer itself) and on another alike.
-	out     [NumDirs][2][]float64
+	out [NumDirs][2][]float64
+	// msgs are the Halo messages, by side and parity like out: a neighbour
+	// on this rank gets the message itself and is done with it by the
+	// same argument, one on another rank got it encoded by Send.
+	msgs    [NumDirs][2]Halo
 	remote  [NumDirs]bool // the neighbour on that side is on another rank
 	kernel  time.Duration // kernel time of sweeps after the warm-up
 	kernelW time.Duration // kernel time of warm-up sweeps
@@ -752,7 +756,9 @@ func (b *block) send(faces [NumDirs][]float64) {
 		if p == nil {
 			continue
 		}
-		if err := b.rt.Send(p, &Halo{Iter: b.sweep, Dir: d ^ 1, Face: faceBytes(faces[d])}); err != nil {
+		m := &b.msgs[d][b.sweep%2]
+		*m = Halo{Iter: b.sweep, Dir: d ^ 1, Face: faceBytes(faces[d])}
+		if err := b.rt.Send(p, m); err != nil {
 			b.fail(fmt.Errorf("sending halo %d of iteration %d: %w", d, b.sweep, err))
 			return
 		}
