@@ -1,6 +1,8 @@
 package actor
 
 import (
+	"reflect"
+	"strconv"
 	"testing"
 	"time"
 
@@ -127,5 +129,26 @@ func TestLargeMessagesPulled(t *testing.T) {
 		if n := rts[0].Transport().CMAStats().Sent - before; (n == 1) == senderDriven || n > 1 {
 			t.Fatalf("sender driven %v: the message went by CMA %d times", senderDriven, n)
 		}
+	}
+}
+
+// TestCostHeaders: messages of one credit cost from one rank share one
+// read-only header map, which names the rank and the cost; costs above
+// maxSharedCost get a map of their own.
+func TestCostHeaders(t *testing.T) {
+	rts := startLocal(t, 2)
+	in := rts[0].in[1]
+	for _, cost := range []int{1, 2, 37, maxSharedCost, maxSharedCost + 1} {
+		h := in.costHdr(cost)
+		if h[HeaderSourceRank] != "1" || h[headerCost] != strconv.Itoa(cost) {
+			t.Fatalf("cost %d: header %v", cost, h)
+		}
+		same := reflect.ValueOf(in.costHdr(cost)).UnsafePointer() == reflect.ValueOf(h).UnsafePointer()
+		if same != (cost <= maxSharedCost) {
+			t.Fatalf("cost %d: second header is the same map: %v", cost, same)
+		}
+	}
+	if reflect.ValueOf(in.costHdr(2)).UnsafePointer() == reflect.ValueOf(in.costHdr(3)).UnsafePointer() {
+		t.Fatal("costs 2 and 3 share a header")
 	}
 }

@@ -426,6 +426,9 @@ type inPeer struct {
 	rank  int
 	hdr   map[string]string // the credit header of a one-unit message
 	batch int64             // credits returned in one message
+	// costHdrs are the credit headers of messages of up to
+	// len(costHdrs)-1 units, made at first use (costHdr).
+	costHdrs [maxSharedCost + 1]atomic.Pointer[map[string]string]
 
 	_       [cacheLine]byte
 	mu      sync.Mutex
@@ -442,6 +445,33 @@ func newInPeer(rt *Runtime, r int) *inPeer {
 		rt: rt, rank: r, batch: int64(rt.credits / 4),
 		hdr: map[string]string{HeaderSourceRank: strconv.Itoa(r), headerCost: "1"},
 	}
+}
+
+// maxSharedCost is the largest message cost whose credit header is shared
+// by all such messages from a rank (64 KiB of body and payload).
+const maxSharedCost = 128
+
+// costHdr returns the credit header of a message of cost units from this
+// rank. Headers are read only (protoactor's ReadonlyMessageHeader), so
+// messages of one cost share one map: a map per message was the largest
+// allocation of a rank receiving halos (docs/actor.md).
+func (in *inPeer) costHdr(cost int) map[string]string {
+	if cost == 1 {
+		return in.hdr
+	}
+	if cost > maxSharedCost || cost < 1 {
+		return in.newCostHdr(cost)
+	}
+	if h := in.costHdrs[cost].Load(); h != nil {
+		return *h
+	}
+	h := in.newCostHdr(cost)
+	in.costHdrs[cost].Store(&h)
+	return h
+}
+
+func (in *inPeer) newCostHdr(cost int) map[string]string {
+	return map[string]string{HeaderSourceRank: in.hdr[HeaderSourceRank], headerCost: strconv.Itoa(cost)}
 }
 
 // HeaderSourceRank is the message header that tells an actor which rank a
@@ -817,10 +847,7 @@ func (rt *Runtime) deliver(it *inItem) {
 	} else {
 		// The target's mailbox returns the credits once the actor has
 		// processed the message (creditMiddleware).
-		hdr = in.hdr
-		if it.cost != 1 {
-			hdr = map[string]string{HeaderSourceRank: in.hdr[HeaderSourceRank], headerCost: strconv.Itoa(it.cost)}
-		}
+		hdr = in.costHdr(it.cost)
 	}
 	if hdr == nil && sender == nil {
 		proc.SendUserMessage(target, msg)
