@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -139,15 +140,26 @@ func TestConfigErrors(t *testing.T) {
 		{NX: 0, NY: 4, NZ: 4, Iters: 1},
 		{NX: 4, NY: 4, NZ: 4, Blocks: [3]int{5, 1, 1}, Iters: 1},
 		{NX: 4, NY: 4, NZ: 4, Blocks: [3]int{1, 1, 1}, Iters: 1}, // fewer blocks than ranks
-		{NX: 4, NY: 4, NZ: 4, Iters: 0},
-		{NX: 4, NY: 4, NZ: 4, Iters: 1, Tol: -1},
+		{NX: 4, NY: 4, NZ: 4, Blocks: [3]int{2, 1, 1}, Iters: 0},
+		{NX: 4, NY: 4, NZ: 4, Blocks: [3]int{2, 1, 1}, Iters: 1, Tol: -1},
+		{NX: 4, NY: 4, NZ: 4, Iters: 1}, // no shape (Run fills in JobBlocks)
 	} {
 		if err := cfg.normalize(2); err == nil {
 			t.Errorf("config %+v accepted", cfg)
 		}
 	}
-	if b := DefaultBlocks(4, 96, 96, 96); b != [3]int{4, 4, 4} {
-		t.Errorf("DefaultBlocks(4) = %v", b)
+	for _, c := range []struct {
+		procs int
+		want  [3]int
+	}{
+		{1, [3]int{2, 2, 2}}, {4, [3]int{2, 2, 2}}, {5, [3]int{3, 3, 3}}, {32, [3]int{4, 4, 4}},
+	} {
+		if b := DefaultBlocks(c.procs, 96, 96, 96); b != c.want {
+			t.Errorf("DefaultBlocks(%d) = %v, want %v", c.procs, b, c.want)
+		}
+	}
+	if b := DefaultBlocks(32, 96, 3, 1); b != [3]int{4, 3, 1} {
+		t.Errorf("DefaultBlocks(32) on a thin grid = %v", b)
 	}
 }
 
@@ -269,15 +281,46 @@ func deviceLanded(rts []*actor.Runtime) uint64 {
 // TestRunGPUConfig: -gpu settings are checked.
 func TestRunGPUConfig(t *testing.T) {
 	for _, cfg := range []Config{
-		{NX: 4, NY: 4, NZ: 4, Iters: 1, GPUAPI: APIChannel},           // api without GPU
-		{NX: 4, NY: 4, NZ: 4, Iters: 1, GPU: true, GPUAPI: "carrier"}, // unknown api
+		{NX: 4, NY: 4, NZ: 4, Blocks: [3]int{1, 1, 1}, Iters: 1, GPUAPI: APIChannel},           // api without GPU
+		{NX: 4, NY: 4, NZ: 4, Blocks: [3]int{1, 1, 1}, Iters: 1, GPU: true, GPUAPI: "carrier"}, // unknown api
 	} {
 		if err := cfg.normalize(1); err == nil {
 			t.Errorf("config %+v accepted", cfg)
 		}
 	}
-	cfg := Config{NX: 4, NY: 4, NZ: 4, Iters: 1, GPU: true}
+	cfg := Config{NX: 4, NY: 4, NZ: 4, Blocks: [3]int{1, 1, 1}, Iters: 1, GPU: true}
 	if err := cfg.normalize(1); err != nil || cfg.GPUAPI != APIMessaging {
 		t.Fatalf("default GPU API: %q, %v", cfg.GPUAPI, err)
+	}
+}
+
+// TestJobBlocks: with no shape given, the ranks agree on DefaultBlocks of
+// their processors together, and a run in that shape matches the serial
+// reference.
+func TestJobBlocks(t *testing.T) {
+	rts := startLocal(t, 3)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	shapes := make(chan [3]int, len(rts))
+	errs := make(chan error, len(rts))
+	for _, rt := range rts {
+		go func() {
+			b, err := JobBlocks(ctx, rt, "shape", 24, 24, 24)
+			errs <- err
+			shapes <- b
+		}()
+	}
+	want := DefaultBlocks(3*runtime.GOMAXPROCS(0), 24, 24, 24)
+	for range rts {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+		if b := <-shapes; b != want {
+			t.Fatalf("a rank chose %v, want %v", b, want)
+		}
+	}
+	cfg := Config{Name: "default-shape", NX: 24, NY: 24, NZ: 24, Warmup: 2, Iters: 5, Check: true}
+	if res := runAll(t, rts, cfg); !res.Checked || !res.Pass {
+		t.Fatalf("default shape: check %v pass %v", res.Checked, res.Pass)
 	}
 }
