@@ -1,0 +1,20 @@
+//go:build !purego
+
+package jacobi
+
+import "golang.org/x/sys/cpu"
+
+// haveAVX2 says whether Sweep runs the AVX2 kernel (sweep_amd64.s). Both
+// kernels give the same bits: each point's sum, product and change are the
+// same separately rounded float64 operations, and the residual is a maximum,
+// which does not depend on the order it is taken in.
+var haveAVX2 = cpu.X86.HasAVX2
+
+// sweepAVX2 sweeps the nz planes of ny rows of nx points of a block whose
+// first interior point is *u (read) and *v (written), with strides sx and
+// sxy, and returns max(r, the largest |v - u|). Every point it reads lies
+// within one stride sxy of the interior, so the block's padded storage
+// holds them all.
+//
+//go:noescape
+func sweepAVX2(v, u *float64, nx, ny, nz, sx, sxy int, r, c7 float64) float64
