@@ -5,28 +5,43 @@
 # (troupe, Open MPI, MPICH) for the given number of rounds; the best iter_ms of
 # each is reported, and every run's field_hash must equal every other's.
 #
-# usage: samples/jacobi3d/mpiref/compare.sh [-g "48 96"] [-n "1 2 4"] [-r 3] [-o] [-p split]
+# Like is compared with like: by default both stencils are vectorised
+# (troupe's AVX2 kernel; the C one by gcc -O3 -march=native, which needs
+# -ffinite-math-only -fno-signed-zeros to vectorise the residual's maximum
+# and gives the same bits), with -s both scalar (troupe built with the tag
+# purego, the C one with -O2).
+#
+# usage: samples/jacobi3d/mpiref/compare.sh [-g "48 96"] [-n "1 2 4"] [-r 3] [-o] [-p split] [-s]
 #   -g grids, -n rank counts, -r rounds, -o: MPI with -overlap (interior swept
-#   while halos travel), -p: troupe run --procs (default split).
+#   while halos travel), -p: troupe run --procs (default split), -s: scalar
+#   stencils on both sides.
 # Expects bin/troupe and bin/jacobi3d (make build) and mpicc.openmpi and
 # mpicc.mpich (make bench-jacobi-mpi installs them).
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
-grids="48 96" ranks="1 2 4" rounds=3 overlap="" procs=split
-while getopts "g:n:r:op:" opt; do
+grids="48 96" ranks="1 2 4" rounds=3 overlap="" procs=split scalar=""
+while getopts "g:n:r:op:s" opt; do
 	case $opt in
 	g) grids=$OPTARG ;;
 	n) ranks=$OPTARG ;;
 	r) rounds=$OPTARG ;;
 	o) overlap=-overlap ;;
 	p) procs=$OPTARG ;;
-	*) sed -n '2,13p' "$0" >&2; exit 2 ;;
+	s) scalar=1 ;;
+	*) sed -n '2,19p' "$0" >&2; exit 2 ;;
 	esac
 done
 src=samples/jacobi3d/mpiref/jacobi3d_mpi.c
+# kind names the stencil of both sides: vec or scalar.
+kind=vec cflags="-O3 -march=native -ffinite-math-only -fno-signed-zeros" jacobi=bin/jacobi3d
+if [ -n "$scalar" ]; then
+	kind=scalar cflags="-O2" jacobi=bin/jacobi3d-purego
+	"${GO:-go}" build -tags purego -o $jacobi ./samples/jacobi3d
+fi
 for m in openmpi mpich; do
-	if [ ! -x bin/jacobi3d_mpi-$m ] || [ $src -nt bin/jacobi3d_mpi-$m ]; then
-		mpicc.$m -O2 -ffp-contract=off -Wno-stringop-overflow -o bin/jacobi3d_mpi-$m $src -lm
+	exe=bin/jacobi3d_mpi-$m-$kind
+	if [ ! -x $exe ] || [ $src -nt $exe ] || [ "$0" -nt $exe ]; then
+		mpicc.$m $cflags -ffp-contract=off -Wno-stringop-overflow -o $exe $src -lm
 	fi
 done
 # Open MPI refuses root without these, and more ranks than cores without
@@ -37,9 +52,9 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 run() {
 	local out
 	case $1 in
-	troupe) out=$(bin/troupe run -n "$2" --tls shm --procs "$procs" -- bin/jacobi3d -grid "$3" -check=false 2>&1 | sed 's/^\[0\] //') ;;
-	openmpi) out=$(mpirun.openmpi --oversubscribe -n "$2" bin/jacobi3d_mpi-openmpi -grid "$3" $overlap 2>&1) ;;
-	mpich) out=$(mpirun.mpich -n "$2" bin/jacobi3d_mpi-mpich -grid "$3" $overlap 2>&1) ;;
+	troupe) out=$(bin/troupe run -n "$2" --tls shm --procs "$procs" -- $jacobi -grid "$3" -check=false 2>&1 | sed 's/^\[0\] //') ;;
+	openmpi) out=$(mpirun.openmpi --oversubscribe -n "$2" bin/jacobi3d_mpi-openmpi-$kind -grid "$3" $overlap 2>&1) ;;
+	mpich) out=$(mpirun.mpich -n "$2" bin/jacobi3d_mpi-mpich-$kind -grid "$3" $overlap 2>&1) ;;
 	esac
 	local it h
 	it=$(awk '$1 == "iter_ms" {print $2}' <<<"$out")
@@ -52,7 +67,7 @@ run() {
 	echo "$it $h"
 }
 
-printf "# Jacobi3D, troupe (--procs %s) against MPI%s, %s round(s), best iter_ms (median ms per sweep) of each\n" "$procs" "${overlap:+ ($overlap)}" "$rounds"
+printf "# Jacobi3D, troupe (--procs %s) against MPI%s, %s stencils, %s round(s), best iter_ms (median ms per sweep) of each\n" "$procs" "${overlap:+ ($overlap)}" "$kind" "$rounds"
 printf "%-5s %-6s %12s %12s %12s %14s %s\n" grid ranks troupe openmpi mpich troupe/bestMPI field_hash
 for g in $grids; do
 	for n in $ranks; do
