@@ -23,12 +23,12 @@ func init() {
 	MustRegister[pong]()
 }
 
-func startLocal(t *testing.T, n int) []*Runtime {
+func startLocal(t testing.TB, n int) []*Runtime {
 	t.Helper()
 	return startLocalWith(t, n, Options{})
 }
 
-func startLocalWith(t *testing.T, n int, o Options) []*Runtime {
+func startLocalWith(t testing.TB, n int, o Options) []*Runtime {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

@@ -68,3 +68,33 @@ func BenchmarkSend64(b *testing.B) {
 	}
 	<-done
 }
+
+// BenchmarkLocalPingPong bounces a message between two actors of one
+// runtime: every hop finds the receiver's mailbox idle, so ns/op is the
+// cost of a local send plus scheduling a mailbox and running it.
+func BenchmarkLocalPingPong(b *testing.B) {
+	rts := startLocal(b, 1)
+	rt := rts[0]
+	done := make(chan struct{})
+	want := b.N
+	var peer [2]*pa.PID
+	for i := range peer {
+		p, err := rt.Root().SpawnNamed(rt.PropsFromFunc(func(c pa.Context) {
+			if m, ok := c.Message().(*ping); ok {
+				if m.N >= want {
+					close(done)
+					return
+				}
+				m.N++
+				c.Send(peer[1-i], m)
+			}
+		}), "pp"+string(rune('a'+i)))
+		if err != nil {
+			b.Fatal(err)
+		}
+		peer[i] = p
+	}
+	b.ResetTimer()
+	rt.Root().Send(peer[0], &ping{N: 1})
+	<-done
+}

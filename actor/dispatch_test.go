@@ -73,3 +73,60 @@ func TestPoolDispatcher(t *testing.T) {
 	close(release)
 	wait()
 }
+
+// TestPoolDispatcherIdle: of the goroutines left idle by a burst, the first
+// keepIdle wait without a timer and the others end after workerIdle; the
+// next mailbox runs on the most recently idle goroutine; close ends the
+// waiting ones and a mailbox scheduled after close still runs.
+func TestPoolDispatcherIdle(t *testing.T) {
+	saved := workerIdle
+	workerIdle = 20 * time.Millisecond
+	defer func() { workerIdle = saved }()
+	d := newPoolDispatcher(10)
+	const burst = keepIdle + 4
+	release := make(chan struct{})
+	started := make(chan int, burst)
+	for range burst {
+		d.Schedule(func() {
+			started <- goid()
+			<-release
+		})
+	}
+	for range burst {
+		<-started
+	}
+	if n := d.live.Load(); n != burst {
+		t.Fatalf("%d goroutines for %d blocked mailboxes", n, burst)
+	}
+	close(release)
+	// Wait until the goroutines idle beyond keepIdle have ended.
+	deadline := time.Now().Add(10 * time.Second)
+	for d.live.Load() > keepIdle {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d goroutines after workerIdle, want %d", d.live.Load(), keepIdle)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	d.mu.Lock()
+	idle := len(d.idle)
+	d.mu.Unlock()
+	if idle != keepIdle {
+		t.Fatalf("%d goroutines on the idle stack, want %d", idle, keepIdle)
+	}
+	// The next mailbox runs on a waiting goroutine: none is started (a new
+	// one would still be running when it sends).
+	ran := make(chan int32)
+	d.Schedule(func() { ran <- d.live.Load() })
+	if n := <-ran; n != keepIdle {
+		t.Fatalf("%d goroutines while a mailbox ran on a waiting one, want %d", n, keepIdle)
+	}
+	d.close()
+	for d.live.Load() > 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d goroutines after close", d.live.Load())
+		}
+		time.Sleep(time.Millisecond)
+	}
+	d.Schedule(func() { ran <- 0 })
+	<-ran // a mailbox scheduled after close still runs
+}

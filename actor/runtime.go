@@ -340,7 +340,7 @@ func start(ctx context.Context, t *transport.Transport, opts Options) (*Runtime,
 	}))
 	rt.sys.ProcessRegistry.Address = Address(rt.rank)
 	rt.targets = targetCache{addr: Address(rt.rank), m: map[string]*target{}}
-	rt.dispatcher = newPoolDispatcher(defaultThroughput, rt.stop)
+	rt.dispatcher = newPoolDispatcher(defaultThroughput)
 	rt.addrs = make([]string, rt.size)
 	rt.remotes = make([]*remoteProcess, rt.size)
 	rt.out = make([]*outPeer, rt.size)
@@ -399,6 +399,7 @@ func start(ctx context.Context, t *transport.Transport, opts Options) (*Runtime,
 	if err := t.Bootstrap().Barrier(ctx, "troupe.actor.init"); err != nil {
 		rt.closed.Store(true)
 		close(rt.stop)
+		rt.dispatcher.close()
 		rt.bg.Wait()
 		return nil, fmt.Errorf("actor: waiting for the other ranks: %w", err)
 	}
@@ -486,6 +487,7 @@ func (rt *Runtime) shutdown(ctx context.Context) error {
 		rt.log.Debug("shutdown barrier", zap.Error(err))
 	}
 	close(rt.stop)
+	rt.dispatcher.close()
 	rt.bg.Wait()
 	rt.devResends.failRank(-1, ErrClosed) // landing goroutines waiting for bytes
 	for _, in := range rt.in {
