@@ -104,7 +104,8 @@ func TestLargeSendReusesBuffers(t *testing.T) {
 // SenderDriven, and arrives intact either way.
 func TestLargeMessagesPulled(t *testing.T) {
 	for _, senderDriven := range []bool{false, true} {
-		rts := startLocalWith(t, 2, Options{SenderDriven: senderDriven})
+		// EagerMax -1: a sparse message this size would go eager.
+		rts := startLocalWith(t, 2, Options{SenderDriven: senderDriven, EagerMax: -1})
 		if !rts[0].Transport().CMAStats().Enabled {
 			t.Skip("CMA is not available on this machine (process_vm_readv refused)")
 		}
@@ -128,6 +129,73 @@ func TestLargeMessagesPulled(t *testing.T) {
 		}
 		if n := rts[0].Transport().CMAStats().Sent - before; (n == 1) == senderDriven || n > 1 {
 			t.Fatalf("sender driven %v: the message went by CMA %d times", senderDriven, n)
+		}
+	}
+}
+
+// TestSparseLargeMessagesEager: a large message of at most EagerMax bytes
+// with no other large message to its rank just before goes eager (not by
+// CMA), a larger one does not, and EagerMax -1 turns eager sends off; every
+// message arrives intact.
+func TestSparseLargeMessagesEager(t *testing.T) {
+	for _, eagerMax := range []int{0, -1} {
+		rts := startLocalWith(t, 2, Options{EagerMax: eagerMax})
+		pid, err := rts[1].System().Root.SpawnNamed(echoFieldProps(rts[1]), "sum")
+		if err != nil {
+			t.Fatal(err)
+		}
+		cma := rts[0].Transport().CMAStats().Enabled
+		for _, bytes := range []int{transport.MaxPostAM + 4096, DefaultEagerMax + 4096} {
+			m := &field{Values: make([]float64, bytes/8)}
+			want := 0
+			for i := range m.Values {
+				m.Values[i] = float64(i)
+				want += i
+			}
+			// Sparse: the previous large message to rank 1, if any, left
+			// at least EagerGap ago.
+			time.Sleep(2 * EagerGap)
+			eager, pulled := rts[0].Stats().LargeEager.Load(), rts[0].Transport().CMAStats().Sent
+			res, err := rts[0].Request(rts[0].PID(1, pid.Id), m, 10*time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if p, ok := res.(*pong); !ok || p.N != want {
+				t.Fatalf("EagerMax %d, %d bytes: got %#v, want sum %d", eagerMax, bytes, res, want)
+			}
+			eager = rts[0].Stats().LargeEager.Load() - eager
+			pulled = rts[0].Transport().CMAStats().Sent - pulled
+			wantEager := eagerMax == 0 && bytes <= DefaultEagerMax
+			if (eager == 1) != wantEager || eager > 1 {
+				t.Fatalf("EagerMax %d, %d bytes: %d messages eager, want eager %v", eagerMax, bytes, eager, wantEager)
+			}
+			if cma && (pulled == 1) == wantEager {
+				t.Fatalf("EagerMax %d, %d bytes: %d messages pulled, want eager %v", eagerMax, bytes, pulled, wantEager)
+			}
+		}
+	}
+}
+
+// TestSparse: outPeer.sparse on a clock of its own.
+func TestSparse(t *testing.T) {
+	var o outPeer
+	gap := int64(EagerGap)
+	steps := []struct {
+		n    int
+		at   int64
+		want bool
+	}{
+		{20 << 10, gap, true},               // the first large message
+		{20 << 10, gap + 1000, false},       // 1 us later: dense
+		{20 << 10, 2*gap + 1000, true},      // a gap later
+		{40 << 10, 3*gap + 1000, false},     // above eagerMax, but recorded
+		{20 << 10, 3*gap + 2000, false},     // 1 us after it
+		{32 << 10, 5*gap + 2000, true},      // exactly eagerMax
+		{20 << 10, 6*gap + 2000 - 1, false}, // 1 ns short of the gap
+	}
+	for i, st := range steps {
+		if got := o.sparse(st.n, 32<<10, st.at); got != st.want {
+			t.Fatalf("step %d (%d bytes at %d ns): sparse %v, want %v", i, st.n, st.at, got, st.want)
 		}
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 	"unsafe"
 
 	pa "github.com/asynkron/protoactor-go/actor"
@@ -296,7 +297,12 @@ func (rt *Runtime) postAM(r int, hdr, data []byte, pooled bool) (*transport.Requ
 	if !pooled {
 		hdr = bytes.Clone(hdr)
 	}
-	req, err := rt.t.SendAM(r, amActor, hdr, data, rt.amMode)
+	mode := rt.amMode
+	if rt.out[r].sparse(len(hdr)+len(data), rt.eagerMax, sinceLargeEpoch()) {
+		mode = transport.AMEager
+		rt.stats.LargeEager.Add(1)
+	}
+	req, err := rt.t.SendAM(r, amActor, hdr, data, mode)
 	if err != nil {
 		return nil, err
 	}
@@ -335,6 +341,26 @@ type outPeer struct {
 	err     error         // set when sends to the rank can no longer succeed
 	changed chan struct{} // closed (and replaced) whenever credits come back
 	used    atomic.Bool
+	// lastLarge is when the last message above MaxPostAM to the rank was
+	// sent (monotonic nanoseconds since the process's first large send).
+	lastLarge atomic.Int64
+}
+
+// largeEpoch is the origin of outPeer.lastLarge.
+var largeEpoch = time.Now()
+
+// sinceLargeEpoch is the clock of outPeer.sparse: nanoseconds since
+// largeEpoch, plus EagerGap so that it is never within EagerGap of 0 (a
+// rank's first large message is sparse).
+func sinceLargeEpoch() int64 { return int64(time.Since(largeEpoch) + EagerGap) }
+
+// sparse reports whether a large message of n bytes sent at now
+// (sinceLargeEpoch) goes eager (Options.EagerMax): n is at most eagerMax
+// and the previous large message to the rank left at least EagerGap
+// before. It records the send either way.
+func (o *outPeer) sparse(n, eagerMax int, now int64) bool {
+	last := o.lastLarge.Swap(now)
+	return n <= eagerMax && now-last >= int64(EagerGap)
 }
 
 func newOutPeer(credits int) *outPeer {

@@ -96,7 +96,30 @@ type Options struct {
 	// transfers give shorter round trips at those sizes (docs/actor.md,
 	// "Receiver-driven large messages"). TROUPE_ACTOR_PULL=off sets it.
 	SenderDriven bool
+	// EagerMax is the largest message (header and data) above
+	// transport.MaxPostAM that goes eager when it is sparse: when the
+	// previous large message to the same rank left at least EagerGap
+	// before. UCX copies it through at once, so it moves whatever either
+	// side does next, and the receiver is spared the pull's read and
+	// acknowledgement (an 18 KiB round trip 18-23 -> 10-15 us). A dense
+	// stream of large messages is pulled (or sender-driven) instead: each
+	// eager one costs its receiver a reassembly and two copies, and a flood
+	// of them ran at half the rate (docs/actor.md, "Sparse large messages
+	// go eager"). 0 means DefaultEagerMax, a negative value turns it off;
+	// TROUPE_ACTOR_EAGER_MAX sets it for Init's runtime.
+	EagerMax int
 }
+
+// DefaultEagerMax is the default Options.EagerMax: 32 KiB.
+const DefaultEagerMax = 32 << 10
+
+// EagerGap is how long after the previous large message to a rank a large
+// message of at most Options.EagerMax bytes goes eager.
+const EagerGap = 8 * time.Microsecond
+
+// EnvActorEagerMax sets Options.EagerMax for Init's runtime (bytes; 0 or
+// negative: off).
+const EnvActorEagerMax = "TROUPE_ACTOR_EAGER_MAX"
 
 // EnvActorPull, set to "off", makes Init's runtime SenderDriven.
 const EnvActorPull = "TROUPE_ACTOR_PULL"
@@ -154,6 +177,7 @@ type Runtime struct {
 	pairs      pairChannels  // where large gpu.Buffer fields travel (device_pair.go)
 	large      largeSends    // buffers of large messages in flight (largesend.go)
 	amMode     uint32        // how large messages are sent (Options.SenderDriven)
+	eagerMax   int           // Options.EagerMax, resolved (0: off)
 	devResends deviceResends // declined CUDA IPC device messages awaiting their bytes
 	devOnce    sync.Once
 	dev        *gpu.Device
@@ -198,7 +222,10 @@ type Stats struct {
 	DecodeErrors   atomic.Uint64 // malformed envelopes or bodies received
 	// LargeReused counts messages larger than transport.MaxPostAM encoded
 	// into the buffer of an earlier one whose send had completed.
-	LargeReused   atomic.Uint64
+	LargeReused atomic.Uint64
+	// LargeEager counts messages larger than transport.MaxPostAM sent
+	// eager because they were sparse (Options.EagerMax).
+	LargeEager    atomic.Uint64
 	WatchesByLoss atomic.Uint64 // Terminated messages generated for lost ranks
 }
 
@@ -333,6 +360,23 @@ func start(ctx context.Context, t *transport.Transport, opts Options) (*Runtime,
 	rt.amMode = transport.AMAuto | transport.AMPull
 	if opts.SenderDriven || os.Getenv(EnvActorPull) == "off" {
 		rt.amMode = transport.AMAuto
+	}
+	rt.eagerMax = opts.EagerMax
+	if v := os.Getenv(EnvActorEagerMax); v != "" {
+		switch n, err := strconv.Atoi(v); {
+		case err != nil:
+			rt.log.Warn("ignoring "+EnvActorEagerMax, zap.String("value", v), zap.Error(err))
+		case n > 0:
+			rt.eagerMax = n
+		default:
+			rt.eagerMax = -1 // 0 from the environment means off
+		}
+	}
+	switch {
+	case rt.eagerMax == 0:
+		rt.eagerMax = DefaultEagerMax
+	case rt.eagerMax < 0:
+		rt.eagerMax = 0
 	}
 	core := rt.log.Core()
 	rt.sys = pa.NewActorSystem(pa.WithLoggerFactory(func(*pa.ActorSystem) *slog.Logger {
