@@ -49,6 +49,11 @@ func (m ProgressMode) String() string {
 }
 
 // Options configure a Transport.
+// EnvKeepHeap, set to "off", leaves glibc's heap trimming as it is: by
+// default New asks glibc to keep freed memory (ucx.KeepHeap), since UCX
+// allocates a buffer for every fragmented active message it receives.
+const EnvKeepHeap = "TROUPE_KEEP_HEAP"
+
 type Options struct {
 	// Bootstrap tells the rank who it is and exchanges worker addresses. Required.
 	Bootstrap bootstrap.Bootstrapper
@@ -309,6 +314,9 @@ func New(ctx context.Context, opts Options) (*Transport, error) {
 				return nil, fmt.Errorf("transport: setting %s: %w", k, err)
 			}
 		}
+	}
+	if v, _ := syscallGetenv(EnvKeepHeap); v != "off" && !ucx.KeepHeap() {
+		t.log.Debug("glibc refused the heap settings (ucx.KeepHeap)")
 	}
 	cfg := map[string]string{}
 	if !envSet("UCX_KEEPALIVE_INTERVAL") {

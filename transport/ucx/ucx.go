@@ -13,6 +13,7 @@ package ucx
 
 /*
 #cgo pkg-config: ucx
+#include <malloc.h>
 #include <stdlib.h>
 #include "shim.h"
 */
@@ -22,6 +23,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"sync"
 	"unsafe"
 )
 
@@ -89,6 +91,31 @@ const (
 	FeatureWakeup Feature = C.UCP_FEATURE_WAKEUP
 	FeatureAM     Feature = C.UCP_FEATURE_AM
 )
+
+// Heap settings KeepHeap gives glibc's allocator.
+const (
+	heapTrimThreshold = 256 << 20 // free memory kept at the heap's top
+	heapTopPad        = 16 << 20  // extra memory taken each time a heap grows
+)
+
+var keepHeap sync.Once
+
+// KeepHeap asks glibc's allocator, once per process, to keep the memory
+// it frees (trim threshold 256 MiB, top pad 16 MiB) instead of handing it
+// back to the kernel as soon as 128 KiB lie free at a heap's top. UCX
+// allocates and frees a buffer for every active message it reassembles
+// from fragments; with the default, the heap of the progress thread's
+// arena shrank and grew again around them, and every page it grew into was
+// a page fault (about 11 us on a virtual machine). MPI libraries commonly
+// do the same. It reports whether glibc took both settings.
+func KeepHeap() bool {
+	ok := true
+	keepHeap.Do(func() {
+		ok = C.mallopt(C.M_TRIM_THRESHOLD, heapTrimThreshold) == 1 &&
+			C.mallopt(C.M_TOP_PAD, heapTopPad) == 1
+	})
+	return ok
+}
 
 // Context is a UCP application context (ucp_context_h).
 type Context struct {
