@@ -210,7 +210,7 @@ func report(w io.Writer, ranks int, cfg jacobi.Config, r *jacobi.Result) {
 	fmt.Fprintf(w, "# jacobi3d: grid %dx%dx%d, blocks %dx%dx%d (%d actors, %.1f per rank), %d ranks, %s, residual reduced every %d sweep(s), UCX_TLS=%s\n",
 		cfg.NX, cfg.NY, cfg.NZ, cfg.Blocks[0], cfg.Blocks[1], cfg.Blocks[2], nb, float64(nb)/float64(ranks), ranks, mode,
 		max(cfg.ReduceEvery, 1), os.Getenv("UCX_TLS"))
-	fmt.Fprintf(w, "# iter_ms: median wall time per timed sweep (driver, between residual reductions); mean_iter_ms: timed wall time / timed sweeps\n")
+	fmt.Fprintf(w, "# iter_ms: median wall time per timed sweep (driver, between residual reductions at least 10 sweeps apart); mean_iter_ms: timed wall time / timed sweeps\n")
 	fmt.Fprintf(w, "# comm_ms: time per sweep a rank had none of its blocks computing (waiting for halos and the driver, message handling), mean over ranks; comm_share: that time / the ranks' timed wall time\n")
 	fmt.Fprintf(w, "# kernel_ms: time inside the stencil kernel per sweep (unpack + sweep + pack), summed over all blocks\n")
 	if r.GPUBackend != "" {

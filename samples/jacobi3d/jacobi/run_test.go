@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"os/exec"
 	"runtime"
@@ -322,5 +323,24 @@ func TestJobBlocks(t *testing.T) {
 	cfg := Config{Name: "default-shape", NX: 24, NY: 24, NZ: 24, Warmup: 2, Iters: 5, Check: true}
 	if res := runAll(t, rts, cfg); !res.Checked || !res.Pass {
 		t.Fatalf("default shape: check %v pass %v", res.Checked, res.Pass)
+	}
+}
+
+// TestIterMsWindows: reductions that reach a lagging driver in bursts (five
+// sweeps' residuals at one instant, every 0.5 ms: 0.1 ms a sweep) give
+// IterMs 0.1 ms, not the 0 that a median over successive reductions gives.
+func TestIterMsWindows(t *testing.T) {
+	out := make(chan driverResult, 1)
+	start := time.Now()
+	d := &driver{cfg: Config{Warmup: 10, Iters: 40}, out: out, start: start, final: 50,
+		times: map[int]time.Time{}, haveRes: true, haveHash: true, stats: make([]float64, 5)}
+	for s := 1; s <= d.final; s++ {
+		burst := (s + 4) / 5 // sweeps 1-5 arrive together, then 6-10, ...
+		d.times[s] = start.Add(time.Duration(burst) * 500 * time.Microsecond)
+	}
+	d.maybeDone()
+	res := (<-out).res
+	if math.Abs(res.IterMs-0.1) > 1e-9 || math.Abs(res.MeanIterMs-0.1) > 1e-9 {
+		t.Fatalf("IterMs %v, MeanIterMs %v, want 0.1 ms each", res.IterMs, res.MeanIterMs)
 	}
 }
