@@ -232,9 +232,9 @@ const MaxPostAM = 16 << 10
 // postMode is how PostAM sends: eager. UCX's own choice (AMAuto) turns to
 // its rendezvous above one shared-memory segment (8 KiB), whose data moves
 // only while the sender progresses, and gains nothing here, where the data
-// is a copy already: a 10 KiB actor round trip took 117-123 us that way and
-// 11-15 us eager, and a flood of them ran at 40-65 thousand messages a
-// second against 130-174 thousand eager (docs/transport.md, "Posted
+// is a copy already: a 10 KiB actor round trip took 117-127 us that way and
+// 11-15 us eager, and a flood of them ran at 38-79 thousand messages a
+// second against 108-157 thousand eager (docs/transport.md, "Posted
 // messages go eager").
 const postMode = AMEager
 

@@ -48,12 +48,12 @@ func (m ProgressMode) String() string {
 	return "direct"
 }
 
-// Options configure a Transport.
 // EnvKeepHeap, set to "off", leaves glibc's heap trimming as it is: by
 // default New asks glibc to keep freed memory (ucx.KeepHeap), since UCX
 // allocates a buffer for every fragmented active message it receives.
 const EnvKeepHeap = "TROUPE_KEEP_HEAP"
 
+// Options configure a Transport.
 type Options struct {
 	// Bootstrap tells the rank who it is and exchanges worker addresses. Required.
 	Bootstrap bootstrap.Bootstrapper

@@ -107,7 +107,8 @@ var keepHeap sync.Once
 // from fragments; with the default, the heap of the progress thread's
 // arena shrank and grew again around them, and every page it grew into was
 // a page fault (about 11 us on a virtual machine). MPI libraries commonly
-// do the same. It reports whether glibc took both settings.
+// do the same. The first call reports whether glibc took both settings,
+// later ones report true.
 func KeepHeap() bool {
 	ok := true
 	keepHeap.Do(func() {
