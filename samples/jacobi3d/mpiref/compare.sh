@@ -11,16 +11,20 @@
 # and gives the same bits), with -s both scalar (troupe built with the tag
 # purego, the C one with -O2).
 #
-# usage: samples/jacobi3d/mpiref/compare.sh [-g "48 96"] [-n "1 2 4"] [-r 3] [-o] [-p split] [-s]
+# Both programs run -warmup W -iters I (default 200 and 500: past troupe's
+# warm-up, while its heap grows into fresh pages, as benchmarks of MPI
+# libraries skip theirs; -W 10 -I 100 are the programs' own defaults).
+#
+# usage: samples/jacobi3d/mpiref/compare.sh [-g "48 96"] [-n "1 2 4"] [-r 3] [-o] [-p split] [-s] [-W 200] [-I 500]
 #   -g grids, -n rank counts, -r rounds, -o: MPI with -overlap (interior swept
 #   while halos travel), -p: troupe run --procs (default split), -s: scalar
-#   stencils on both sides.
+#   stencils on both sides, -W warm-up sweeps, -I timed sweeps.
 # Expects bin/troupe and bin/jacobi3d (make build) and mpicc.openmpi and
 # mpicc.mpich (make bench-jacobi-mpi installs them).
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
-grids="48 96" ranks="1 2 4" rounds=3 overlap="" procs=split scalar=""
-while getopts "g:n:r:op:s" opt; do
+grids="48 96" ranks="1 2 4" rounds=3 overlap="" procs=split scalar="" warmup=200 iters=500
+while getopts "g:n:r:op:sW:I:" opt; do
 	case $opt in
 	g) grids=$OPTARG ;;
 	n) ranks=$OPTARG ;;
@@ -28,7 +32,9 @@ while getopts "g:n:r:op:s" opt; do
 	o) overlap=-overlap ;;
 	p) procs=$OPTARG ;;
 	s) scalar=1 ;;
-	*) sed -n '2,19p' "$0" >&2; exit 2 ;;
+	W) warmup=$OPTARG ;;
+	I) iters=$OPTARG ;;
+	*) sed -n '2,24p' "$0" >&2; exit 2 ;;
 	esac
 done
 src=samples/jacobi3d/mpiref/jacobi3d_mpi.c
@@ -52,9 +58,9 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 run() {
 	local out
 	case $1 in
-	troupe) out=$(bin/troupe run -n "$2" --tls shm --procs "$procs" -- $jacobi -grid "$3" -check=false 2>&1 | sed 's/^\[0\] //') ;;
-	openmpi) out=$(mpirun.openmpi --oversubscribe -n "$2" bin/jacobi3d_mpi-openmpi-$kind -grid "$3" $overlap 2>&1) ;;
-	mpich) out=$(mpirun.mpich -n "$2" bin/jacobi3d_mpi-mpich-$kind -grid "$3" $overlap 2>&1) ;;
+	troupe) out=$(bin/troupe run -n "$2" --tls shm --procs "$procs" -- $jacobi -grid "$3" -warmup $warmup -iters $iters -check=false 2>&1 | sed 's/^\[0\] //') ;;
+	openmpi) out=$(mpirun.openmpi --oversubscribe -n "$2" bin/jacobi3d_mpi-openmpi-$kind -grid "$3" -warmup $warmup -iters $iters $overlap 2>&1) ;;
+	mpich) out=$(mpirun.mpich -n "$2" bin/jacobi3d_mpi-mpich-$kind -grid "$3" -warmup $warmup -iters $iters $overlap 2>&1) ;;
 	esac
 	local it h
 	it=$(awk '$1 == "iter_ms" {print $2}' <<<"$out")
@@ -67,7 +73,7 @@ run() {
 	echo "$it $h"
 }
 
-printf "# Jacobi3D, troupe (--procs %s) against MPI%s, %s stencils, %s round(s), best iter_ms (median ms per sweep) of each\n" "$procs" "${overlap:+ ($overlap)}" "$kind" "$rounds"
+printf "# Jacobi3D, troupe (--procs %s) against MPI%s, %s stencils, %s warm-up + %s timed sweeps, %s round(s), best iter_ms (median ms per sweep) of each\n" "$procs" "${overlap:+ ($overlap)}" "$kind" "$warmup" "$iters" "$rounds"
 printf "%-5s %-6s %12s %12s %12s %14s %s\n" grid ranks troupe openmpi mpich troupe/bestMPI field_hash
 for g in $grids; do
 	for n in $ranks; do
