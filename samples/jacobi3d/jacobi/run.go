@@ -60,19 +60,54 @@ type Config struct {
 // Sweeps is S, the number of sweeps of a fixed-count run (the cap with Tol).
 func (c *Config) Sweeps() int { return c.Warmup + c.Iters }
 
-// DefaultBlocks returns the default array shape for a job whose ranks have
-// procs processors (GOMAXPROCS) in all: the same count f in every
-// dimension, the smallest with f^3 >= 2*procs (at least two blocks per
-// processor, so that one computes while another waits for its faces),
-// capped by the grid. More blocks only add messages: grid 48 on two ranks
-// of one processor each took 0.23-0.38 ms a sweep in 27 blocks, 0.15 in 8
-// and 0.14-0.18 in 2 (docs/jacobi3d.md).
-func DefaultBlocks(procs, nx, ny, nz int) [3]int {
+// DefaultBlocks returns the default array shape for a job of ranks ranks
+// with procs processors (GOMAXPROCS) in all.
+//
+// When every rank has one processor (procs == ranks) it is one block per
+// rank, the ranks arranged as evenly as they factor (RankGrid, like
+// MPI_Dims_create): a rank's blocks then run one after the other, and more
+// of them only add messages (grid 48, two ranks: 0.061-0.066 ms a sweep in
+// 2 blocks, 0.070-0.071 in 8; four ranks on two cores: 0.41 against 0.45-0.46
+// ms; docs/jacobi3d.md, "Blocks").
+//
+// Otherwise it is the same count f in every dimension, the smallest with
+// f^3 >= 2*procs (at least two blocks per processor, so that one computes
+// while another waits for its faces), capped by the grid. More blocks only
+// add messages: grid 48 on two ranks took 0.23-0.38 ms a sweep in 27
+// blocks, 0.15 in 8.
+func DefaultBlocks(procs, ranks, nx, ny, nz int) [3]int {
+	if procs == ranks {
+		if g := RankGrid(ranks); g[0] <= nx && g[1] <= ny && g[2] <= nz {
+			return g
+		}
+	}
 	f := 1
 	for f*f*f < 2*procs {
 		f++
 	}
 	return [3]int{min(f, nx), min(f, ny), min(f, nz)}
+}
+
+// RankGrid factors n into three counts, largest first, as close to each
+// other as n allows (what MPI_Dims_create gives): 2 -> 2x1x1, 4 -> 2x2x1,
+// 6 -> 3x2x1, 12 -> 3x2x2.
+func RankGrid(n int) [3]int {
+	best := [3]int{n, 1, 1}
+	for a := 1; a*a*a <= n; a++ {
+		if n%a != 0 {
+			continue
+		}
+		for b := a; a*b*b <= n; b++ {
+			if (n/a)%b != 0 {
+				continue
+			}
+			// a <= b <= c; the closer c is to a, the more even.
+			if c := n / a / b; c-a < best[0]-best[2] {
+				best = [3]int{c, b, a}
+			}
+		}
+	}
+	return best
 }
 
 // JobBlocks is DefaultBlocks for the job rt belongs to: the ranks
@@ -91,7 +126,7 @@ func JobBlocks(ctx context.Context, rt *actor.Runtime, name string, nx, ny, nz i
 		}
 		procs += n
 	}
-	return DefaultBlocks(procs, nx, ny, nz), nil
+	return DefaultBlocks(procs, len(all), nx, ny, nz), nil
 }
 
 // normalize fills defaults and validates c for a job of size ranks.

@@ -150,17 +150,31 @@ func TestConfigErrors(t *testing.T) {
 		}
 	}
 	for _, c := range []struct {
-		procs int
-		want  [3]int
+		procs, ranks int
+		want         [3]int
 	}{
-		{1, [3]int{2, 2, 2}}, {4, [3]int{2, 2, 2}}, {5, [3]int{3, 3, 3}}, {32, [3]int{4, 4, 4}},
+		// Ranks with more than one processor: f^3 >= 2*procs.
+		{4, 2, [3]int{2, 2, 2}}, {5, 1, [3]int{3, 3, 3}}, {32, 16, [3]int{4, 4, 4}},
+		// One processor per rank: one block per rank.
+		{1, 1, [3]int{1, 1, 1}}, {2, 2, [3]int{2, 1, 1}}, {4, 4, [3]int{2, 2, 1}},
+		{8, 8, [3]int{2, 2, 2}}, {12, 12, [3]int{3, 2, 2}}, {7, 7, [3]int{7, 1, 1}},
 	} {
-		if b := DefaultBlocks(c.procs, 96, 96, 96); b != c.want {
-			t.Errorf("DefaultBlocks(%d) = %v, want %v", c.procs, b, c.want)
+		if b := DefaultBlocks(c.procs, c.ranks, 96, 96, 96); b != c.want {
+			t.Errorf("DefaultBlocks(%d procs, %d ranks) = %v, want %v", c.procs, c.ranks, b, c.want)
 		}
 	}
-	if b := DefaultBlocks(32, 96, 3, 1); b != [3]int{4, 3, 1} {
-		t.Errorf("DefaultBlocks(32) on a thin grid = %v", b)
+	if b := DefaultBlocks(32, 16, 96, 3, 1); b != [3]int{4, 3, 1} {
+		t.Errorf("DefaultBlocks(32, 16) on a thin grid = %v", b)
+	}
+	// One processor per rank, but the grid is too thin for the rank grid.
+	if b := DefaultBlocks(4, 4, 96, 1, 1); b != [3]int{2, 1, 1} {
+		t.Errorf("DefaultBlocks(4, 4) on a line = %v", b)
+	}
+	for n, want := range map[int][3]int{1: {1, 1, 1}, 2: {2, 1, 1}, 6: {3, 2, 1}, 9: {3, 3, 1},
+		16: {4, 2, 2}, 27: {3, 3, 3}, 30: {5, 3, 2}, 64: {4, 4, 4}, 13: {13, 1, 1}} {
+		if g := RankGrid(n); g != want {
+			t.Errorf("RankGrid(%d) = %v, want %v", n, g, want)
+		}
 	}
 }
 
@@ -311,7 +325,7 @@ func TestJobBlocks(t *testing.T) {
 			shapes <- b
 		}()
 	}
-	want := DefaultBlocks(3*runtime.GOMAXPROCS(0), 24, 24, 24)
+	want := DefaultBlocks(3*runtime.GOMAXPROCS(0), 3, 24, 24, 24)
 	for range rts {
 		if err := <-errs; err != nil {
 			t.Fatal(err)
