@@ -101,7 +101,7 @@ type Options struct {
 	// previous large message to the same rank left at least EagerGap
 	// before. UCX copies it through at once, so it moves whatever either
 	// side does next, and the receiver is spared the pull's read and
-	// acknowledgement (an 18 KiB round trip 18-23 -> 10-15 us). A dense
+	// acknowledgement (an 18 KiB round trip 22-25 -> 14 us). A dense
 	// stream of large messages is pulled (or sender-driven) instead: each
 	// eager one costs its receiver a reassembly and two copies, and a flood
 	// of them ran at half the rate (docs/actor.md, "Sparse large messages

@@ -16,26 +16,35 @@ import (
 // (mpiref/jacobi3d_mpi.c, what `make bench-jacobi-mpi` compares troupe with)
 // against the serial reference bit for bit: residual and field hash on a
 // cubic and a non-cubic grid, as a singleton and on 2 and 3 ranks, with and
-// without -overlap. It runs for each MPI whose compiler is installed and is
-// skipped where there is none (CI installs no MPI).
+// without -overlap, built as compare.sh builds it (scalar with -O2, and
+// vectorised with -O3 -march=native -ffinite-math-only -fno-signed-zeros).
+// It runs for each MPI whose compiler is installed and is skipped where
+// there is none (CI installs no MPI).
 func TestMPIReference(t *testing.T) {
 	found := false
+	builds := map[string][]string{
+		"scalar": {"-O2"},
+		"vec":    {"-O3", "-march=native", "-ffinite-math-only", "-fno-signed-zeros"},
+	}
 	for _, impl := range []string{"openmpi", "mpich"} {
 		cc, err := exec.LookPath("mpicc." + impl)
 		if err != nil {
 			continue
 		}
 		found = true
-		t.Run(impl, func(t *testing.T) { testMPIReference(t, impl, cc) })
+		for name, flags := range builds {
+			t.Run(impl+"/"+name, func(t *testing.T) { testMPIReference(t, impl, cc, flags) })
+		}
 	}
 	if !found {
 		t.Skip("no MPI compiler (mpicc.openmpi, mpicc.mpich): `make bench-jacobi-mpi` installs both")
 	}
 }
 
-func testMPIReference(t *testing.T, impl, cc string) {
+func testMPIReference(t *testing.T, impl, cc string, flags []string) {
 	bin := filepath.Join(t.TempDir(), "jacobi3d_mpi")
-	if out, err := exec.Command(cc, "-O2", "-ffp-contract=off", "-Wno-stringop-overflow", "-o", bin, "mpiref/jacobi3d_mpi.c", "-lm").CombinedOutput(); err != nil {
+	args := append(append([]string{}, flags...), "-ffp-contract=off", "-Wno-stringop-overflow", "-o", bin, "mpiref/jacobi3d_mpi.c", "-lm")
+	if out, err := exec.Command(cc, args...).CombinedOutput(); err != nil {
 		t.Fatalf("%s: %v\n%s", cc, err, out)
 	}
 	grids := [][3]int{{24, 24, 24}, {20, 12, 16}}
