@@ -86,11 +86,10 @@ func (b Block) Idx(i, j, k int) int { return (i + 1) + b.SX*(j+1) + b.SXY*(k+1) 
 // (sweep_amd64.s), with the same bits as the Go loop; build with the tag
 // purego, or set haveAVX2 to false in a test, for the Go loop alone.
 func (b Block) Sweep(u, v []float64) float64 {
-	r := 0.0
-	if n := b.Len(); haveAVX2 && b.NX > 0 && b.NY > 0 && b.NZ > 0 && len(u) >= n && len(v) >= n {
-		at := b.Idx(0, 0, 0)
-		return sweepAVX2(&v[at], &u[at], b.NX, b.NY, b.NZ, b.SX, b.SXY, r, C7)
+	if r, ok := sweepAsm(b, u, v); ok {
+		return r
 	}
+	r := 0.0
 	for k := 0; k < b.NZ; k++ {
 		r = sweepPlane(v, u, b.Idx(0, 0, k), b.NX, b.NY, b.SX, b.SXY, r)
 	}

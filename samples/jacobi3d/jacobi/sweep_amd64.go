@@ -10,6 +10,16 @@ import "golang.org/x/sys/cpu"
 // which does not depend on the order it is taken in.
 var haveAVX2 = cpu.X86.HasAVX2
 
+// sweepAsm sweeps block b with the AVX2 kernel when the CPU has it and u
+// and v hold the block's padded storage, and reports whether it did.
+func sweepAsm(b Block, u, v []float64) (float64, bool) {
+	if n := b.Len(); !haveAVX2 || b.NX <= 0 || b.NY <= 0 || b.NZ <= 0 || len(u) < n || len(v) < n {
+		return 0, false
+	}
+	at := b.Idx(0, 0, 0)
+	return sweepAVX2(&v[at], &u[at], b.NX, b.NY, b.NZ, b.SX, b.SXY, 0, C7), true
+}
+
 // sweepAVX2 sweeps the nz planes of ny rows of nx points of a block whose
 // first interior point is *u (read) and *v (written), with strides sx and
 // sxy, and returns max(r, the largest |v - u|). Every point it reads lies
