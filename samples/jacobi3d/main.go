@@ -55,6 +55,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	blocks := fs.String("blocks", "", "actor array shape AxBxC (default: one block per rank when every rank has one processor (GOMAXPROCS), else f x f x f, the smallest f with f^3 >= 2 x the processors of all ranks)")
 	tol := fs.Float64("tol", 0, "stop once the residual is <= tol (0: run warmup+iters sweeps)")
 	every := fs.Int("every", 1, "reduce the residual every N sweeps (and after the last)")
+	wholeSweep := fs.Bool("whole-sweep", false, "sweep each block whole before sending its faces (default: the slabs next to the neighbours first, their faces sent while the rest is swept)")
 	check := fs.Bool("check", false, "compare with a serial reference on rank 0 (default: on when the grid has at most 48^3 points)")
 	timeout := fs.Duration("timeout", 10*time.Minute, "give up after this long")
 	cpuProfile := fs.String("cpuprofile", "", "write each rank's CPU profile to FILE.RANK")
@@ -64,7 +65,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	cfg := jacobi.Config{NX: *grid, NY: *grid, NZ: *grid, Warmup: *warmup, Iters: *iters, Tol: *tol, ReduceEvery: *every}
+	cfg := jacobi.Config{NX: *grid, NY: *grid, NZ: *grid, Warmup: *warmup, Iters: *iters, Tol: *tol, ReduceEvery: *every, WholeSweep: *wholeSweep}
 	if err := gpuFlags(fs, *useGPU, *gpuAPI, &cfg); err != nil {
 		fmt.Fprintln(stderr, "jacobi3d:", err)
 		return 2

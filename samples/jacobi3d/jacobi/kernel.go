@@ -86,14 +86,81 @@ func (b Block) Idx(i, j, k int) int { return (i + 1) + b.SX*(j+1) + b.SXY*(k+1) 
 // (sweep_amd64.s), with the same bits as the Go loop; build with the tag
 // purego, or set haveAVX2 to false in a test, for the Go loop alone.
 func (b Block) Sweep(u, v []float64) float64 {
-	if r, ok := sweepAsm(b, u, v); ok {
+	return b.SweepPart(u, v, b.Whole(), 0)
+}
+
+// Part is the points Lo <= (i, j, k) < Hi of a block's interior, in box
+// coordinates.
+type Part struct {
+	Lo, Hi [3]int
+}
+
+// Whole is the part that is the block's whole interior.
+func (b Block) Whole() Part { return Part{Hi: [3]int{b.NX, b.NY, b.NZ}} }
+
+// empty says whether p holds no point.
+func (p Part) empty() bool { return p.Lo[0] >= p.Hi[0] || p.Lo[1] >= p.Hi[1] || p.Lo[2] >= p.Hi[2] }
+
+// SweepPart is Sweep restricted to part p: it writes the new values of p's
+// points into v and returns max(r, their largest |v - u|). Parts that tile
+// the interior, swept one after another with r passed on, give exactly
+// Sweep's field and residual (a point's arithmetic does not depend on its
+// part, and the residual is a maximum). A part reaching outside the
+// interior is clipped to it.
+func (b Block) SweepPart(u, v []float64, p Part, r float64) float64 {
+	n := [3]int{b.NX, b.NY, b.NZ}
+	for d := range 3 {
+		p.Lo[d], p.Hi[d] = max(p.Lo[d], 0), min(p.Hi[d], n[d])
+	}
+	if p.empty() {
 		return r
 	}
-	r := 0.0
-	for k := 0; k < b.NZ; k++ {
-		r = sweepPlane(v, u, b.Idx(0, 0, k), b.NX, b.NY, b.SX, b.SXY, r)
+	if res, ok := sweepAsm(b, u, v, p, r); ok {
+		return res
+	}
+	nx, ny := p.Hi[0]-p.Lo[0], p.Hi[1]-p.Lo[1]
+	for k := p.Lo[2]; k < p.Hi[2]; k++ {
+		r = sweepPlane(v, u, b.Idx(p.Lo[0], p.Lo[1], k), nx, ny, b.SX, b.SXY, r)
 	}
 	return r
+}
+
+// ShellDepthX is how many points deep Shell cuts the slab of an x face:
+// one AVX2 vector, so that the slab and the rest of each row both run four
+// points a step.
+const ShellDepthX = 4
+
+// Shell cuts the interior into the slabs next to the faces marked in faces
+// (one plane deep for y and z faces, ShellDepthX points for x faces, less
+// where the block is thinner) and the rest, core. Sweeping the shell first
+// gives the faces a neighbour needs before the whole block is swept: the
+// slabs hold every point of each marked face's plane. z slabs span the
+// whole x-y extent, y slabs the whole x extent between the z slabs, x slabs
+// what is left of their planes; together with core they tile the interior
+// without overlap.
+func (b Block) Shell(faces [NumDirs]bool) (shell []Part, core Part) {
+	core = b.Whole()
+	depth := [3]int{ShellDepthX, 1, 1}
+	for _, dim := range []int{2, 1, 0} {
+		for side := range 2 {
+			if !faces[2*dim+side] {
+				continue
+			}
+			slab := core
+			lo, hi := core.Lo[dim], core.Hi[dim]
+			if side == 0 {
+				slab.Hi[dim] = min(lo+depth[dim], hi)
+				core.Lo[dim] = slab.Hi[dim]
+			} else {
+				slab.Lo[dim] = max(hi-depth[dim], lo)
+				core.Hi[dim] = slab.Lo[dim]
+			}
+			if !slab.empty() {
+				shell = append(shell, slab)
+			}
+		}
+	}
+	return shell, core
 }
 
 // sweepPlane computes the ny rows of n points of one plane, the first

@@ -51,6 +51,13 @@ type Config struct {
 	// Run returns: two channel runs at once on one runtime would collide
 	// (transport.ErrChannelInUse); runs one after another are fine.
 	GPUAPI string
+	// WholeSweep sweeps each block whole before packing and sending its
+	// faces. By default a block with neighbours sweeps the slabs next to
+	// them first (Block.Shell), sends their faces, and then sweeps the
+	// rest, so that the faces travel while it computes; the field and the
+	// residual are the same bits either way. Host fields only: with GPU
+	// the device kernels sweep whole blocks.
+	WholeSweep bool
 	// Device is where the blocks live with GPU (nil: device 0 of
 	// gpu.Default()). It should be the runtime's device (actor.Options),
 	// where the runtime lands device payloads it has no buffer for.
@@ -68,7 +75,12 @@ func (c *Config) Sweeps() int { return c.Warmup + c.Iters }
 // MPI_Dims_create): a rank's blocks then run one after the other, and more
 // of them only add messages (grid 48, two ranks: 0.061-0.066 ms a sweep in
 // 2 blocks, 0.070-0.071 in 8; four ranks on two cores: 0.41 against 0.45-0.46
-// ms; docs/jacobi3d.md, "Blocks").
+// ms; docs/jacobi3d.md, "Blocks"). The largest count goes to z, the
+// smallest to x: z faces are contiguous planes and x faces one point per
+// row, which are dearer to sweep first, pack and unpack (grid 48 on two
+// ranks: 0.050-0.055 ms a sweep in 1x1x2 against 0.056-0.059 in 2x1x1;
+// grid 96: 0.28-0.29 against 0.31-0.33). Where the grid is too thin for
+// that order, the other is tried.
 //
 // Otherwise it is the same count f in every dimension, the smallest with
 // f^3 >= 2*procs (at least two blocks per processor, so that one computes
@@ -77,8 +89,11 @@ func (c *Config) Sweeps() int { return c.Warmup + c.Iters }
 // blocks, 0.15 in 8.
 func DefaultBlocks(procs, ranks, nx, ny, nz int) [3]int {
 	if procs == ranks {
-		if g := RankGrid(ranks); g[0] <= nx && g[1] <= ny && g[2] <= nz {
-			return g
+		g := RankGrid(ranks)
+		for _, o := range [][3]int{{g[2], g[1], g[0]}, g} {
+			if o[0] <= nx && o[1] <= ny && o[2] <= nz {
+				return o
+			}
 		}
 	}
 	f := 1
@@ -521,10 +536,17 @@ type block struct {
 	// msgs are the Halo messages, by side and parity like out: a neighbour
 	// on this rank gets the message itself and is done with it by the
 	// same argument, one on another rank got it encoded by Send.
-	msgs    [NumDirs][2]Halo
-	remote  [NumDirs]bool // the neighbour on that side is on another rank
-	kernel  time.Duration // kernel time of sweeps after the warm-up
-	kernelW time.Duration // kernel time of warm-up sweeps
+	msgs   [NumDirs][2]Halo
+	remote [NumDirs]bool // the neighbour on that side is on another rank
+	// early are the faces sent before the sweep is done: those for
+	// another rank, unless WholeSweep. shell are their slabs, swept (and
+	// the faces sent) before core, the rest. late are the other faces with
+	// a neighbour, sent after the whole sweep.
+	early, late [NumDirs]bool
+	shell       []Part
+	core        Part
+	kernel      time.Duration // kernel time of sweeps after the warm-up
+	kernelW     time.Duration // kernel time of warm-up sweeps
 }
 
 // haloRing holds the faces of the two iterations a block can have faces
@@ -590,6 +612,15 @@ func newBlock(el *actor.Element, rt *actor.Runtime, cfg *Config, rs *rankState, 
 		return b
 	}
 	b.u, b.v = make([]float64, geo.Len()), make([]float64, geo.Len())
+	for d, p := range b.nbr {
+		// Faces for another rank go out early: they have a trip to
+		// make. A neighbour on this rank gets its face as a pointer;
+		// sweeping a slab apart only costs (grid 48 on one rank of two
+		// processors, 2x2x2: 0.082 against 0.074 ms a sweep).
+		b.early[d] = b.remote[d] && !cfg.WholeSweep
+		b.late[d] = p != nil && !b.early[d]
+	}
+	b.shell, b.core = geo.Shell(b.early)
 	for d, p := range b.nbr {
 		if p == nil {
 			// Global boundary: the ghost plane holds the fixed value for good.
@@ -728,19 +759,29 @@ func (b *block) step() {
 			}
 			b.halos.done(b.sweep)
 		}
-		r := b.geo.Sweep(b.u, b.v)
-		b.u, b.v = b.v, b.u
+		old, nw := b.u, b.v
 		b.sweep++
-		var faces [NumDirs][]float64
 		last := b.final > 0 && b.sweep == b.final
+		r, rest := 0.0, b.geo.Whole()
+		if !last && len(b.shell) > 0 {
+			// The early faces first: their slabs, packed and sent while
+			// the rest of the block is swept (the neighbours' next
+			// sweeps wait for them, this block's rest waits for nothing).
+			for _, p := range b.shell {
+				r = b.geo.SweepPart(old, nw, p, r)
+			}
+			faces := b.packFaces(nw, b.early)
+			b.addKernel(time.Since(start))
+			b.send(faces)
+			start, rest = time.Now(), b.core
+		}
+		r = b.geo.SweepPart(old, nw, rest, r)
+		b.u, b.v = nw, old
+		var faces [NumDirs][]float64
 		if !last {
-			faces = b.packFaces()
+			faces = b.packFaces(nw, b.late)
 		}
-		if el := time.Since(start); b.sweep > b.cfg.Warmup {
-			b.kernel += el
-		} else {
-			b.kernelW += el
-		}
+		b.addKernel(time.Since(start))
 		b.rs.end()
 		if !last {
 			b.send(faces)
@@ -770,11 +811,7 @@ func (b *block) deviceSweep(hs *haloSet) bool {
 	r, err := b.deviceStep(hs, last)
 	b.halos.done(b.sweep)
 	b.sweep++
-	if el := time.Since(start); b.sweep > b.cfg.Warmup {
-		b.kernel += el
-	} else {
-		b.kernelW += el
-	}
+	b.addKernel(time.Since(start))
 	b.rs.end()
 	if err != nil {
 		b.fail(err)
@@ -794,19 +831,28 @@ func (b *block) deviceSweep(hs *haloSet) bool {
 	return !b.failed
 }
 
-// packFaces copies the planes every neighbour needs out of u, into the
-// send buffers of the current sweep's parity.
-func (b *block) packFaces() [NumDirs][]float64 {
+// addKernel counts el as kernel time of the sweep just done (b.sweep).
+func (b *block) addKernel(el time.Duration) {
+	if b.sweep > b.cfg.Warmup {
+		b.kernel += el
+	} else {
+		b.kernelW += el
+	}
+}
+
+// packFaces copies the planes of the faces marked in which out of u, into
+// the send buffers of the current sweep's parity.
+func (b *block) packFaces(u []float64, which [NumDirs]bool) [NumDirs][]float64 {
 	var faces [NumDirs][]float64
-	for d, p := range b.nbr {
-		if p == nil {
+	for d := range b.nbr {
+		if !which[d] {
 			continue
 		}
 		f := &b.out[d][b.sweep%2]
 		if *f == nil {
 			*f = make([]float64, b.geo.FaceLen(d))
 		}
-		_ = b.geo.PackFaceTo(*f, b.u, d) // the length is right
+		_ = b.geo.PackFaceTo(*f, u, d) // the length is right
 		faces[d] = *f
 	}
 	return faces
@@ -815,16 +861,20 @@ func (b *block) packFaces() [NumDirs][]float64 {
 // sendFaces sends the current field's faces (used for sweep 0).
 func (b *block) sendFaces() {
 	b.rs.begin()
-	faces := b.packFaces()
+	var all [NumDirs]bool
+	for d, p := range b.nbr {
+		all[d] = p != nil
+	}
+	faces := b.packFaces(b.u, all)
 	b.rs.end()
 	b.send(faces)
 }
 
-// send sends face d to the neighbour on side d, where it fills the
-// opposite face's ghost plane.
+// send sends each face d given to the neighbour on side d, where it fills
+// the opposite face's ghost plane.
 func (b *block) send(faces [NumDirs][]float64) {
 	for d, p := range b.nbr {
-		if p == nil {
+		if p == nil || faces[d] == nil {
 			continue
 		}
 		m := &b.msgs[d][b.sweep%2]

@@ -71,7 +71,8 @@ func runAll(t *testing.T, rts []*actor.Runtime, cfg Config) *Result {
 }
 
 // TestRunMatchesSerial runs the actor-array solver on 2 and 4 in-process
-// ranks, with even and uneven blocks and several reduction intervals, and
+// ranks, with even and uneven blocks (some thinner than the x slab of a
+// face sent early), several reduction intervals, and whole sweeps, and
 // requires the field bit for bit equal to the serial reference.
 func TestRunMatchesSerial(t *testing.T) {
 	for _, n := range []int{2, 4} {
@@ -82,13 +83,17 @@ func TestRunMatchesSerial(t *testing.T) {
 			warmup int
 			iters  int
 			every  int
+			whole  bool
 		}{
-			{[3]int{24, 24, 24}, [3]int{2, 2, 2}, 10, 20, 1},
-			{[3]int{13, 10, 11}, [3]int{3, 2, 4}, 3, 14, 4},
-			{[3]int{12, 12, 12}, [3]int{4, 1, 1}, 0, 7, 3},
+			{[3]int{24, 24, 24}, [3]int{2, 2, 2}, 10, 20, 1, false},
+			{[3]int{24, 24, 24}, [3]int{2, 2, 2}, 10, 20, 1, true},
+			{[3]int{13, 10, 11}, [3]int{3, 2, 4}, 3, 14, 4, false},
+			{[3]int{12, 12, 12}, [3]int{4, 1, 1}, 0, 7, 3, false},
+			{[3]int{12, 12, 12}, [3]int{1, 1, 4}, 2, 7, 1, false},
 		} {
 			cfg := Config{Name: fmt.Sprintf("j%d-%d", n, i), NX: tc.grid[0], NY: tc.grid[1], NZ: tc.grid[2],
-				Blocks: tc.blocks, Warmup: tc.warmup, Iters: tc.iters, ReduceEvery: tc.every, Check: true}
+				Blocks: tc.blocks, Warmup: tc.warmup, Iters: tc.iters, ReduceEvery: tc.every, Check: true,
+				WholeSweep: tc.whole}
 			res := runAll(t, rts, cfg)
 			field, r := Serial(tc.grid[0], tc.grid[1], tc.grid[2], cfg.Sweeps())
 			if !res.Checked || !res.Pass || res.MaxAbsDiff != 0 {
@@ -156,8 +161,8 @@ func TestConfigErrors(t *testing.T) {
 		// Ranks with more than one processor: f^3 >= 2*procs.
 		{4, 2, [3]int{2, 2, 2}}, {5, 1, [3]int{3, 3, 3}}, {32, 16, [3]int{4, 4, 4}},
 		// One processor per rank: one block per rank.
-		{1, 1, [3]int{1, 1, 1}}, {2, 2, [3]int{2, 1, 1}}, {4, 4, [3]int{2, 2, 1}},
-		{8, 8, [3]int{2, 2, 2}}, {12, 12, [3]int{3, 2, 2}}, {7, 7, [3]int{7, 1, 1}},
+		{1, 1, [3]int{1, 1, 1}}, {2, 2, [3]int{1, 1, 2}}, {4, 4, [3]int{1, 2, 2}},
+		{8, 8, [3]int{2, 2, 2}}, {12, 12, [3]int{2, 2, 3}}, {7, 7, [3]int{1, 1, 7}},
 	} {
 		if b := DefaultBlocks(c.procs, c.ranks, 96, 96, 96); b != c.want {
 			t.Errorf("DefaultBlocks(%d procs, %d ranks) = %v, want %v", c.procs, c.ranks, b, c.want)
@@ -166,9 +171,14 @@ func TestConfigErrors(t *testing.T) {
 	if b := DefaultBlocks(32, 16, 96, 3, 1); b != [3]int{4, 3, 1} {
 		t.Errorf("DefaultBlocks(32, 16) on a thin grid = %v", b)
 	}
-	// One processor per rank, but the grid is too thin for the rank grid.
+	// One processor per rank, but the grid is too thin for the rank grid
+	// in either order.
 	if b := DefaultBlocks(4, 4, 96, 1, 1); b != [3]int{2, 1, 1} {
 		t.Errorf("DefaultBlocks(4, 4) on a line = %v", b)
+	}
+	// A flat grid takes the rank grid largest first, along x.
+	if b := DefaultBlocks(4, 4, 96, 96, 1); b != [3]int{2, 2, 1} {
+		t.Errorf("DefaultBlocks(4, 4) on a plane = %v", b)
 	}
 	for n, want := range map[int][3]int{1: {1, 1, 1}, 2: {2, 1, 1}, 6: {3, 2, 1}, 9: {3, 3, 1},
 		16: {4, 2, 2}, 27: {3, 3, 3}, 30: {5, 3, 2}, 64: {4, 4, 4}, 13: {13, 1, 1}} {

@@ -10,21 +10,22 @@ import "golang.org/x/sys/cpu"
 // which does not depend on the order it is taken in.
 var haveAVX2 = cpu.X86.HasAVX2
 
-// sweepAsm sweeps block b with the AVX2 kernel when the CPU has it and u
-// and v hold the block's padded storage, and reports whether it did.
-func sweepAsm(b Block, u, v []float64) (float64, bool) {
-	if n := b.Len(); !haveAVX2 || b.NX <= 0 || b.NY <= 0 || b.NZ <= 0 || len(u) < n || len(v) < n {
+// sweepAsm sweeps part p (inside the interior, not empty) of block b with
+// the AVX2 kernel, starting from residual r, when the CPU has it and u and
+// v hold the block's padded storage, and reports whether it did.
+func sweepAsm(b Block, u, v []float64, p Part, r float64) (float64, bool) {
+	if n := b.Len(); !haveAVX2 || len(u) < n || len(v) < n {
 		return 0, false
 	}
-	at := b.Idx(0, 0, 0)
-	return sweepAVX2(&v[at], &u[at], b.NX, b.NY, b.NZ, b.SX, b.SXY, 0, C7), true
+	at := b.Idx(p.Lo[0], p.Lo[1], p.Lo[2])
+	return sweepAVX2(&v[at], &u[at], p.Hi[0]-p.Lo[0], p.Hi[1]-p.Lo[1], p.Hi[2]-p.Lo[2], b.SX, b.SXY, r, C7), true
 }
 
-// sweepAVX2 sweeps the nz planes of ny rows of nx points of a block whose
-// first interior point is *u (read) and *v (written), with strides sx and
-// sxy, and returns max(r, the largest |v - u|). Every point it reads lies
-// within one stride sxy of the interior, so the block's padded storage
-// holds them all.
+// sweepAVX2 sweeps the nz planes of ny rows of nx points of a box whose
+// first point is *u (read) and *v (written), with strides sx and sxy, and
+// returns max(r, the largest |v - u|). The box lies in a block's interior,
+// and every point it reads within one stride sxy of it, so the block's
+// padded storage holds them all.
 //
 //go:noescape
 func sweepAVX2(v, u *float64, nx, ny, nz, sx, sxy int, r, c7 float64) float64

@@ -4,12 +4,13 @@
 
 // func sweepAVX2(v, u *float64, nx, ny, nz, sx, sxy int, r, c7 float64) float64
 //
-// v and u point at the block's first interior point, Idx(0, 0, 0). Four
-// points per step, in the reference's order of operations, each add and the
-// multiply rounded separately (no FMA); a row's last nx%4 points one at a
-// time. The residual is kept as a vector of running maxima: VMAXPD returns
-// its second source when the other is NaN, so, as in the Go loop, a NaN
-// change never becomes the residual.
+// v and u point at the first point of the box to sweep (a block's whole
+// interior, or part of it: Block.SweepPart). Four points per step, in the
+// reference's order of operations, each add and the multiply rounded
+// separately (no FMA); a row's last nx%4 points one at a time. The
+// residual is kept as a vector of running maxima: VMAXPD returns its
+// second source when the other is NaN, so, as in the Go loop, a NaN change
+// never becomes the residual.
 //
 // Registers: R14 the plane's first point in u, DI the row's, SI the point's;
 // R10 v - u in bytes (a point of v is at (SI)(R10*1)); R8 sx*8, R11 -sx*8,

@@ -6,4 +6,4 @@ package jacobi
 var haveAVX2 = false
 
 // sweepAsm reports that there is no assembly kernel: Sweep runs the Go loop.
-func sweepAsm(b Block, u, v []float64) (float64, bool) { return 0, false }
+func sweepAsm(b Block, u, v []float64, p Part, r float64) (float64, bool) { return 0, false }

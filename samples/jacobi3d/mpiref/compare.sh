@@ -15,16 +15,21 @@
 # warm-up, while its heap grows into fresh pages, as benchmarks of MPI
 # libraries skip theirs; -W 10 -I 100 are the programs' own defaults).
 #
-# usage: samples/jacobi3d/mpiref/compare.sh [-g "48 96"] [-n "1 2 4"] [-r 3] [-o] [-p split] [-s] [-W 200] [-I 500]
+# Both cut the grid the same way: one block per rank, the largest rank
+# count along z, whose faces are contiguous planes (with -x: along x, the
+# order MPI_Dims_create's counts come in, as both did before 2026-11-24).
+#
+# usage: samples/jacobi3d/mpiref/compare.sh [-g "48 96"] [-n "1 2 4"] [-r 3] [-o] [-p split] [-s] [-x] [-W 200] [-I 500]
 #   -g grids, -n rank counts, -r rounds, -o: MPI with -overlap (interior swept
 #   while halos travel), -p: troupe run --procs (default split), -s: scalar
-#   stencils on both sides, -W warm-up sweeps, -I timed sweeps.
+#   stencils on both sides, -x: largest rank count along x (1, 2, 3, 4 or 8
+#   ranks), -W warm-up sweeps, -I timed sweeps.
 # Expects bin/troupe and bin/jacobi3d (make build) and mpicc.openmpi and
 # mpicc.mpich (make bench-jacobi-mpi installs them).
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
-grids="48 96" ranks="1 2 4" rounds=3 overlap="" procs=split scalar="" warmup=200 iters=500
-while getopts "g:n:r:op:sW:I:" opt; do
+grids="48 96" ranks="1 2 4" rounds=3 overlap="" procs=split scalar="" xsplit="" warmup=200 iters=500
+while getopts "g:n:r:op:sxW:I:" opt; do
 	case $opt in
 	g) grids=$OPTARG ;;
 	n) ranks=$OPTARG ;;
@@ -32,9 +37,10 @@ while getopts "g:n:r:op:sW:I:" opt; do
 	o) overlap=-overlap ;;
 	p) procs=$OPTARG ;;
 	s) scalar=1 ;;
+	x) xsplit=-xsplit ;;
 	W) warmup=$OPTARG ;;
 	I) iters=$OPTARG ;;
-	*) sed -n '2,24p' "$0" >&2; exit 2 ;;
+	*) sed -n '2,29p' "$0" >&2; exit 2 ;;
 	esac
 done
 src=samples/jacobi3d/mpiref/jacobi3d_mpi.c
@@ -54,13 +60,28 @@ done
 # --oversubscribe (with which it also yields when idle).
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 
+# xblocks prints troupe's -blocks for $1 ranks with the largest count along
+# x (what jacobi3d_mpi -xsplit does).
+xblocks() {
+	case $1 in
+	1) echo -blocks 1x1x1 ;;
+	2) echo -blocks 2x1x1 ;;
+	3) echo -blocks 3x1x1 ;;
+	4) echo -blocks 2x2x1 ;;
+	8) echo -blocks 2x2x2 ;;
+	*) echo "compare.sh: -x knows 1, 2, 3, 4 or 8 ranks, not $1" >&2; exit 2 ;;
+	esac
+}
+
 # run prints "iter_ms field_hash" of one run of program $1 on $2 ranks, grid $3.
 run() {
-	local out
+	local out shape=""
 	case $1 in
-	troupe) out=$(bin/troupe run -n "$2" --tls shm --procs "$procs" -- $jacobi -grid "$3" -warmup $warmup -iters $iters -check=false 2>&1 | sed 's/^\[0\] //') ;;
-	openmpi) out=$(mpirun.openmpi --oversubscribe -n "$2" bin/jacobi3d_mpi-openmpi-$kind -grid "$3" -warmup $warmup -iters $iters $overlap 2>&1) ;;
-	mpich) out=$(mpirun.mpich -n "$2" bin/jacobi3d_mpi-mpich-$kind -grid "$3" -warmup $warmup -iters $iters $overlap 2>&1) ;;
+	troupe)
+		[ -n "$xsplit" ] && shape=$(xblocks "$2")
+		out=$(bin/troupe run -n "$2" --tls shm --procs "$procs" -- $jacobi -grid "$3" -warmup $warmup -iters $iters -check=false $shape 2>&1 | sed 's/^\[0\] //') ;;
+	openmpi) out=$(mpirun.openmpi --oversubscribe -n "$2" bin/jacobi3d_mpi-openmpi-$kind -grid "$3" -warmup $warmup -iters $iters $overlap $xsplit 2>&1) ;;
+	mpich) out=$(mpirun.mpich -n "$2" bin/jacobi3d_mpi-mpich-$kind -grid "$3" -warmup $warmup -iters $iters $overlap $xsplit 2>&1) ;;
 	esac
 	local it h
 	it=$(awk '$1 == "iter_ms" {print $2}' <<<"$out")
@@ -73,7 +94,12 @@ run() {
 	echo "$it $h"
 }
 
-printf "# Jacobi3D, troupe (--procs %s) against MPI%s, %s stencils, %s warm-up + %s timed sweeps, %s round(s), best iter_ms (median ms per sweep) of each\n" "$procs" "${overlap:+ ($overlap)}" "$kind" "$warmup" "$iters" "$rounds"
+split=z
+if [ -n "$xsplit" ]; then
+	split=x
+	for n in $ranks; do xblocks "$n" >/dev/null || exit 2; done
+fi
+printf "# Jacobi3D, troupe (--procs %s) against MPI%s, %s stencils, largest rank count along %s, %s warm-up + %s timed sweeps, %s round(s), best iter_ms (median ms per sweep) of each\n" "$procs" "${overlap:+ ($overlap)}" "$kind" "$split" "$warmup" "$iters" "$rounds"
 printf "%-5s %-6s %12s %12s %12s %14s %s\n" grid ranks troupe openmpi mpich troupe/bestMPI field_hash
 for g in $grids; do
 	for n in $ranks; do

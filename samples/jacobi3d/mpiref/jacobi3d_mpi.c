@@ -3,10 +3,12 @@
  * project's shared problem statement) written the way an MPI user would, so
  * that troupe's samples/jacobi3d can be compared with Open MPI and MPICH on
  * the same machine. One block per rank on a 3-D Cartesian grid of ranks
- * (MPI_Dims_create), ghost layers exchanged with MPI_Isend/MPI_Irecv of
- * subarray datatypes, the residual reduced with MPI_Allreduce every -every
- * sweeps and after the last. With -overlap the interior is swept while the
- * halos travel and the outer shell after they arrive.
+ * (MPI_Dims_create, its largest count along z, whose faces are contiguous,
+ * as samples/jacobi3d does where the grid allows; along x with -xsplit),
+ * ghost layers exchanged with MPI_Isend/MPI_Irecv of subarray datatypes,
+ * the residual reduced with MPI_Allreduce every -every sweeps and after the
+ * last. With -overlap the interior is swept while the halos travel and
+ * the outer shell after they arrive.
  *
  * It prints, on rank 0, the same keys as samples/jacobi3d: sweeps, residual,
  * field_hash, iter_ms (median time per timed sweep at rank 0), mean_iter_ms
@@ -77,7 +79,7 @@ static double sweep(const struct box *b, const double *u, double *unew, int i0, 
 }
 
 static void usage(void) {
-	fprintf(stderr, "usage: jacobi3d_mpi [-grid N] [-nx N -ny N -nz N] [-iters N] [-warmup N] [-every K] [-overlap]\n");
+	fprintf(stderr, "usage: jacobi3d_mpi [-grid N] [-nx N -ny N -nz N] [-iters N] [-warmup N] [-every K] [-overlap] [-xsplit]\n");
 	MPI_Abort(MPI_COMM_WORLD, 2);
 }
 
@@ -86,13 +88,17 @@ int main(int argc, char **argv) {
 	int size, rank;
 	MPI_Comm_size(MPI_COMM_WORLD, &size);
 	MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-	int N[3] = {96, 96, 96}, iters = 100, warmup = 10, every = 1, overlap = 0;
+	int N[3] = {96, 96, 96}, iters = 100, warmup = 10, every = 1, overlap = 0, xsplit = 0;
 	for (int a = 1; a < argc; a++) {
 		const char *f = argv[a];
 		if (f[0] == '-' && f[1] == '-')
 			f++;
 		if (!strcmp(f, "-overlap")) {
 			overlap = 1;
+			continue;
+		}
+		if (!strcmp(f, "-xsplit")) {
+			xsplit = 1;
 			continue;
 		}
 		if (a + 1 >= argc)
@@ -120,6 +126,12 @@ int main(int argc, char **argv) {
 
 	int dims[3] = {0, 0, 0}, periods[3] = {0, 0, 0}, coords[3];
 	MPI_Dims_create(size, 3, dims);
+	if (!xsplit && dims[2] <= N[0] && dims[0] <= N[2]) {
+		/* Largest count along z, as jacobi.DefaultBlocks does. */
+		int t = dims[0];
+		dims[0] = dims[2];
+		dims[2] = t;
+	}
 	MPI_Comm cart;
 	MPI_Cart_create(MPI_COMM_WORLD, 3, dims, periods, 0, &cart);
 	MPI_Cart_coords(cart, rank, 3, coords);
