@@ -205,23 +205,28 @@ func TestBlocksMatchSerial(t *testing.T) {
 	}
 }
 
-// BenchmarkSweep times one sweep of a 16^3 block (grid 48 in the default
-// 3x3x3 blocks) and of a 48^3 and a 96^3 block (the grids of the MPI
-// comparison, docs/jacobi3d.md, on one block), in ns per point.
+// BenchmarkSweep times one sweep of a 16^3 block (grid 48 in 3x3x3
+// blocks), of a 48^3 and a 96^3 block (the grids of the MPI comparison,
+// docs/jacobi3d.md, on one rank) and of a 48x48x24 block (grid 48 on two
+// ranks), in ns per point, with each kernel this CPU has.
 func BenchmarkSweep(b *testing.B) {
-	for _, n := range []int{16, 48, 96} {
-		b.Run(fmt.Sprint(n), func(b *testing.B) {
-			blk := NewBlock(Box{NX: n, NY: n, NZ: n})
-			u, v := make([]float64, blk.Len()), make([]float64, blk.Len())
-			for i := range u {
-				u[i] = float64(i%7) / 7
-			}
-			b.ResetTimer()
-			for b.Loop() {
-				blk.Sweep(u, v)
-			}
-			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(n*n*n), "ns/point")
-		})
+	for _, n := range [][3]int{{16, 16, 16}, {48, 48, 48}, {96, 96, 96}, {48, 48, 24}} {
+		for _, k := range kernels() {
+			b.Run(fmt.Sprintf("%dx%dx%d/%s", n[0], n[1], n[2], k), func(b *testing.B) {
+				blk := NewBlock(Box{NX: n[0], NY: n[1], NZ: n[2]})
+				u, v := make([]float64, blk.Len()), make([]float64, blk.Len())
+				for i := range u {
+					u[i] = float64(i%7) / 7
+				}
+				withKernel(k, func() {
+					b.ResetTimer()
+					for b.Loop() {
+						blk.Sweep(u, v)
+					}
+				})
+				b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(n[0]*n[1]*n[2]), "ns/point")
+			})
+		}
 	}
 }
 

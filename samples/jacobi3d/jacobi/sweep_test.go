@@ -6,61 +6,110 @@ import (
 	"math/rand/v2"
 	"slices"
 	"testing"
+	"unsafe"
 )
 
-// sweepGo runs Sweep with the Go loop alone.
-func sweepGo(t testing.TB, b Block, u, v []float64) float64 {
-	t.Helper()
-	saved := haveAVX2
-	haveAVX2 = false
-	defer func() { haveAVX2 = saved }()
-	return b.Sweep(u, v)
+// kernels names the sweep kernels this CPU and build can run: the Go
+// loop, and the assembly ones.
+func kernels() []string {
+	ks := []string{"go"}
+	if haveAVX2 {
+		ks = append(ks, "avx2")
+	}
+	if haveAVX512 {
+		ks = append(ks, "avx512")
+	}
+	return ks
 }
 
-// TestSweepKernelsAgree sweeps blocks of every row length from 1 to 13
-// (every remainder modulo 4, rows with and without a vector part) with the
-// assembly kernel and with the Go loop, from the same random fields with
-// infinities and NaNs here and there, and wants the same bits in every
-// point of v (ghosts included: neither kernel may write them) and the same
-// residual.
+// withKernel runs f with Sweep using kernel k (one of kernels()).
+func withKernel(k string, f func()) {
+	saved2, saved512 := haveAVX2, haveAVX512
+	defer func() { haveAVX2, haveAVX512 = saved2, saved512 }()
+	haveAVX2 = saved2 && k != "go"
+	haveAVX512 = saved512 && k == "avx512"
+	f()
+}
+
+// sweepGo runs Sweep with the Go loop alone.
+func sweepGo(t testing.TB, b Block, u, v []float64) (r float64) {
+	t.Helper()
+	withKernel("go", func() { r = b.Sweep(u, v) })
+	return r
+}
+
+// TestSweepKernelsAgree sweeps blocks of every row length from 1 to 19
+// (every remainder modulo 8, rows with and without a vector part) and of
+// long rows (64 to 72 and 101 points, which the AVX-512 kernel starts on a
+// 64-byte boundary), the long ones from every 8-byte offset of a cache
+// line, with each assembly kernel and with the Go loop, from the same
+// random fields with infinities and NaNs here and there, and wants the same
+// bits in every point of v (ghosts included: no kernel may write them) and
+// the same residual.
 func TestSweepKernelsAgree(t *testing.T) {
 	if !haveAVX2 {
-		t.Skip("no AVX2 kernel on this machine or in this build (purego); Sweep runs the Go loop only")
+		t.Skip("no assembly kernel on this machine or in this build (purego); Sweep runs the Go loop only")
 	}
+	for _, k := range kernels()[1:] {
+		t.Run(k, func(t *testing.T) { withKernel(k, func() { sweepKernelAgrees(t, k) }) })
+	}
+}
+
+// sweepKernelAgrees is TestSweepKernelsAgree for kernel k, the one Sweep
+// runs.
+func sweepKernelAgrees(t *testing.T, k string) {
 	rng := rand.New(rand.NewPCG(7, 11))
-	for nx := 1; nx <= 13; nx++ {
+	rows := []int{64, 65, 66, 67, 68, 69, 70, 71, 72, 101}
+	for nx := 1; nx <= 19; nx++ {
+		rows = append(rows, nx)
+	}
+	for _, nx := range rows {
+		offsets := []int{0}
+		if nx >= 64 {
+			offsets = []int{0, 1, 2, 3, 4, 5, 6, 7}
+		}
 		for _, dims := range [][2]int{{1, 1}, {3, 2}, {5, 4}} {
 			b := NewBlock(Box{NX: nx, NY: dims[0], NZ: dims[1]})
 			for trial := range 4 {
-				u := make([]float64, b.Len())
-				for i := range u {
-					u[i] = rng.Float64()*2 - 1
-					switch x := rng.IntN(200); {
-					case trial > 1 && x == 0:
-						u[i] = math.NaN()
-					case trial > 1 && x == 1:
-						u[i] = math.Inf(1 - 2*rng.IntN(2))
+				for _, off := range offsets {
+					// The fields start off points past a 64-byte line.
+					u := aligned64(b.Len(), off)
+					for i := range u {
+						u[i] = rng.Float64()*2 - 1
+						switch x := rng.IntN(200); {
+						case trial > 1 && x == 0:
+							u[i] = math.NaN()
+						case trial > 1 && x == 1:
+							u[i] = math.Inf(1 - 2*rng.IntN(2))
+						}
 					}
-				}
-				vGo, vAsm := make([]float64, b.Len()), make([]float64, b.Len())
-				for i := range vGo {
-					vGo[i] = float64(-i)
-					vAsm[i] = float64(-i)
-				}
-				rGo := sweepGo(t, b, u, vGo)
-				rAsm := b.Sweep(u, vAsm)
-				what := fmt.Sprintf("%dx%dx%d trial %d", nx, dims[0], dims[1], trial)
-				if math.Float64bits(rGo) != math.Float64bits(rAsm) {
-					t.Fatalf("%s: residual %v (Go) and %v (AVX2)", what, rGo, rAsm)
-				}
-				for i := range vGo {
-					if math.Float64bits(vGo[i]) != math.Float64bits(vAsm[i]) {
-						t.Fatalf("%s: point %d is %v (Go) and %v (AVX2)", what, i, vGo[i], vAsm[i])
+					vGo, vAsm := make([]float64, b.Len()), aligned64(b.Len(), off)
+					for i := range vGo {
+						vGo[i] = float64(-i)
+						vAsm[i] = float64(-i)
+					}
+					rAsm := b.Sweep(u, vAsm)
+					rGo := sweepGo(t, b, u, vGo)
+					what := fmt.Sprintf("%dx%dx%d trial %d offset %d", nx, dims[0], dims[1], trial, off)
+					if math.Float64bits(rGo) != math.Float64bits(rAsm) {
+						t.Fatalf("%s: residual %v (Go) and %v (%s)", what, rGo, rAsm, k)
+					}
+					for i := range vGo {
+						if math.Float64bits(vGo[i]) != math.Float64bits(vAsm[i]) {
+							t.Fatalf("%s: point %d is %v (Go) and %v (%s)", what, i, vGo[i], vAsm[i], k)
+						}
 					}
 				}
 			}
 		}
 	}
+}
+
+// aligned64 returns n float64s starting off points past a 64-byte boundary.
+func aligned64(n, off int) []float64 {
+	buf := make([]float64, n+16)
+	skip := int((64 - uintptr(unsafe.Pointer(&buf[0]))%64) % 64 / 8)
+	return buf[skip+off:][:n]
 }
 
 // TestSweepShortStorage checks that a field too short for the block is not
@@ -135,21 +184,17 @@ func TestShellTiles(t *testing.T) {
 					}
 				}
 			}
-			for _, asm := range []bool{false, true} {
-				if asm && !haveAVX2 {
-					continue
-				}
-				saved := haveAVX2
-				haveAVX2 = asm
+			for _, k := range kernels() {
 				want, got := make([]float64, b.Len()), make([]float64, b.Len())
-				rWant := b.Sweep(u, want)
-				r := 0.0
-				for _, p := range append(slices.Clone(shell), core) {
-					r = b.SweepPart(u, got, p, r)
-				}
-				haveAVX2 = saved
+				var r, rWant float64
+				withKernel(k, func() {
+					rWant = b.Sweep(u, want)
+					for _, p := range append(slices.Clone(shell), core) {
+						r = b.SweepPart(u, got, p, r)
+					}
+				})
 				if math.Float64bits(r) != math.Float64bits(rWant) || !slices.Equal(got, want) {
-					t.Fatalf("%s (AVX2 %v): parts give residual %v, Sweep %v, or another field", what, asm, r, rWant)
+					t.Fatalf("%s (kernel %s): parts give residual %v, Sweep %v, or another field", what, k, r, rWant)
 				}
 			}
 		}
