@@ -52,7 +52,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	nz := fs.Int("nz", 0, "interior points in z (overrides -grid)")
 	iters := fs.Int("iters", 100, "timed sweeps (with -tol: the most sweeps after the warm-up)")
 	warmup := fs.Int("warmup", 10, "untimed sweeps before the timed ones")
-	blocks := fs.String("blocks", "", "actor array shape AxBxC (default: one block per rank when every rank has one processor (GOMAXPROCS), else f x f x f, the smallest f with f^3 >= 2 x the processors of all ranks)")
+	blocks := fs.String("blocks", "", "actor array shape AxBxC (default: one block per rank when every rank has one processor (GOMAXPROCS), else two per processor; as evenly as the count factors, the largest count along z)")
 	tol := fs.Float64("tol", 0, "stop once the residual is <= tol (0: run warmup+iters sweeps)")
 	every := fs.Int("every", 1, "reduce the residual every N sweeps (and after the last)")
 	wholeSweep := fs.Bool("whole-sweep", false, "sweep each block whole before sending its faces (default: the slabs next to the neighbours first, their faces sent while the rest is swept)")

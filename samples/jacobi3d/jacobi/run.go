@@ -71,33 +71,36 @@ func (c *Config) Sweeps() int { return c.Warmup + c.Iters }
 // with procs processors (GOMAXPROCS) in all.
 //
 // When every rank has one processor (procs == ranks) it is one block per
-// rank, the ranks arranged as evenly as they factor (RankGrid, like
-// MPI_Dims_create): a rank's blocks then run one after the other, and more
-// of them only add messages (grid 48, two ranks: 0.061-0.066 ms a sweep in
-// 2 blocks, 0.070-0.071 in 8; four ranks on two cores: 0.41 against 0.45-0.46
-// ms; docs/jacobi3d.md, "Blocks"). The largest count goes to z, the
-// smallest to x: z faces are contiguous planes and x faces one point per
-// row, which are dearer to sweep first, pack and unpack (grid 48 on two
-// ranks: 0.050-0.055 ms a sweep in 1x1x2 against 0.056-0.059 in 2x1x1;
-// grid 96: 0.28-0.29 against 0.31-0.33). Where the grid is too thin for
-// that order, the other is tried.
+// rank: a rank's blocks then run one after the other, and more of them only
+// add messages (grid 48, two ranks: 0.061-0.066 ms a sweep in 2 blocks,
+// 0.070-0.071 in 8; four ranks on two cores: 0.41 against 0.45-0.46 ms;
+// docs/jacobi3d.md, "Blocks"). Otherwise it is two blocks per processor, the
+// same number on every rank, so that one computes while another waits for
+// its faces (grid 48 on one rank of two processors: 0.087-0.089 ms a sweep
+// in 1x1x2, 0.052-0.058 in 1x1x4).
 //
-// Otherwise it is the same count f in every dimension, the smallest with
-// f^3 >= 2*procs (at least two blocks per processor, so that one computes
-// while another waits for its faces), capped by the grid. More blocks only
-// add messages: grid 48 on two ranks took 0.23-0.38 ms a sweep in 27
-// blocks, 0.15 in 8.
+// The blocks are arranged as evenly as their number factors (RankGrid, like
+// MPI_Dims_create), the largest count along z and the smallest along x: z
+// faces are contiguous planes and x faces one point per row, dearer to
+// sweep first, pack and unpack, and splitting x shortens the rows the
+// kernel runs along (grid 48 on two ranks: 0.050-0.055 ms a sweep in 1x1x2
+// against 0.056-0.059 in 2x1x1; grid 96 on one rank of two processors:
+// 0.28 in 1x2x2 against 0.41-0.43 in 2x2x2). Where the grid is too thin
+// for that order, the other is tried, and then the same count f in every
+// dimension, the smallest with f^3 >= the blocks wanted, capped by the grid.
 func DefaultBlocks(procs, ranks, nx, ny, nz int) [3]int {
-	if procs == ranks {
-		g := RankGrid(ranks)
-		for _, o := range [][3]int{{g[2], g[1], g[0]}, g} {
-			if o[0] <= nx && o[1] <= ny && o[2] <= nz {
-				return o
-			}
+	n := ranks
+	if procs != ranks {
+		n = ranks * ((2*procs + ranks - 1) / ranks)
+	}
+	g := RankGrid(n)
+	for _, o := range [][3]int{{g[2], g[1], g[0]}, g} {
+		if o[0] <= nx && o[1] <= ny && o[2] <= nz {
+			return o
 		}
 	}
 	f := 1
-	for f*f*f < 2*procs {
+	for f*f*f < n {
 		f++
 	}
 	return [3]int{min(f, nx), min(f, ny), min(f, nz)}

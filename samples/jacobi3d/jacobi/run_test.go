@@ -158,8 +158,10 @@ func TestConfigErrors(t *testing.T) {
 		procs, ranks int
 		want         [3]int
 	}{
-		// Ranks with more than one processor: f^3 >= 2*procs.
-		{4, 2, [3]int{2, 2, 2}}, {5, 1, [3]int{3, 3, 3}}, {32, 16, [3]int{4, 4, 4}},
+		// Ranks with more than one processor: two blocks per processor,
+		// as many on each rank.
+		{4, 2, [3]int{2, 2, 2}}, {5, 1, [3]int{1, 2, 5}}, {32, 16, [3]int{4, 4, 4}},
+		{2, 1, [3]int{1, 2, 2}}, {16, 1, [3]int{2, 4, 4}}, {5, 2, [3]int{1, 2, 5}},
 		// One processor per rank: one block per rank.
 		{1, 1, [3]int{1, 1, 1}}, {2, 2, [3]int{1, 1, 2}}, {4, 4, [3]int{1, 2, 2}},
 		{8, 8, [3]int{2, 2, 2}}, {12, 12, [3]int{2, 2, 3}}, {7, 7, [3]int{1, 1, 7}},
