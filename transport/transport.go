@@ -87,6 +87,11 @@ type Options struct {
 	// channel must agree, which the start-up exchange ensures
 	// (channel_ipc.go, docs/gpu.md).
 	DisableGPUIPC bool
+	// CPUYield says whether idle polls of the progress goroutine give the
+	// processor away (sched_yield) before it sleeps: by default
+	// (CPUYieldAuto) when the host has more ranks times GOMAXPROCS than
+	// processors. TROUPE_CPU_YIELD=auto|on|off in the environment wins.
+	CPUYield CPUYield
 	// NoCoalesce sends every PostAM as its own active message, even when
 	// the peer is not keeping up (also TROUPE_COALESCE=off); by default
 	// small posts to such a peer leave in bundles (coalesce.go).
@@ -194,6 +199,7 @@ type Transport struct {
 	chanDiscarded atomic.Uint64 // leftover channel chunks drained without the engine
 	cma           cmaState      // same-host zero copy (cma.go)
 	sameHost      []bool        // by rank: shares this rank's host (read-only after New)
+	cpuYield      bool          // idle polls call sched_yield (yield.go; read-only after New)
 	gipc          gpuIPCState   // CUDA IPC for channels (channel_ipc.go)
 	dimp          deviceImports // CUDA IPC copies for the layers above (device_ipc.go)
 
@@ -355,6 +361,9 @@ func New(ctx context.Context, opts Options) (*Transport, error) {
 	if err := t.cmaSetup(func(b []byte) ([][]byte, error) {
 		return opts.Bootstrap.AllGather(ctx, "troupe.transport.cma", b)
 	}); err != nil {
+		return fail(err)
+	}
+	if err := t.setupCPUYield(); err != nil {
 		return fail(err)
 	}
 	t.peers = make([]*peer, t.size)
@@ -662,6 +671,11 @@ func (t *Transport) loop() {
 			// after hundreds of microseconds on a small machine (8 B one
 			// way 300-600 us instead of 3-7; docs/transport.md).
 			runtime.Gosched()
+		}
+		if t.cpuYield {
+			// An oversubscribed host: the thread this rank waits for
+			// may need this processor (yield.go).
+			yieldCPU()
 		}
 		if polls&31 != 0 {
 			continue // read the clock only every 32 idle polls

@@ -52,11 +52,11 @@ type Config struct {
 	// (transport.ErrChannelInUse); runs one after another are fine.
 	GPUAPI string
 	// WholeSweep sweeps each block whole before packing and sending its
-	// faces. By default a block with neighbours sweeps the slabs next to
-	// them first (Block.Shell), sends their faces, and then sweeps the
-	// rest, so that the faces travel while it computes; the field and the
-	// residual are the same bits either way. Host fields only: with GPU
-	// the device kernels sweep whole blocks.
+	// faces. By default a block with neighbours on other ranks sweeps the
+	// slabs next to them first (Block.Shell), sends those faces, and then
+	// sweeps the rest, so that the faces travel while it computes; the
+	// field and the residual are the same bits either way. Host fields
+	// only: with GPU the device kernels sweep whole blocks.
 	WholeSweep bool
 	// Device is where the blocks live with GPU (nil: device 0 of
 	// gpu.Default()). It should be the runtime's device (actor.Options),
