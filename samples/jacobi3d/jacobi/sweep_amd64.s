@@ -6,6 +6,34 @@
 // point of v is at (SI)(R10*1)); R8 sx*8, R11 -sx*8, R9 sxy*8, R12 -sxy*8;
 // X14/Y14/Z14 the |x| mask, X15/Y15/Z15 c7.
 
+// LOAD_ARGS loads a kernel's arguments (both kernels have sweepAVX2's):
+// R10 v - u in bytes, R14 u, CX nx*8, BX nz, R8 sx*8, R9 sxy*8, R11 -sx*8,
+// R12 -sxy*8.
+#define LOAD_ARGS \
+	MOVQ v+0(FP), R10 \
+	MOVQ u+8(FP), R14 \
+	SUBQ R14, R10 \
+	MOVQ nx+16(FP), CX \
+	MOVQ nz+32(FP), BX \
+	MOVQ sx+40(FP), R8 \
+	MOVQ sxy+48(FP), R9 \
+	SHLQ $3, R8 \
+	SHLQ $3, R9 \
+	MOVQ R8, R11 \
+	NEGQ R11 \
+	MOVQ R9, R12 \
+	NEGQ R12 \
+	SHLQ $3, CX
+
+// MAX_INTO_X0 leaves the largest of Y0's four maxima and X5's in X0.
+#define MAX_INTO_X0 \
+	VEXTRACTF128 $1, Y0, X1 \
+	VMAXPD X1, X0, X0 \
+	VPERMILPD $1, X0, X1 \
+	VMAXPD X1, X0, X0 \
+	VMAXSD X5, X0, X0 \
+	VZEROUPPER
+
 // SCALAR_POINT sweeps the point at SI into the running maximum X5.
 #define SCALAR_POINT \
 	VMOVSD (SI), X1 \
@@ -53,20 +81,7 @@
 // Y0 running maxima (vector part), X5 running maximum (tails), Y14 the |x|
 // mask, Y15 c7.
 TEXT ·sweepAVX2(SB), NOSPLIT, $0-80
-	MOVQ v+0(FP), R10
-	MOVQ u+8(FP), R14
-	SUBQ R14, R10
-	MOVQ nx+16(FP), CX
-	MOVQ nz+32(FP), BX
-	MOVQ sx+40(FP), R8
-	MOVQ sxy+48(FP), R9
-	SHLQ $3, R8
-	SHLQ $3, R9
-	MOVQ R8, R11
-	NEGQ R11
-	MOVQ R9, R12
-	NEGQ R12
-	SHLQ $3, CX
+	LOAD_ARGS
 	MOVQ CX, R13
 	ANDQ $-32, R13
 	VBROADCASTSD r+56(FP), Y0
@@ -115,12 +130,7 @@ nextplane:
 	JMP plane
 
 done:
-	VEXTRACTF128 $1, Y0, X1
-	VMAXPD X1, X0, X0
-	VPERMILPD $1, X0, X1
-	VMAXPD X1, X0, X0
-	VMAXSD X5, X0, X0
-	VZEROUPPER
+	MAX_INTO_X0
 	MOVSD X0, ret+72(FP)
 	RET
 
@@ -140,20 +150,7 @@ done:
 // a full step; Z0 running maxima of the eight-wide steps, Y6 of the
 // four-wide one, X5 of single points.
 TEXT ·sweepAVX512(SB), NOSPLIT, $0-80
-	MOVQ v+0(FP), R10
-	MOVQ u+8(FP), R14
-	SUBQ R14, R10
-	MOVQ nx+16(FP), CX
-	MOVQ nz+32(FP), BX
-	MOVQ sx+40(FP), R8
-	MOVQ sxy+48(FP), R9
-	SHLQ $3, R8
-	SHLQ $3, R9
-	MOVQ R8, R11
-	NEGQ R11
-	MOVQ R9, R12
-	NEGQ R12
-	SHLQ $3, CX
+	LOAD_ARGS
 	VBROADCASTSD r+56(FP), Z0
 	VBROADCASTSD r+56(FP), Y6
 	VMOVSD r+56(FP), X5
@@ -234,11 +231,6 @@ done512:
 	VEXTRACTF64X4 $1, Z0, Y1
 	VMAXPD Y1, Y0, Y0
 	VMAXPD Y6, Y0, Y0
-	VEXTRACTF128 $1, Y0, X1
-	VMAXPD X1, X0, X0
-	VPERMILPD $1, X0, X1
-	VMAXPD X1, X0, X0
-	VMAXSD X5, X0, X0
-	VZEROUPPER
+	MAX_INTO_X0
 	MOVSD X0, ret+72(FP)
 	RET
