@@ -164,8 +164,15 @@ func actorTyped(typedMin int) scenario {
 			}
 			if r.id() == 0 {
 				sink := rt.PID(1, "typedsink")
+				timeout := actorTimeout
+				if raceEnabled {
+					// The sink checks every byte of a 273 MB nas_mg
+					// layout: under the race detector on a 2-vCPU
+					// machine that alone took 10-20 s.
+					timeout = 3 * actorTimeout
+				}
 				ask := func(msg any) error {
-					res, err := rt.Request(sink, msg, actorTimeout)
+					res, err := rt.Request(sink, msg, timeout)
 					if err != nil {
 						return err
 					}

@@ -527,6 +527,7 @@ type block struct {
 	final   int // the last sweep, 0 while unknown
 	started bool
 	done    bool // final sweep done and reported
+	oneP    bool // GOMAXPROCS was 1 when the block was made
 	failed  bool
 	halos   haloRing // faces by iteration: the input of sweep Iter+1
 	// out are the faces this block sends, by side and iteration parity.
@@ -595,7 +596,8 @@ type haloSet struct {
 func newBlock(el *actor.Element, rt *actor.Runtime, cfg *Config, rs *rankState, driver *pa.PID) *block {
 	ix, iy, iz := el.Index[0], el.Index[1], el.Index[2]
 	geo := NewBlock(BlockBox(cfg.NX, cfg.NY, cfg.NZ, cfg.Blocks, ix, iy, iz))
-	b := &block{el: el, rt: rt, cfg: cfg, rs: rs, driver: driver, self: selfPID(el), geo: geo}
+	b := &block{el: el, rt: rt, cfg: cfg, rs: rs, driver: driver, self: selfPID(el), geo: geo,
+		oneP: runtime.GOMAXPROCS(0) == 1}
 	a := el.Array
 	b.nbr = [NumDirs]*pa.PID{
 		a.Element(ix-1, iy, iz), a.Element(ix+1, iy, iz),
@@ -727,21 +729,15 @@ func (b *block) addHalo(m *Halo) error {
 	return nil
 }
 
-// step does every sweep the block can do now: allowed by the driver, with
-// all the faces of the current iteration in.
+// step does every sweep the block can do now (allowed by the driver, with
+// all the faces of the current iteration in), and finishes after the last.
 func (b *block) step() {
-	for !b.failed && !b.done {
+	for b.canStep() {
 		if b.final > 0 && b.sweep >= b.final {
 			b.finish()
 			return
 		}
-		if b.sweep >= b.granted {
-			return
-		}
 		hs := b.halos.current(b.sweep)
-		if b.need > 0 && (hs == nil || hs.n < b.need) {
-			return
-		}
 		if b.dv != nil {
 			if !b.deviceSweep(hs) {
 				return
@@ -793,7 +789,32 @@ func (b *block) step() {
 			b.contribute([]float64{r, float64(b.sweep)}, actor.Max)
 		}
 		b.rs.mark(b.sweep)
+		if b.oneP && b.canStep() {
+			// With one processor, let the goroutines this sweep made
+			// runnable (the array's manager with the contribution, the
+			// driver, the progress loop) run before the next: a block
+			// that could always go on (one block, no neighbours) kept the
+			// processor for the whole run (its mailbox yields only every
+			// 300 messages), and the driver saw every residual at the
+			// end. With more processors they run elsewhere, and yielding
+			// cost a third more time a sweep (grid 48, one rank of two).
+			runtime.Gosched()
+		}
 	}
+}
+
+// canStep reports whether step would do something now: finish, or sweep.
+func (b *block) canStep() bool {
+	switch {
+	case b.failed || b.done:
+		return false
+	case b.final > 0 && b.sweep >= b.final:
+		return true
+	case b.sweep >= b.granted:
+		return false
+	}
+	hs := b.halos.current(b.sweep)
+	return b.need == 0 || hs != nil && hs.n >= b.need
 }
 
 // deviceSweep is step's body in GPU mode: one sweep on the device with the

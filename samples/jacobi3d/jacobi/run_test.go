@@ -370,3 +370,22 @@ func TestIterMsWindows(t *testing.T) {
 		t.Fatalf("IterMs %v, MeanIterMs %v, want 0.1 ms each", res.IterMs, res.MeanIterMs)
 	}
 }
+
+// TestOneBlockOneProcessor runs one block on one rank with GOMAXPROCS 1:
+// the block must give the processor back between sweeps, so that the
+// driver timestamps residuals as they come. One block sweeps one sweep
+// after another, so the median time per sweep at the driver cannot be much
+// below the block's kernel time per sweep; when the block did all its
+// sweeps at once it read 0.0001 ms against a kernel time of 0.01-0.02.
+func TestOneBlockOneProcessor(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	rts := startLocal(t, 1)
+	cfg := Config{Name: "one-p", NX: 32, NY: 32, NZ: 32, Blocks: [3]int{1, 1, 1}, Warmup: 5, Iters: 200, Check: true}
+	res := runAll(t, rts, cfg)
+	if !res.Checked || !res.Pass {
+		t.Fatalf("check %v pass %v", res.Checked, res.Pass)
+	}
+	if res.IterMs < 0.5*res.KernelMs {
+		t.Fatalf("IterMs %.4f ms against KernelMs %.4f: the residuals reached the driver in a burst", res.IterMs, res.KernelMs)
+	}
+}
