@@ -89,8 +89,8 @@ type Options struct {
 	DisableGPUIPC bool
 	// CPUYield says whether idle polls of the progress goroutine give the
 	// processor away (sched_yield) before it sleeps: by default
-	// (CPUYieldAuto) when the host has more ranks times GOMAXPROCS than
-	// processors. TROUPE_CPU_YIELD=auto|on|off in the environment wins.
+	// (CPUYieldAuto) when the host has more ranks than processors.
+	// TROUPE_CPU_YIELD=auto|on|off in the environment wins.
 	CPUYield CPUYield
 	// NoCoalesce sends every PostAM as its own active message, even when
 	// the peer is not keeping up (also TROUPE_COALESCE=off); by default
