@@ -374,9 +374,12 @@ func TestIterMsWindows(t *testing.T) {
 // TestOneBlockOneProcessor runs one block on one rank with GOMAXPROCS 1:
 // the block must give the processor back between sweeps, so that the
 // driver timestamps residuals as they come. One block sweeps one sweep
-// after another, so the median time per sweep at the driver cannot be much
-// below the block's kernel time per sweep; when the block did all its
-// sweeps at once it read 0.0001 ms against a kernel time of 0.01-0.02.
+// after another, so the median time per sweep at the driver cannot be far
+// below the block's mean kernel time per sweep: when the block did all its
+// sweeps at once it read 0.0001 ms against a kernel time of 0.01-0.02
+// (under 1 %); since, 0.35-1.1 of it (the lower end under -race, where a
+// few slow sweeps raise the mean). Under -race the burst did not show even
+// without the fix (two runs): it is the plain `go test` that catches it.
 func TestOneBlockOneProcessor(t *testing.T) {
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
 	rts := startLocal(t, 1)
@@ -385,7 +388,7 @@ func TestOneBlockOneProcessor(t *testing.T) {
 	if !res.Checked || !res.Pass {
 		t.Fatalf("check %v pass %v", res.Checked, res.Pass)
 	}
-	if res.IterMs < 0.5*res.KernelMs {
+	if res.IterMs < 0.1*res.KernelMs {
 		t.Fatalf("IterMs %.4f ms against KernelMs %.4f: the residuals reached the driver in a burst", res.IterMs, res.KernelMs)
 	}
 }
