@@ -35,8 +35,10 @@ run: build
 # test: vet, then every package under the race detector (real UCX between real
 # processes for the transport and integration packages), then the actor flood
 # at full size (1,000,000 messages) without the race detector, where it judges
-# the receiving rank's RSS, and a short run of each fuzz target on top of its
-# committed seed corpus (actor/testdata/fuzz). The fuzz runs are bounded by an
+# the receiving rank's RSS, Jacobi3D's one-block timing check without it too
+# (under the race detector the scheduler hides what it checks), and a short
+# run of each fuzz target on top of its committed seed corpus
+# (actor/testdata/fuzz). The fuzz runs are bounded by an
 # execution count, not a duration: a duration races Go's fuzz coordinator on a
 # loaded machine and fails with "context deadline exceeded" and no crasher
 # (golang/go#75804).
@@ -49,6 +51,7 @@ test: deps
 	$(GO) test -run '^$$' -fuzz '^FuzzFastDecode$$' -fuzztime 20000x ./actor/
 	$(GO) test -run '^$$' -fuzz '^FuzzBundleFrames$$' -fuzztime 50000x ./transport/
 	UCX_LOG_LEVEL=error $(GO) test -count=1 -run '^TestActorFlood$$' ./integration/
+	$(GO) test -count=1 -run '^TestOneBlockOneProcessor$$' ./samples/jacobi3d/jacobi/
 	UCX_LOG_LEVEL=error $(GO) test -race -count=1 -timeout 20m $(RACE_PKGS)
 
 bench: build
