@@ -235,8 +235,10 @@ type pooledEncoder struct {
 // body and, if the type has a Payload field, its bytes (not in the body).
 func encodeBody(ct *codecType, msg any) (body []byte, payload []byte, err error) {
 	if ct.fast != nil {
-		body, payload = ct.fast.appendBody(nil, msg, reflect.TypeOf(msg).Kind() == reflect.Pointer)
-		return body, payload, nil
+		body, payload, ok := ct.fast.appendBody(nil, msg, reflect.TypeOf(msg).Kind() == reflect.Pointer)
+		if ok {
+			return body, payload, nil
+		}
 	}
 	return encodeBodySlow(ct, msg)
 }
@@ -244,8 +246,10 @@ func encodeBody(ct *codecType, msg any) (body []byte, payload []byte, err error)
 // appendBody is encodeBody appending the body to b; ptr says msg is a *T.
 func appendBody(b []byte, ct *codecType, msg any, ptr bool) (body []byte, payload []byte, err error) {
 	if ct.fast != nil {
-		body, payload = ct.fast.appendBody(b, msg, ptr)
-		return body, payload, nil
+		var ok bool
+		if body, payload, ok = ct.fast.appendBody(b, msg, ptr); ok {
+			return body, payload, nil
+		}
 	}
 	body, payload, err = encodeBodySlow(ct, msg)
 	return append(b, body...), payload, err

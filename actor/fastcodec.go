@@ -9,12 +9,13 @@ import (
 	"strings"
 	"unsafe"
 
+	pa "github.com/asynkron/protoactor-go/actor"
 	"github.com/vmihailenco/msgpack/v5"
 )
 
 // This file holds the codec's fast path: for registered types made only of
-// predeclared scalars, strings, byte slices and slices of numbers (and a
-// top-level Payload), a plan computed once at registration encodes and
+// predeclared scalars, strings, byte slices, slices of numbers, actor PIDs
+// and the runtime's nested values (and a top-level Payload), a plan computed once at registration encodes and
 // decodes values without reflection per call. It writes exactly the bytes
 // vmihailenco/msgpack writes for the type (TestFastCodecSameBytes checks),
 // so the two are interchangeable on the wire. Its decoder accepts only the
@@ -43,6 +44,8 @@ const (
 	fkString
 	fkBytes
 	fkSlice // a slice of elem
+	fkAny   // a nested value of any registered type (anyValue)
+	fkPID   // a *pa.PID: nil, or the map of its three exported fields
 )
 
 // fastScalars maps the predeclared types the fast path carries to their
@@ -114,10 +117,21 @@ func customCoded(t reflect.Type) bool {
 	return false
 }
 
+var (
+	anyValueType = reflect.TypeFor[anyValue]()
+	pidPtrType   = reflect.TypeFor[*pa.PID]()
+)
+
 // fastValueOf returns the plan of a value of type t, or false.
 func fastValueOf(t reflect.Type) (fastValue, bool) {
 	if k, ok := fastScalars[t]; ok {
 		return fastValue{kind: k}, true
+	}
+	switch t {
+	case anyValueType:
+		return fastValue{kind: fkAny}, true
+	case pidPtrType:
+		return fastValue{kind: fkPID}, true
 	}
 	if t == reflect.TypeFor[[]byte]() {
 		return fastValue{kind: fkBytes}, true
@@ -138,7 +152,7 @@ func newFastCodec(ct *codecType) *fastCodec {
 	}
 	if t.Kind() != reflect.Struct {
 		v, ok := fastValueOf(t)
-		if !ok {
+		if !ok || v.kind == fkAny || v.kind == fkPID {
 			return nil
 		}
 		return &fastCodec{value: v, payload: ^uintptr(0)}
@@ -177,6 +191,11 @@ func newFastCodec(ct *codecType) *fastCodec {
 		}
 		fc.fields = append(fc.fields, fastField{name: name, key: appendString(nil, name), off: f.Offset, fastValue: v})
 	}
+	// A struct of one pointer is stored in an interface as that pointer,
+	// which appendBody's view of a value message does not handle.
+	if len(fc.fields) == 1 && t.NumField() == 1 && fc.fields[0].kind == fkPID {
+		return nil
+	}
 	// At most 64 fields (a bit each in decode's mask). And at least one
 	// unless the struct is empty: a struct of unexported fields only may
 	// be pointer-shaped, which appendBody's view of a value message does
@@ -193,8 +212,11 @@ func efaceData(v any) unsafe.Pointer {
 }
 
 // appendBody appends msg's body (msg is a T or a non-nil *T of the plan's
-// type) and returns its Payload field, if any.
-func (fc *fastCodec) appendBody(b []byte, msg any, ptr bool) ([]byte, []byte) {
+// type) and returns its Payload field, if any. It reports false, having
+// appended garbage, when a nested value needs msgpack (an unregistered or
+// slow-coded type, or one msgpack refuses): the caller then encodes msg
+// that way, errors included.
+func (fc *fastCodec) appendBody(b []byte, msg any, ptr bool) ([]byte, []byte, bool) {
 	var p unsafe.Pointer
 	if ptr {
 		p = reflect.ValueOf(msg).UnsafePointer()
@@ -204,7 +226,7 @@ func (fc *fastCodec) appendBody(b []byte, msg any, ptr bool) ([]byte, []byte) {
 		p = efaceData(msg)
 	}
 	if !fc.isStruct {
-		return appendFast(b, &fc.value, p), nil
+		return appendFast(b, &fc.value, p), nil, true
 	}
 	var payload []byte
 	b = appendMapLen(b, len(fc.fields))
@@ -212,14 +234,74 @@ func (fc *fastCodec) appendBody(b []byte, msg any, ptr bool) ([]byte, []byte) {
 		f := &fc.fields[i]
 		b = append(b, f.key...)
 		fp := unsafe.Add(p, f.off)
-		if f.payload {
+		switch {
+		case f.payload:
 			payload = *(*[]byte)(fp)
 			b = append(b, 0xc0)
-			continue
+		case f.kind == fkAny:
+			var ok bool
+			if b, ok = appendAny(b, (*anyValue)(fp)); !ok {
+				return b, nil, false
+			}
+		case f.kind == fkPID:
+			b = appendPID(b, *(**pa.PID)(fp))
+		default:
+			b = appendFast(b, &f.fastValue, fp)
 		}
-		b = appendFast(b, &f.fastValue, fp)
 	}
-	return b, payload
+	return b, payload, true
+}
+
+// appendAny appends a nested value as anyValue.EncodeMsgpack writes it:
+// nil, or [type id (uint32), pointer flag, body (bin)]. It reports false
+// when the value's type has no fast plan or a Payload field (msgpack's
+// path then encodes it, or reports why it cannot).
+func appendAny(b []byte, a *anyValue) ([]byte, bool) {
+	if a.V == nil {
+		return append(b, 0xc0), true
+	}
+	ct, ptr, err := lookupType(a.V)
+	if err != nil || ct.fast == nil || ct.payload >= 0 {
+		return b, false
+	}
+	b = binary.BigEndian.AppendUint32(append(b, 0x93, 0xce), ct.id)
+	if ptr {
+		b = append(b, 0xc3)
+	} else {
+		b = append(b, 0xc2)
+	}
+	// The body goes after the longest bin header, which then moves up to
+	// its own length.
+	head := len(b)
+	b = append(b, 0, 0, 0, 0, 0)
+	b, _, ok := ct.fast.appendBody(b, a.V, ptr)
+	if !ok {
+		return b, false
+	}
+	n := len(b) - head - 5
+	hdr := appendBinLen(make([]byte, 0, 5), n)
+	copy(b[head+len(hdr):], b[head+5:])
+	copy(b[head:], hdr)
+	return b[:len(b)-(5-len(hdr))], true
+}
+
+// Keys of a PID's fields, as msgpack writes them.
+var (
+	pidAddressKey   = appendString(nil, "Address")
+	pidIDKey        = appendString(nil, "Id")
+	pidRequestIDKey = appendString(nil, "RequestId")
+)
+
+// appendPID appends a *pa.PID as msgpack writes it: nil, or the map of its
+// exported fields in declaration order.
+func appendPID(b []byte, pid *pa.PID) []byte {
+	if pid == nil {
+		return append(b, 0xc0)
+	}
+	b = append(b, 0x83)
+	b = appendString(append(b, pidAddressKey...), pid.Address)
+	b = appendString(append(b, pidIDKey...), pid.Id)
+	return binary.BigEndian.AppendUint32(append(append(b, pidRequestIDKey...), 0xce), pid.RequestId)
 }
 
 func appendMapLen(b []byte, n int) []byte {
@@ -590,8 +672,106 @@ func (r *fastReader) value(v *fastValue, p unsafe.Pointer) {
 		if !r.bad {
 			reflect.NewAt(v.typ, p).Elem().Set(s)
 		}
+	case fkAny:
+		r.anyValue((*anyValue)(p))
+	case fkPID:
+		r.pid((**pa.PID)(p))
 	default:
 		r.scalar(v.kind, p)
+	}
+}
+
+// anyValue reads what appendAny writes. A type this rank does not know, or
+// one without a fast plan, is left to msgpack (which reports the former).
+func (r *fastReader) anyValue(a *anyValue) {
+	c := r.byte()
+	if c == 0xc0 {
+		return // nil
+	}
+	if c != 0x93 {
+		r.bad = true
+		return
+	}
+	id := uint32(r.fixed(0xce, 4))
+	var ptr bool
+	switch r.byte() {
+	case 0xc2:
+	case 0xc3:
+		ptr = true
+	default:
+		r.bad = true
+	}
+	var n int
+	switch r.byte() {
+	case 0xc4:
+		n = int(r.be(1))
+	case 0xc5:
+		n = int(r.be(2))
+	case 0xc6:
+		n = int(r.be(4))
+	default:
+		r.bad = true
+	}
+	body := r.take(n)
+	if r.bad {
+		return
+	}
+	ct := lookupID(id)
+	if ct == nil || ct.fast == nil || ct.payload >= 0 {
+		r.bad = true
+		return
+	}
+	v, ok := ct.fast.decode(ct, body, ptr, nil)
+	if !ok {
+		r.bad = true
+		return
+	}
+	a.V = v
+}
+
+// pid reads what appendPID writes: nil, or a map of a PID's three fields
+// (in any order, each at most once).
+func (r *fastReader) pid(dst **pa.PID) {
+	c := r.byte()
+	if c == 0xc0 {
+		return // nil
+	}
+	if c&0xf0 != 0x80 || c&0x0f > 3 {
+		r.bad = true
+		return
+	}
+	pid := &pa.PID{}
+	var seen [3]bool
+	for i := 0; i < int(c&0x0f) && !r.bad; i++ {
+		key := r.take(r.strLen())
+		var k int
+		switch string(key) {
+		case "Address":
+			k = 0
+		case "Id":
+			k = 1
+		case "RequestId":
+			k = 2
+		default:
+			r.bad = true
+			return
+		}
+		if seen[k] {
+			r.bad = true
+			return
+		}
+		seen[k] = true
+		switch k {
+		case 0:
+			r.value(&fastValue{kind: fkString}, unsafe.Pointer(&pid.Address))
+		case 1:
+			r.value(&fastValue{kind: fkString}, unsafe.Pointer(&pid.Id))
+		default:
+			pid.RequestId = uint32(r.fixed(0xce, 4))
+		}
+	}
+	if !r.bad {
+		*dst = pid
 	}
 }
 

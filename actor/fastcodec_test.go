@@ -2,14 +2,17 @@ package actor
 
 import (
 	"bytes"
+	"encoding/binary"
 	"fmt"
 	"math"
 	"reflect"
 	"testing"
 	"time"
 
-	"github.com/troupe-hpc/troupe/gpu"
+	pa "github.com/asynkron/protoactor-go/actor"
 	"pgregory.net/rapid"
+
+	"github.com/troupe-hpc/troupe/gpu"
 )
 
 // fastAll has a field of every shape the fast codec carries, a renamed
@@ -63,6 +66,13 @@ type (
 		D0, D1, D2, D3, D4, D5, D6, D7, D8, D9                                                   int
 	}
 	fastArray struct{ A [2]int }
+	// fastRefs has the runtime's reference shapes: a PID and a nested value.
+	fastRefs struct {
+		N   int
+		To  *pa.PID
+		Val anyValue
+	}
+	fastOnePID struct{ P *pa.PID } // stored in an interface as the pointer
 )
 
 func (fastCustom) MarshalText() ([]byte, error) { return []byte("x"), nil }
@@ -70,10 +80,11 @@ func (fastCustom) MarshalText() ([]byte, error) { return []byte("x"), nil }
 func init() {
 	MustRegister[fastAll]()
 	MustRegister[fastSmall]()
+	MustRegister[fastRefs]()
 	for _, r := range []func() error{
 		Register[fastOmit], Register[fastNamed], Register[fastNested], Register[fastEmbed],
 		Register[fastPtr], Register[fastMap], Register[fastStrings], Register[fastTime],
-		Register[fastHidden], Register[fastCustom], Register[fastMany], Register[fastTooMany], Register[fastArray],
+		Register[fastHidden], Register[fastCustom], Register[fastMany], Register[fastTooMany], Register[fastArray], Register[fastOnePID],
 		Register[[]int], Register[celsius], Register[int8], Register[uint], Register[float32],
 	} {
 		if err := r(); err != nil {
@@ -93,12 +104,12 @@ func codecOf(t testing.TB, v any) *codecType {
 
 // TestFastCodecPlans: which registered types get the fast path.
 func TestFastCodecPlans(t *testing.T) {
-	for _, v := range []any{fastAll{}, fastSmall{}, fastMany{}, UndeliverableError{}, ping{}, pong{}, 0, int64(0), uint64(0), int8(0), uint(0), float32(0), 1.5, true, "", []byte{}, []int64{}, []float64{}, []int{}} {
+	for _, v := range []any{fastAll{}, fastSmall{}, fastMany{}, fastRefs{}, reducePartial{}, Reduced{}, arrayBroadcast{}, UndeliverableError{}, ping{}, pong{}, 0, int64(0), uint64(0), int8(0), uint(0), float32(0), 1.5, true, "", []byte{}, []int64{}, []float64{}, []int{}} {
 		if codecOf(t, v).fast == nil {
 			t.Errorf("%T has no fast plan", v)
 		}
 	}
-	for _, v := range []any{fastOmit{}, fastNamed{}, celsius(0), fastNested{}, fastEmbed{}, fastPtr{}, fastMap{}, fastStrings{}, fastTime{}, fastHidden{}, fastCustom{}, fastArray{}, fastTooMany{}, propMsg{}, benchDevMsg{}} {
+	for _, v := range []any{fastOmit{}, fastNamed{}, celsius(0), fastNested{}, fastEmbed{}, fastPtr{}, fastMap{}, fastStrings{}, fastTime{}, fastHidden{}, fastCustom{}, fastArray{}, fastTooMany{}, fastOnePID{}, propMsg{}, benchDevMsg{}} {
 		if codecOf(t, v).fast != nil {
 			t.Errorf("%T has a fast plan; msgpack must encode it", v)
 		}
@@ -139,7 +150,10 @@ func fastBytes(v any) []byte {
 	if err != nil || ct.fast == nil {
 		return nil
 	}
-	b, _ := ct.fast.appendBody(nil, v, ptr)
+	b, _, ok := ct.fast.appendBody(nil, v, ptr)
+	if !ok {
+		return nil
+	}
 	return b
 }
 
@@ -191,6 +205,10 @@ func TestFastCodecSameBytes(t *testing.T) {
 		check(t, &fastSmall{A: rapid.Int().Draw(t, "a"), B: rapid.Int().Draw(t, "b")})
 		check(t, fastMany{A3: rapid.Int().Draw(t, "a3"), A15: rapid.Int().Draw(t, "a15")})
 		check(t, &ping{N: rapid.Int().Draw(t, "n"), Text: rapid.String().Draw(t, "text")})
+		check(t, &fastRefs{N: rapid.Int().Draw(t, "n"), To: genPID.Draw(t, "to"), Val: anyValue{V: genNested.Draw(t, "val")}})
+		check(t, reducePartial{Round: rapid.Uint64().Draw(t, "round"), Op: Max, Target: genPID.Draw(t, "target"),
+			Value: anyValue{V: genNested.Draw(t, "value")}, FromRank: rapid.IntRange(0, 1000).Draw(t, "from")})
+		check(t, &Reduced{Array: "a", Round: 3, Op: Sum, Value: anyValue{V: genNested.Draw(t, "sum")}})
 		check(t, rapid.Int().Draw(t, "int"))
 		check(t, rapid.Int64().Draw(t, "int64"))
 		check(t, rapid.Int8().Draw(t, "int8"))
@@ -208,6 +226,65 @@ func TestFastCodecSameBytes(t *testing.T) {
 	// Edges of the compact integer forms, and empty (not nil) slices.
 	for _, n := range []int{0, 127, 128, 255, 256, 65535, 65536, math.MaxUint32, math.MaxUint32 + 1, math.MaxInt64, -1, -32, -33, -128, -129, -32768, -32769, math.MinInt32, math.MinInt32 - 1, math.MinInt64} {
 		rapid.Check(t, func(t *rapid.T) { check(t, &fastAll{I: n, Bs: []byte{}, Fs: []float64{}}) })
+	}
+	// Nested bodies on both sides of each bin header size.
+	for _, n := range []int{0, 251, 252, 253, 254, 65531, 65532, 65533, 65534, 70000} {
+		rapid.Check(t, func(t *rapid.T) { check(t, &fastRefs{Val: anyValue{V: make([]byte, n)}}) })
+	}
+}
+
+var (
+	// genNested draws values of registered fast types, bodies of every bin
+	// header size among them.
+	genNested = rapid.OneOf(
+		rapid.Just[any](nil),
+		rapid.Int().AsAny(),
+		rapid.Uint64().AsAny(),
+		rapid.String().AsAny(),
+		rapid.Custom(func(t *rapid.T) any { return nilIfEmpty(rapid.SliceOfN(rapid.Float64(), 0, 40).Draw(t, "fs")) }),
+		rapid.Custom(func(t *rapid.T) any { return rapid.SliceOfN(rapid.Byte(), 0, 70000).Draw(t, "bs") }),
+		rapid.Custom(func(t *rapid.T) any { return &fastSmall{A: rapid.Int().Draw(t, "a"), B: rapid.Int().Draw(t, "b")} }),
+		rapid.Custom(func(t *rapid.T) any { return fastSmall{A: rapid.Int().Draw(t, "a")} }),
+	)
+)
+
+// TestFastCodecNestedDefers: a nested value the fast path cannot write (a
+// slow-coded type, an unregistered one, one with a Payload) or read (a type
+// id this rank does not know) goes to msgpack, with msgpack's bytes, value
+// or error.
+func TestFastCodecNestedDefers(t *testing.T) {
+	ct := codecOf(t, fastRefs{})
+	type unregistered struct{ A int }
+	for _, v := range []any{fastMap{M: map[string]int{"a": 1}}, &fastNested{In: fastSmall{A: 2}}, unregistered{}, &fastAll{I: 1}} {
+		m := &fastRefs{N: 1, Val: anyValue{V: v}}
+		got, _, gerr := encodeBody(ct, m)
+		want, _, werr := encodeBodySlow(ct, m)
+		if (gerr == nil) != (werr == nil) || (gerr != nil && gerr.Error() != werr.Error()) || !bytes.Equal(got, want) {
+			t.Fatalf("%T nested: %x %v, msgpack alone %x %v", v, got, gerr, want, werr)
+		}
+		if gerr != nil {
+			continue
+		}
+		if _, ok := ct.fast.decode(ct, got, true, nil); ok {
+			t.Fatalf("%T nested: the fast decoder took a slow-coded nested body", v)
+		}
+		back, err := decodeBody(ct, got, true, nil)
+		if err != nil || !reflect.DeepEqual(back, m) {
+			t.Fatalf("%T nested: decoded %#v %v, want %#v", v, back, err, m)
+		}
+	}
+	// A nested type id nobody registered: msgpack's error.
+	body := fastBytes(&fastRefs{Val: anyValue{V: 5}})
+	id := binary.BigEndian.AppendUint32(nil, codecOf(t, 5).id)
+	i := bytes.Index(body, id)
+	if i < 0 {
+		t.Fatalf("no type id in %x", body)
+	}
+	copy(body[i:], []byte{0xde, 0xad, 0xbe, 0xef})
+	_, gerr := decodeBody(ct, body, true, nil)
+	_, werr := decodeBodySlow(ct, body, true, nil, gpu.Buffer{})
+	if gerr == nil || werr == nil || gerr.Error() != werr.Error() {
+		t.Fatalf("unknown nested type: %v, msgpack alone %v", gerr, werr)
 	}
 }
 
@@ -258,8 +335,9 @@ func TestFastDecodeDefers(t *testing.T) {
 // FuzzFastDecode: whatever the fast decoder accepts, msgpack decodes to
 // the same value (and the fast decoder never panics).
 func FuzzFastDecode(f *testing.F) {
-	types := []*codecType{codecOf(f, fastAll{}), codecOf(f, ping{}), codecOf(f, fastSmall{}), codecOf(f, 0), codecOf(f, ""), codecOf(f, []float64{}), codecOf(f, []byte{})}
-	for i, v := range []any{&fastAll{I: -3, S: "x", Bs: []byte{1}, Fs: []float64{2}, Data: Payload{4}}, &ping{N: 5, Text: "hi"}, &fastSmall{A: 1, B: -200}, 7, "seven", []float64{1, 2}, []byte{9}} {
+	types := []*codecType{codecOf(f, fastAll{}), codecOf(f, ping{}), codecOf(f, fastSmall{}), codecOf(f, 0), codecOf(f, ""), codecOf(f, []float64{}), codecOf(f, []byte{}), codecOf(f, fastRefs{})}
+	for i, v := range []any{&fastAll{I: -3, S: "x", Bs: []byte{1}, Fs: []float64{2}, Data: Payload{4}}, &ping{N: 5, Text: "hi"}, &fastSmall{A: 1, B: -200}, 7, "seven", []float64{1, 2}, []byte{9},
+		&fastRefs{N: 2, To: &pa.PID{Address: "r1", Id: "x", RequestId: 3}, Val: anyValue{V: &fastSmall{A: 4}}}} {
 		f.Add(uint8(i), fastBytes(v))
 	}
 	f.Fuzz(func(t *testing.T, which uint8, b []byte) {
@@ -303,4 +381,36 @@ func BenchmarkFloat64s(b *testing.B) {
 			b.SetBytes(int64(8 * n))
 		})
 	}
+}
+
+// BenchmarkReducePartial encodes and decodes a rank's reduction partial
+// (Jacobi3D's residual and sweep), fast path against msgpack's reflection.
+func BenchmarkReducePartial(b *testing.B) {
+	ct := codecOf(b, reducePartial{})
+	m := &reducePartial{Round: 1234, Op: Max, Target: &pa.PID{Address: "troupe/0", Id: "$driver", RequestId: 0},
+		Value: anyValue{V: []float64{1.25e-5, 1234}}, FromRank: 1}
+	b.Run("fast", func(b *testing.B) {
+		var buf []byte
+		for b.Loop() {
+			body, _, err := appendBody(buf[:0], ct, m, true)
+			if err != nil {
+				b.Fatal(err)
+			}
+			buf = body
+			if _, err := decodeBody(ct, body, true, nil); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("msgpack", func(b *testing.B) {
+		for b.Loop() {
+			body, _, err := encodeBodySlow(ct, m)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if _, err := decodeBodySlow(ct, body, true, nil, gpu.Buffer{}); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 }
