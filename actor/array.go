@@ -60,10 +60,10 @@ type Array struct {
 	name    string
 	dims    []int
 	n       int
-	place   []int32 // rank of each element, by linear number
-	local   []int   // linear numbers of this rank's elements
-	perRank []int   // element count per rank
-	mgr     *pa.PID
+	place   []int32    // rank of each element, by linear number
+	local   []int      // linear numbers of this rank's elements
+	perRank []int      // element count per rank
+	red     *reduction // this rank's reductions in progress (reduce.go)
 }
 
 // Element is what an array element's actor knows about itself.
@@ -127,11 +127,11 @@ func (rt *Runtime) NewArray(ctx context.Context, cfg ArrayConfig) (*Array, error
 			a.local = append(a.local, i)
 		}
 	}
-	mgr, err := rt.sys.Root.SpawnNamed(rt.Props(func() pa.Actor { return newManager(a) }), a.managerID())
+	a.red = newReduction(a)
+	_, err := rt.sys.Root.SpawnNamed(rt.Props(func() pa.Actor { return &manager{a: a} }), a.managerID())
 	if err != nil {
 		return nil, fmt.Errorf("%w %s: %v", ErrArray, cfg.Name, err)
 	}
-	a.mgr = mgr
 	for _, i := range a.local {
 		el := &Element{Array: a, Index: a.IndexOf(i), Linear: i}
 		props := rt.Props(func() pa.Actor { return cfg.New(el) }, cfg.PropsOptions...)

@@ -150,17 +150,13 @@ func (el *Element) Contribute(value any, op string, target *pa.PID) error {
 	}
 	round := el.round
 	el.round++
+	// Combined here, in the element's goroutine: a hop through the
+	// manager's mailbox would cost a goroutine switch per contribution.
 	a := el.Array
-	a.rt.sys.Root.Send(a.mgr, &localContribution{round: round, op: op, target: target, value: value})
+	if p := a.red.add(round, op, target, false, value, ""); p != nil {
+		a.finish(round, p)
+	}
 	return nil
-}
-
-// localContribution is an element's contribution to its rank's manager.
-type localContribution struct {
-	round  uint64
-	op     string
-	target *pa.PID
-	value  any
 }
 
 // reducePartial is a rank's combined contributions on its way up the tree.
@@ -184,18 +180,24 @@ type pending struct {
 	err    string
 }
 
-// manager is an array's actor on each rank: it fans broadcasts out to the
-// rank's elements and combines reductions within the rank and along a
-// binary tree of ranks (parent of r is (r-1)/2) up to rank 0.
-type manager struct {
-	a      *Array
+// reduction is an array's rounds in progress on one rank. The rank's
+// elements add their contributions from their own goroutines; the manager
+// adds the partials of the rank's children in the tree of ranks (parent of
+// r is (r-1)/2).
+type reduction struct {
+	mu     sync.Mutex
 	rounds map[uint64]*pending
 	want   int // local elements + children in the tree
 }
 
-func newManager(a *Array) *manager {
-	want := a.perRank[a.rt.rank] + len(a.children())
-	return &manager{a: a, rounds: map[uint64]*pending{}, want: want}
+func newReduction(a *Array) *reduction {
+	return &reduction{rounds: map[uint64]*pending{}, want: a.perRank[a.rt.rank] + len(a.children())}
+}
+
+// manager is an array's actor on each rank: it fans broadcasts out to the
+// rank's elements and adds the partials child ranks send up the tree.
+type manager struct {
+	a *Array
 }
 
 func (a *Array) children() []int {
@@ -215,18 +217,22 @@ func (m *manager) Receive(c pa.Context) {
 		for _, i := range m.a.local {
 			c.Send(m.a.ElementAt(i), msg.Value.V)
 		}
-	case *localContribution:
-		m.add(msg.round, msg.op, msg.target, false, msg.value, "")
 	case *reducePartial:
-		m.add(msg.Round, msg.Op, msg.Target, msg.Empty, msg.Value.V, msg.Err)
+		if p := m.a.red.add(msg.Round, msg.Op, msg.Target, msg.Empty, msg.Value.V, msg.Err); p != nil {
+			m.a.finish(msg.Round, p)
+		}
 	}
 }
 
-func (m *manager) add(round uint64, op string, target *pa.PID, empty bool, v any, errText string) {
-	p := m.rounds[round]
+// add combines a contribution (or a child's partial) into its round, and
+// returns the round once it holds everything this rank waits for.
+func (r *reduction) add(round uint64, op string, target *pa.PID, empty bool, v any, errText string) *pending {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	p := r.rounds[round]
 	if p == nil {
 		p = &pending{empty: true, op: op, target: target}
-		m.rounds[round] = p
+		r.rounds[round] = p
 	}
 	p.have++
 	switch {
@@ -250,29 +256,29 @@ func (m *manager) add(round uint64, op string, target *pa.PID, empty bool, v any
 			p.value = v
 		}
 	}
-	if p.have < m.want {
-		return
+	if p.have < r.want {
+		return nil
 	}
-	delete(m.rounds, round)
-	m.finish(round, p)
+	delete(r.rounds, round)
+	return p
 }
 
 // finish sends a complete round up the tree, or delivers it at the root.
-func (m *manager) finish(round uint64, p *pending) {
-	rt := m.a.rt
+func (a *Array) finish(round uint64, p *pending) {
+	rt := a.rt
 	if rt.rank != 0 {
 		part := &reducePartial{Round: round, Op: p.op, Target: p.target, Empty: p.empty, Err: p.err,
 			Value: anyValue{V: p.value}, FromRank: rt.rank}
-		if err := rt.Send(m.a.managerPID((rt.rank-1)/2), part); err != nil {
-			rt.log.Error("reduction partial not sent", zap.String("array", m.a.name), zap.Error(err))
+		if err := rt.Send(a.managerPID((rt.rank-1)/2), part); err != nil {
+			rt.log.Error("reduction partial not sent", zap.String("array", a.name), zap.Error(err))
 		}
 		return
 	}
-	res := &Reduced{Array: m.a.name, Round: round, Op: p.op, Value: anyValue{V: p.value}, Err: p.err}
+	res := &Reduced{Array: a.name, Round: round, Op: p.op, Value: anyValue{V: p.value}, Err: p.err}
 	if p.empty && p.err == "" {
 		res.Err = "no contributions"
 	}
 	if err := rt.Send(p.target, res); err != nil {
-		rt.log.Error("reduction result not delivered", zap.String("array", m.a.name), zap.Error(err))
+		rt.log.Error("reduction result not delivered", zap.String("array", a.name), zap.Error(err))
 	}
 }
