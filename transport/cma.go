@@ -29,6 +29,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math/bits"
 	"os"
 	"strconv"
 	"strings"
@@ -212,9 +213,11 @@ const (
 )
 
 // hostInfo is what a rank publishes at start-up: flags(1) pid(8) addr(8)
-// word(8) node id. Ranks with the same node id share a host.
+// word(8), the processors it may run on (a length (2) and a bitmap,
+// sched_getaffinity's, trailing zero bytes dropped), then its node id.
+// Ranks with the same node id share a host.
 func hostInfo(cma, gpuIPC bool) []byte {
-	b := make([]byte, 25, 25+64)
+	b := make([]byte, 25, 25+2+16+64)
 	if cma {
 		b[0] |= infoCMA
 	}
@@ -224,7 +227,75 @@ func hostInfo(cma, gpuIPC bool) []byte {
 	binary.LittleEndian.PutUint64(b[1:], uint64(os.Getpid()))
 	binary.LittleEndian.PutUint64(b[9:], uint64(uintptr(unsafe.Pointer(&cmaProbeWord))))
 	binary.LittleEndian.PutUint64(b[17:], cmaProbeWord)
+	mask := affinityMask()
+	b = binary.LittleEndian.AppendUint16(b, uint16(len(mask)))
+	b = append(b, mask...)
 	return append(b, nodeID()...)
+}
+
+// affinityMask is the bitmap of the processors this process may run on
+// (bit i of byte j: processor 8j+i), or nil if the kernel will not say.
+func affinityMask() []byte {
+	var set unix.CPUSet
+	if unix.SchedGetaffinity(0, &set) != nil {
+		return nil
+	}
+	var mask []byte
+	for cpu := 0; cpu < 8*int(unsafe.Sizeof(set)); cpu++ {
+		if set.IsSet(cpu) {
+			for len(mask) <= cpu/8 {
+				mask = append(mask, 0)
+			}
+			mask[cpu/8] |= 1 << (cpu % 8)
+		}
+	}
+	return mask
+}
+
+// peerHost is a rank's hostInfo, read.
+type peerHost struct {
+	flags           byte
+	pid, addr, word uint64
+	cpus            []byte // affinity bitmap
+	node            string
+}
+
+// parseHostInfo reads a hostInfo entry, or reports false for one too
+// short for its own lengths.
+func parseHostInfo(b []byte) (peerHost, bool) {
+	if len(b) < 27 {
+		return peerHost{}, false
+	}
+	n := int(binary.LittleEndian.Uint16(b[25:]))
+	if len(b) < 27+n {
+		return peerHost{}, false
+	}
+	return peerHost{
+		flags: b[0],
+		pid:   binary.LittleEndian.Uint64(b[1:]),
+		addr:  binary.LittleEndian.Uint64(b[9:]),
+		word:  binary.LittleEndian.Uint64(b[17:]),
+		cpus:  b[27 : 27+n],
+		node:  string(b[27+n:]),
+	}, true
+}
+
+// unionCPUs counts the processors in the union of the bitmaps.
+func unionCPUs(masks [][]byte) int {
+	var union []byte
+	for _, m := range masks {
+		for len(union) < len(m) {
+			union = append(union, 0)
+		}
+		for i, c := range m {
+			union[i] |= c
+		}
+	}
+	n := 0
+	for _, c := range union {
+		n += bits.OnesCount8(c)
+	}
+	return n
 }
 
 // cmaSetup decides whether this rank takes part in CMA and in CUDA IPC for
@@ -246,13 +317,24 @@ func (t *Transport) cmaSetup(exchange func([]byte) ([][]byte, error)) error {
 	}
 	self := nodeID()
 	pid := uint64(os.Getpid())
+	peers := make([]peerHost, t.size)
 	t.sameHost = make([]bool, t.size)
+	var masks [][]byte
 	for rank, b := range all {
-		t.sameHost[rank] = rank == t.rank || (self != "" && len(b) >= 25 && string(b[25:]) == self)
+		p, ok := parseHostInfo(b)
+		if !ok {
+			return fmt.Errorf("CMA exchange: rank %d published %d bytes, not a host entry", rank, len(b))
+		}
+		peers[rank] = p
+		t.sameHost[rank] = rank == t.rank || (self != "" && p.node == self)
+		if t.sameHost[rank] {
+			masks = append(masks, p.cpus)
+		}
 	}
+	t.hostCPUs = unionCPUs(masks)
 	t.gpuIPCSetup(ipcOn, ipcWhy, func(rank int) bool {
-		b := all[rank]
-		return rank != t.rank && t.sameHost[rank] && b[0]&infoGPUIPC != 0 && binary.LittleEndian.Uint64(b[1:]) != pid
+		p := peers[rank]
+		return rank != t.rank && t.sameHost[rank] && p.flags&infoGPUIPC != 0 && p.pid != pid
 	})
 	t.cma = cmaState{on: on, off: why, thresh: thresh, sends: map[uint64]*Request{}, held: map[uint64]cmaDesc{}, probing: map[uint64]*Request{}}
 	if !on {
@@ -260,19 +342,15 @@ func (t *Transport) cmaSetup(exchange func([]byte) ([][]byte, error)) error {
 		return nil
 	}
 	t.cma.peers = make([]*cmaPeer, t.size)
-	peers := 0
-	for rank, b := range all {
-		if rank == t.rank || !t.sameHost[rank] || b[0]&infoCMA == 0 {
+	n := 0
+	for rank, p := range peers {
+		if rank == t.rank || !t.sameHost[rank] || p.flags&infoCMA == 0 {
 			continue
 		}
-		t.cma.peers[rank] = &cmaPeer{
-			pid:  int(binary.LittleEndian.Uint64(b[1:])),
-			addr: binary.LittleEndian.Uint64(b[9:]),
-			word: binary.LittleEndian.Uint64(b[17:]),
-		}
-		peers++
+		t.cma.peers[rank] = &cmaPeer{pid: int(p.pid), addr: p.addr, word: p.word}
+		n++
 	}
-	t.log.Debug("same-host zero copy (CMA) on", zap.Int("peers", peers), zap.Int("threshold", thresh))
+	t.log.Debug("same-host zero copy (CMA) on", zap.Int("peers", n), zap.Int("threshold", thresh))
 	return nil
 }
 

@@ -199,6 +199,7 @@ type Transport struct {
 	chanDiscarded atomic.Uint64 // leftover channel chunks drained without the engine
 	cma           cmaState      // same-host zero copy (cma.go)
 	sameHost      []bool        // by rank: shares this rank's host (read-only after New)
+	hostCPUs      int           // processors this host's ranks may run on, together (0: unknown)
 	cpuYield      bool          // idle polls call sched_yield (yield.go; read-only after New)
 	gipc          gpuIPCState   // CUDA IPC for channels (channel_ipc.go)
 	dimp          deviceImports // CUDA IPC copies for the layers above (device_ipc.go)

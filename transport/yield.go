@@ -21,10 +21,12 @@ type CPUYield int
 
 const (
 	// CPUYieldAuto yields when the host is oversubscribed: more ranks on
-	// it than processors this rank may run on (runtime.NumCPU), the rule
-	// by which troupe run shortens the ranks' spin. Counting GOMAXPROCS
-	// too made two ranks of two processors on two cores yield, and an
-	// actor round trip went from 2.4-4.1 to 4.1-5.9 µs. The default.
+	// it than processors its ranks may run on together (the union of
+	// their affinity masks, exchanged at start-up, so that ranks pinned
+	// one to a core are not taken for sixteen ranks on one processor).
+	// Counting GOMAXPROCS too made two ranks of two processors on two
+	// cores yield, and an actor round trip went from 2.4-4.1 to 4.1-5.9
+	// µs. The default.
 	CPUYieldAuto CPUYield = iota
 	// CPUYieldOn always yields on idle polls.
 	CPUYieldOn
@@ -62,8 +64,8 @@ func ParseCPUYield(s string) (CPUYield, error) {
 }
 
 // cpuYieldWanted resolves mode (the environment first) for a rank with
-// hostRanks ranks on its host and cpus the processors it may use, and says
-// why.
+// hostRanks ranks on its host and cpus the processors those ranks may use
+// together, and says why.
 func cpuYieldWanted(mode CPUYield, env string, haveEnv bool, hostRanks, cpus int) (bool, string, error) {
 	if haveEnv {
 		m, err := ParseCPUYield(env)
@@ -94,7 +96,11 @@ func (t *Transport) setupCPUYield() error {
 		}
 	}
 	env, haveEnv := syscallGetenv(EnvCPUYield)
-	on, why, err := cpuYieldWanted(t.opts.CPUYield, env, haveEnv, host, runtime.NumCPU())
+	cpus := t.hostCPUs
+	if cpus == 0 {
+		cpus = runtime.NumCPU() // the kernel did not say: this rank's own count
+	}
+	on, why, err := cpuYieldWanted(t.opts.CPUYield, env, haveEnv, host, cpus)
 	if err != nil {
 		return err
 	}
