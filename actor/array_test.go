@@ -2,6 +2,8 @@ package actor
 
 import (
 	"context"
+	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -87,12 +89,16 @@ func TestArrayBroadcastAndReductions(t *testing.T) {
 			op    string
 			slice bool
 			want  any
+			err   string // the round fails with this in its error
 		}{
-			{Sum, false, float64(n * (n - 1) / 2)},
-			{Min, false, float64(0)},
-			{Max, false, float64(n - 1)},
-			{"last-wins", false, float64(n - 1)},
-			{Sum, true, []int64{int64(n * (n - 1) / 2), int64(n)}},
+			{Sum, false, float64(n * (n - 1) / 2), ""},
+			{Min, false, float64(0), ""},
+			// A user op that panics (last-wins asserts float64) fails its
+			// round; the rounds after it are whole.
+			{"last-wins", true, nil, `op "last-wins" panicked`},
+			{Max, false, float64(n - 1), ""},
+			{"last-wins", false, float64(n - 1), ""},
+			{Sum, true, []int64{int64(n * (n - 1) / 2), int64(n)}, ""},
 		} {
 			f := pa.NewFuture(rts[0].System(), 10*time.Second)
 			// Broadcast from rank 2; the result goes to a future on rank 0.
@@ -108,6 +114,12 @@ func TestArrayBroadcastAndReductions(t *testing.T) {
 				t.Fatalf("%s %s: got %T", place.name, tc.op, res)
 			}
 			v, err := red.Result()
+			if tc.err != "" {
+				if !errors.Is(err, ErrReduce) || !strings.Contains(err.Error(), tc.err) {
+					t.Fatalf("%s %s: %v %v, want an ErrReduce saying %s", place.name, tc.op, v, err, tc.err)
+				}
+				continue
+			}
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -248,7 +248,7 @@ func (r *reduction) add(round uint64, op string, target *pa.PID, empty bool, v a
 	case p.err == "":
 		f, err := lookupOp(op)
 		if err == nil {
-			v, err = f(p.value, v)
+			v, err = combine(f, op, p.value, v)
 		}
 		if err != nil {
 			p.err = err.Error()
@@ -261,6 +261,18 @@ func (r *reduction) add(round uint64, op string, target *pa.PID, empty bool, v a
 	}
 	delete(r.rounds, round)
 	return p
+}
+
+// combine applies a user's op to two contributions. A panic in it fails
+// the round with the panic's value rather than the goroutine that added
+// the contribution (an element, or the manager with its rounds).
+func combine(f Op, name string, a, b any) (v any, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			v, err = nil, fmt.Errorf("%w: op %q panicked: %v", ErrReduce, name, r)
+		}
+	}()
+	return f(a, b)
 }
 
 // finish sends a complete round up the tree, or delivers it at the root.
