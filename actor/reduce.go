@@ -152,10 +152,7 @@ func (el *Element) Contribute(value any, op string, target *pa.PID) error {
 	el.round++
 	// Combined here, in the element's goroutine: a hop through the
 	// manager's mailbox would cost a goroutine switch per contribution.
-	a := el.Array
-	if p := a.red.add(round, op, target, false, value, ""); p != nil {
-		a.finish(round, p)
-	}
+	el.Array.add(round, op, target, false, value, "")
 	return nil
 }
 
@@ -188,6 +185,18 @@ type reduction struct {
 	mu     sync.Mutex
 	rounds map[uint64]*pending
 	want   int // local elements + children in the tree
+	// Complete rounds leave in the order they completed (which is round
+	// order: every element contributes to round k before k+1), sent by
+	// one goroutine at a time, without the lock held.
+	done    []doneRound
+	next    int  // done[next:] are still to send
+	sending bool // a goroutine is sending them
+}
+
+// doneRound is a complete round waiting to be sent.
+type doneRound struct {
+	round uint64
+	p     *pending
 }
 
 func newReduction(a *Array) *reduction {
@@ -218,17 +227,37 @@ func (m *manager) Receive(c pa.Context) {
 			c.Send(m.a.ElementAt(i), msg.Value.V)
 		}
 	case *reducePartial:
-		if p := m.a.red.add(msg.Round, msg.Op, msg.Target, msg.Empty, msg.Value.V, msg.Err); p != nil {
-			m.a.finish(msg.Round, p)
-		}
+		m.a.add(msg.Round, msg.Op, msg.Target, msg.Empty, msg.Value.V, msg.Err)
 	}
 }
 
 // add combines a contribution (or a child's partial) into its round, and
-// returns the round once it holds everything this rank waits for.
-func (r *reduction) add(round uint64, op string, target *pa.PID, empty bool, v any, errText string) *pending {
+// sends the rounds that are complete, unless another goroutine is sending
+// them already.
+func (a *Array) add(round uint64, op string, target *pa.PID, empty bool, v any, errText string) {
+	r := a.red
 	r.mu.Lock()
-	defer r.mu.Unlock()
+	r.addLocked(round, op, target, empty, v, errText)
+	if r.sending {
+		r.mu.Unlock()
+		return
+	}
+	r.sending = true
+	for r.next < len(r.done) {
+		d := r.done[r.next]
+		r.done[r.next] = doneRound{}
+		r.next++
+		r.mu.Unlock()
+		a.finish(d.round, d.p)
+		r.mu.Lock()
+	}
+	r.done, r.next, r.sending = r.done[:0], 0, false
+	r.mu.Unlock()
+}
+
+// addLocked combines a contribution into its round and queues the round
+// once it holds everything this rank waits for.
+func (r *reduction) addLocked(round uint64, op string, target *pa.PID, empty bool, v any, errText string) {
 	p := r.rounds[round]
 	if p == nil {
 		p = &pending{empty: true, op: op, target: target}
@@ -257,10 +286,10 @@ func (r *reduction) add(round uint64, op string, target *pa.PID, empty bool, v a
 		}
 	}
 	if p.have < r.want {
-		return nil
+		return
 	}
 	delete(r.rounds, round)
-	return p
+	r.done = append(r.done, doneRound{round, p})
 }
 
 // combine applies a user's op to two contributions. A panic in it fails
