@@ -9,12 +9,12 @@ import (
 )
 
 // workerIdle is how long a mailbox goroutine beyond the first keepIdle
-// idle ones waits for another mailbox to run before it ends (a variable for
-// the tests).
+// idle ones stays waiting for another mailbox to run before it ends:
+// between one and two workerIdle (a variable for the tests).
 var workerIdle = time.Second
 
-// keepIdle idle goroutines wait for work without a timer; those idle beyond
-// them end after workerIdle.
+// keepIdle idle goroutines wait for work however long; those idle beyond
+// them end after about workerIdle.
 const keepIdle = 8
 
 // poolDispatcher runs the mailboxes of the runtime's actors (Props) like
@@ -32,24 +32,31 @@ const keepIdle = 8
 // next mailbox: its stack is warm) and each waits on a channel of its own:
 // a plain receive, where a select over a shared channel, a stop channel
 // and a timer reset on every wait cost about a quarter of a local message
-// (BenchmarkLocalPingPong). Only goroutines idle beyond the first keepIdle
-// arm a timer, to end after workerIdle; the runtime's shutdown ends the
-// others (close).
+// (BenchmarkLocalPingPong). No waiting goroutine holds a timer: while more
+// than keepIdle wait, one timer (trim) ends, every workerIdle, those at the
+// bottom of the stack that no Schedule reached since the timer's last run
+// (the stack's low-water mark says which), keeping keepIdle; the runtime's
+// shutdown ends the others (close). Until 2026-11-24 each goroutine idle
+// beyond keepIdle armed a timer of its own, and those were the most
+// recently idle ones, the next to be handed work: a rank of more than
+// keepIdle busy actors (Jacobi3D's 16 blocks a rank) reset a timer and
+// selected on every message.
 type poolDispatcher struct {
 	throughput int
 
-	mu      sync.Mutex
-	idle    []*poolWorker // waiting, most recently idle last
-	stopped bool
+	mu       sync.Mutex
+	idle     []*poolWorker // waiting, most recently idle last
+	lowWater int           // the fewest idle since trim last ran: idle[:lowWater] waited all along
+	trimming bool          // trim's timer is armed
+	stopped  bool
 
 	live atomic.Int32 // goroutines, running or waiting
 }
 
 // poolWorker is a waiting goroutine's mailbox slot: Schedule sends it the
-// next mailbox to run, a nil func when the runtime shuts down.
+// next mailbox to run, a nil func when it is to end.
 type poolWorker struct {
-	run   chan func() // capacity 1: whoever pops the worker sends once
-	timer *time.Timer // for a worker idle beyond keepIdle, made on first use
+	run chan func() // capacity 1: whoever pops the worker sends once
 }
 
 var _ pa.Dispatcher = (*poolDispatcher)(nil)
@@ -79,6 +86,7 @@ func (d *poolDispatcher) Schedule(fn func()) {
 		w := d.idle[n-1]
 		d.idle[n-1] = nil
 		d.idle = d.idle[:n-1]
+		d.lowWater = min(d.lowWater, n-1)
 		d.mu.Unlock()
 		w.run <- fn
 		return
@@ -112,32 +120,34 @@ func (d *poolDispatcher) wait(w *poolWorker) func() {
 		return nil
 	}
 	d.idle = append(d.idle, w)
-	timed := len(d.idle) > keepIdle
-	d.mu.Unlock()
-	if !timed {
-		return <-w.run
-	}
-	if w.timer == nil {
-		w.timer = time.NewTimer(workerIdle)
-	} else {
-		w.timer.Reset(workerIdle)
-	}
-	select {
-	case fn := <-w.run:
-		w.timer.Stop()
-		return fn
-	case <-w.timer.C:
-	}
-	// Leave the stack, unless a Schedule or the shutdown has popped w
-	// meanwhile: then its send is on the way and must be taken.
-	d.mu.Lock()
-	for i, x := range d.idle {
-		if x == w {
-			d.idle = append(d.idle[:i], d.idle[i+1:]...)
-			d.mu.Unlock()
-			return nil
-		}
+	if len(d.idle) > keepIdle && !d.trimming {
+		d.trimming = true
+		d.lowWater = len(d.idle)
+		time.AfterFunc(workerIdle, d.trim)
 	}
 	d.mu.Unlock()
 	return <-w.run
+}
+
+// trim ends the idle goroutines beyond keepIdle that waited since its last
+// run (or since it was armed), oldest first, and runs again in workerIdle
+// while more than keepIdle wait.
+func (d *poolDispatcher) trim() {
+	d.mu.Lock()
+	var ended []*poolWorker
+	if n := min(d.lowWater, len(d.idle)-keepIdle); n > 0 && !d.stopped {
+		ended = append(ended, d.idle[:n]...)
+		rest := copy(d.idle, d.idle[n:])
+		clear(d.idle[rest:])
+		d.idle = d.idle[:rest]
+	}
+	d.lowWater = len(d.idle)
+	d.trimming = len(d.idle) > keepIdle && !d.stopped
+	if d.trimming {
+		time.AfterFunc(workerIdle, d.trim)
+	}
+	d.mu.Unlock()
+	for _, w := range ended {
+		w.run <- nil
+	}
 }

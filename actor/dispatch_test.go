@@ -74,10 +74,11 @@ func TestPoolDispatcher(t *testing.T) {
 	wait()
 }
 
-// TestPoolDispatcherIdle: of the goroutines left idle by a burst, the first
-// keepIdle wait without a timer and the others end after workerIdle; the
-// next mailbox runs on the most recently idle goroutine; close ends the
-// waiting ones and a mailbox scheduled after close still runs.
+// TestPoolDispatcherIdle: of the goroutines left idle by a burst, keepIdle
+// stay and the others end after about workerIdle, the longest idle first:
+// the goroutine that runs mailboxes all the while is never the one ended;
+// the next mailbox runs on the most recently idle goroutine; close ends
+// the waiting ones and a mailbox scheduled after close still runs.
 func TestPoolDispatcherIdle(t *testing.T) {
 	saved := workerIdle
 	workerIdle = 20 * time.Millisecond
@@ -99,13 +100,42 @@ func TestPoolDispatcherIdle(t *testing.T) {
 		t.Fatalf("%d goroutines for %d blocked mailboxes", n, burst)
 	}
 	close(release)
-	// Wait until the goroutines idle beyond keepIdle have ended.
+	// Until the goroutines idle beyond keepIdle have ended, keep one busy:
+	// every mailbox runs on the same goroutine, which survives the trims.
+	// settled waits until every goroutine is back on the idle stack: the
+	// one that ran last is then on top, the next to be handed a mailbox.
+	settled := func() {
+		for {
+			d.mu.Lock()
+			n := len(d.idle)
+			d.mu.Unlock()
+			if int32(n) == d.live.Load() {
+				return
+			}
+			runtime.Gosched()
+		}
+	}
+	hot := make(chan int)
+	runHot := func() int {
+		d.Schedule(func() { hot <- goid() })
+		g := <-hot
+		settled()
+		return g
+	}
+	settled()
+	first := runHot()
 	deadline := time.Now().Add(10 * time.Second)
 	for d.live.Load() > keepIdle {
 		if time.Now().After(deadline) {
 			t.Fatalf("%d goroutines after workerIdle, want %d", d.live.Load(), keepIdle)
 		}
+		if g := runHot(); g != first {
+			t.Fatalf("a mailbox ran on goroutine %d, the busy one is %d: the trim ended the busy goroutine", g, first)
+		}
 		time.Sleep(time.Millisecond)
+	}
+	if g := runHot(); g != first {
+		t.Fatalf("after the trims a mailbox ran on goroutine %d, not the busy %d", g, first)
 	}
 	d.mu.Lock()
 	idle := len(d.idle)
