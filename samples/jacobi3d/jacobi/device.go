@@ -7,6 +7,7 @@ import (
 	"math"
 	"sync"
 	"sync/atomic"
+	"time"
 	"unsafe"
 
 	pa "github.com/asynkron/protoactor-go/actor"
@@ -401,12 +402,12 @@ func (b *block) packFacesDevice(par int) error {
 // sendInitialFaces packs the initial field's faces (iteration 0) and sends
 // them once allowed.
 func (b *block) sendInitialFaces() error {
-	b.rs.begin()
+	b.rs.begin(time.Now())
 	err := b.packFacesDevice(0)
 	if err == nil {
 		err = b.dv.st.Synchronize()
 	}
-	b.rs.end()
+	b.rs.end(time.Now())
 	if err != nil {
 		return fmt.Errorf("packing the initial faces: %w", err)
 	}

@@ -418,21 +418,24 @@ func (rs *rankState) idleNow(now time.Time) time.Duration {
 	return rs.idle
 }
 
-// begin and end bracket a block's kernel.
-func (rs *rankState) begin() {
+// begin and end bracket a block's kernel; now is the time they are called
+// (the kernel's own timing reads the clock already: a sweep of a small
+// block is a few microseconds, and each clock read costs tens of
+// nanoseconds on a virtual machine).
+func (rs *rankState) begin(now time.Time) {
 	rs.mu.Lock()
 	if rs.active == 0 {
-		rs.idle += time.Since(rs.idleFrom)
+		rs.idle += now.Sub(rs.idleFrom)
 	}
 	rs.active++
 	rs.mu.Unlock()
 }
 
-func (rs *rankState) end() {
+func (rs *rankState) end(now time.Time) {
 	rs.mu.Lock()
 	rs.active--
 	if rs.active == 0 {
-		rs.idleFrom = time.Now()
+		rs.idleFrom = now
 	}
 	rs.mu.Unlock()
 }
@@ -744,8 +747,8 @@ func (b *block) step() {
 			}
 			continue
 		}
-		b.rs.begin()
 		start := time.Now()
+		b.rs.begin(start)
 		if hs != nil {
 			for d, f := range hs.faces {
 				if f != nil {
@@ -780,8 +783,9 @@ func (b *block) step() {
 		if !last {
 			faces = b.packFaces(nw, b.late)
 		}
-		b.addKernel(time.Since(start))
-		b.rs.end()
+		now := time.Now()
+		b.addKernel(now.Sub(start))
+		b.rs.end(now)
 		if !last {
 			b.send(faces)
 		}
@@ -830,13 +834,14 @@ func (b *block) deviceSweep(hs *haloSet) bool {
 			return false
 		}
 	}
-	b.rs.begin()
 	start := time.Now()
+	b.rs.begin(start)
 	r, err := b.deviceStep(hs, last)
 	b.halos.done(b.sweep)
 	b.sweep++
-	b.addKernel(time.Since(start))
-	b.rs.end()
+	now := time.Now()
+	b.addKernel(now.Sub(start))
+	b.rs.end(now)
 	if err != nil {
 		b.fail(err)
 		return false
@@ -884,13 +889,13 @@ func (b *block) packFaces(u []float64, which [NumDirs]bool) [NumDirs][]float64 {
 
 // sendFaces sends the current field's faces (used for sweep 0).
 func (b *block) sendFaces() {
-	b.rs.begin()
+	b.rs.begin(time.Now())
 	var all [NumDirs]bool
 	for d, p := range b.nbr {
 		all[d] = p != nil
 	}
 	faces := b.packFaces(b.u, all)
-	b.rs.end()
+	b.rs.end(time.Now())
 	b.send(faces)
 }
 
