@@ -540,6 +540,20 @@ func (r *fastReader) fixed(code byte, n int) uint64 {
 	return r.be(n)
 }
 
+// binLen reads the length of a bin header whose first byte is c.
+func (r *fastReader) binLen(c byte) int {
+	switch c {
+	case 0xc4:
+		return int(r.be(1))
+	case 0xc5:
+		return int(r.be(2))
+	case 0xc6:
+		return int(r.be(4))
+	}
+	r.bad = true
+	return 0
+}
+
 // strLen reads a string header.
 func (r *fastReader) strLen() int {
 	c := r.byte()
@@ -623,18 +637,7 @@ func (r *fastReader) value(v *fastValue, p unsafe.Pointer) {
 			r.bad = true // the Payload field travels as the data
 			return
 		}
-		var n int
-		switch c {
-		case 0xc4:
-			n = int(r.be(1))
-		case 0xc5:
-			n = int(r.be(2))
-		case 0xc6:
-			n = int(r.be(4))
-		default:
-			r.bad = true
-			return
-		}
+		n := r.binLen(c)
 		if s := r.take(n); !r.bad {
 			*(*[]byte)(p) = append(make([]byte, 0, n), s...)
 		}
@@ -701,18 +704,7 @@ func (r *fastReader) anyValue(a *anyValue) {
 	default:
 		r.bad = true
 	}
-	var n int
-	switch r.byte() {
-	case 0xc4:
-		n = int(r.be(1))
-	case 0xc5:
-		n = int(r.be(2))
-	case 0xc6:
-		n = int(r.be(4))
-	default:
-		r.bad = true
-	}
-	body := r.take(n)
+	body := r.take(r.binLen(r.byte()))
 	if r.bad {
 		return
 	}
