@@ -15,8 +15,9 @@ import (
 
 // This file holds the codec's fast path: for registered types made only of
 // predeclared scalars, strings, byte slices, slices of numbers, actor PIDs
-// and the runtime's nested values (and a top-level Payload), a plan computed once at registration encodes and
-// decodes values without reflection per call. It writes exactly the bytes
+// and the runtime's nested values (and a top-level Payload), a plan
+// computed once at registration encodes and decodes values without
+// reflection per call. It writes exactly the bytes
 // vmihailenco/msgpack writes for the type (TestFastCodecSameBytes checks),
 // so the two are interchangeable on the wire. Its decoder accepts only the
 // forms that encoder writes, checking every length against the bytes left;
@@ -755,9 +756,9 @@ func (r *fastReader) pid(dst **pa.PID) {
 		seen[k] = true
 		switch k {
 		case 0:
-			r.value(&fastValue{kind: fkString}, unsafe.Pointer(&pid.Address))
+			pid.Address = string(r.take(r.strLen()))
 		case 1:
-			r.value(&fastValue{kind: fkString}, unsafe.Pointer(&pid.Id))
+			pid.Id = string(r.take(r.strLen()))
 		default:
 			pid.RequestId = uint32(r.fixed(0xce, 4))
 		}
