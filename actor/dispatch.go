@@ -99,8 +99,8 @@ func (d *poolDispatcher) Schedule(fn func()) {
 func (d *poolDispatcher) Throughput() int { return d.throughput }
 
 // work runs fn, then the mailboxes handed to it, until the runtime shuts
-// down or, while more than keepIdle goroutines wait, it has waited
-// workerIdle for one.
+// down or trim ends it (it waited at the bottom of a stack of more than
+// keepIdle for a whole workerIdle).
 func (d *poolDispatcher) work(fn func()) {
 	d.live.Add(1)
 	defer d.live.Add(-1)
