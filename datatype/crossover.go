@@ -9,20 +9,28 @@ import (
 // moves it faster on this machine. The layout-aware paper's Algorithm 1
 // assumes one threshold T for every layout; where pack and SGL cross over
 // depends on the machine (memcpy speed against the cost per IOV entry),
-// so near T the adaptive scheme times both instead: Next alternates pack
-// and SGL for trials transfers each, Observe records how long each took,
-// and the verdict from then on is the scheme with the shorter median time
-// (the thresholds' choice when the two are within CrossoverMargin).
-// Medians, not best times: one lucky transfer made a scheme's best time
-// win while its typical time lost, and the typical time is what the
-// transfers after the verdict will take (docs/noncontig.md: on a 2-vCPU VM
-// the median picked within 5 % of the best fixed scheme at 24 of 32 points,
-// the best time at 20); not means, which one slow transfer on a shared
-// machine would swing. With two trials per scheme the (lower) median is the
-// best time. It is a pure state machine: the caller times the transfers.
+// so near T the adaptive scheme times both instead: Next hands out runs of
+// one scheme, run transfers long, pack and SGL in turn; Observe records how
+// long each took, except the first transfer of each run; and once each
+// scheme has trials timings the verdict from then on is the scheme with the
+// shorter median time (the thresholds' choice when the two are within
+// CrossoverMargin).
+//
+// Runs, not single transfers in turn: a transfer right after one of the
+// other scheme is not what the transfers after the verdict will be (on a
+// 2-vCPU VM an SGL transfer of 64 KiB after a pack one took about 2 µs less
+// than SGL after SGL, and alternating single transfers picked SGL for 4 KiB
+// blocks that pack moves 13-28 % faster; docs/noncontig.md). Medians, not
+// best times: one lucky transfer made a scheme's best time win while its
+// typical time lost; not means, which one slow transfer on a shared machine
+// would swing. With two trials per scheme the (lower) median is the best
+// time. It is a pure state machine: the caller times the transfers.
 type Crossover struct {
 	trials  int
+	run     int
 	prefer  Scheme // the verdict unless the other is clearly faster
+	issued  int    // transfers Next handed out before the verdict
+	last    Scheme // the scheme of the latest observation (SchemeAuto: none)
 	n       [2]int
 	best    [2]time.Duration
 	times   [2][]time.Duration
@@ -42,14 +50,16 @@ func median(ds []time.Duration) time.Duration {
 const CrossoverMargin = 0.03
 
 // NewCrossover returns a Crossover that times each scheme trials times (at
-// least 1) and keeps prefer (SchemePack or SchemeSGL: what the thresholds
-// alone would choose) unless the other scheme's median time is shorter by
-// more than CrossoverMargin.
-func NewCrossover(trials int, prefer Scheme) *Crossover {
+// least 1) in runs of run transfers (at least 1; with 1 the schemes
+// alternate and every transfer is timed, else the first of each run is
+// not) and keeps prefer (SchemePack or SchemeSGL: what the thresholds alone
+// would choose) unless the other scheme's median time is shorter by more
+// than CrossoverMargin.
+func NewCrossover(trials, run int, prefer Scheme) *Crossover {
 	if prefer != SchemeSGL {
 		prefer = SchemePack
 	}
-	return &Crossover{trials: max(trials, 1), prefer: prefer, verdict: SchemeAuto}
+	return &Crossover{trials: max(trials, 1), run: max(run, 1), prefer: prefer, last: SchemeAuto, verdict: SchemeAuto}
 }
 
 func crossIndex(s Scheme) int {
@@ -60,24 +70,33 @@ func crossIndex(s Scheme) int {
 }
 
 // Next returns the scheme for the next transfer: the verdict once there is
-// one, else the scheme with fewer timed transfers (pack first).
+// one, else the scheme of the current run (pack first).
 func (c *Crossover) Next() Scheme {
 	if c.verdict != SchemeAuto {
 		return c.verdict
 	}
-	if c.n[1] < c.n[0] {
+	k := c.issued / c.run
+	c.issued++
+	if k%2 == 1 {
 		return SchemeSGL
 	}
 	return SchemePack
 }
 
 // Observe records that a transfer under s (SchemePack or SchemeSGL) took
-// d. Once both schemes have trials timings the verdict is fixed: the
+// d, unless runs are longer than one transfer and it is the first
+// observation of s since one of the other scheme (the first of a run).
+// Once both schemes have trials timings the verdict is fixed: the
 // preferred scheme, unless the other's median time is shorter by more
 // than CrossoverMargin. Observations after the verdict, and of other schemes,
 // are ignored.
 func (c *Crossover) Observe(s Scheme, d time.Duration) {
 	if c.verdict != SchemeAuto || (s != SchemePack && s != SchemeSGL) {
+		return
+	}
+	first := s != c.last
+	c.last = s
+	if first && c.run > 1 {
 		return
 	}
 	i := crossIndex(s)
@@ -117,6 +136,25 @@ func (c *Crossover) Medians() (pack, sgl time.Duration) {
 // a scheme not yet timed).
 func (c *Crossover) Best() (pack, sgl time.Duration) {
 	return c.best[0], c.best[1]
+}
+
+// CrossoverTransfers is how many transfers of a layout pair the crossover
+// measurement takes, one after another, until its verdict: 2 x
+// CrossoverTrials with runs of 1, more with longer runs (each run's first
+// transfer is not timed). sgl of them go SGL.
+func (th Thresholds) CrossoverTransfers() (n, sgl int) {
+	c := NewCrossover(th.CrossoverTrials, th.CrossoverRun, SchemePack)
+	for {
+		if _, ok := c.Verdict(); ok {
+			return n, sgl
+		}
+		s := c.Next()
+		n++
+		if s == SchemeSGL {
+			sgl++
+		}
+		c.Observe(s, time.Millisecond)
+	}
 }
 
 // InCrossoverBand reports whether a layout's average block lies within the

@@ -26,7 +26,7 @@ func TestCrossover(t *testing.T) {
 		{"median, not mean", []time.Duration{3 * ms, 3 * ms, 90 * ms}, []time.Duration{5 * ms, 5 * ms, 5 * ms}, SchemeSGL, SchemePack},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c := NewCrossover(len(tc.pack), tc.prefer)
+			c := NewCrossover(len(tc.pack), 1, tc.prefer)
 			var asked []Scheme
 			for i := 0; i < len(tc.pack)+len(tc.sgl); i++ {
 				if _, ok := c.Verdict(); ok {
@@ -55,7 +55,7 @@ func TestCrossover(t *testing.T) {
 			}
 		})
 	}
-	c := NewCrossover(0, SchemeZCopy) // at least one trial each; pack preferred
+	c := NewCrossover(0, 0, SchemeZCopy) // at least one trial each, runs of 1; pack preferred
 	c.Observe(SchemeZCopy, time.Nanosecond)
 	c.Observe(SchemePack, 2*ms)
 	if _, ok := c.Verdict(); ok {
@@ -70,7 +70,7 @@ func TestCrossover(t *testing.T) {
 	}
 	// Medians: what the verdict was judged on, lower median, trials kept
 	// in arrival order (Medians sorts a copy).
-	c = NewCrossover(3, SchemePack)
+	c = NewCrossover(3, 1, SchemePack)
 	if p, s := c.Medians(); p != 0 || s != 0 {
 		t.Fatalf("medians before any trial %v %v, want 0 0", p, s)
 	}
@@ -82,6 +82,50 @@ func TestCrossover(t *testing.T) {
 	}
 	if p, s := c.Medians(); p != 4*ms || s != 6*ms {
 		t.Fatalf("second call: medians %v %v", p, s)
+	}
+}
+
+// TestCrossoverRuns: with runs longer than one transfer, Next hands out
+// whole runs of each scheme in turn and the first transfer of each run is
+// not timed, so a fast transfer after a switch of scheme does not decide.
+func TestCrossoverRuns(t *testing.T) {
+	ms := time.Millisecond
+	c := NewCrossover(1, 2, SchemePack)
+	var asked []Scheme
+	// The first of each run is fast, the rest slow for pack and fast for
+	// SGL: timing the first transfers would make it a tie (pack kept).
+	took := map[Scheme][]time.Duration{SchemePack: {1 * ms, 9 * ms}, SchemeSGL: {9 * ms, 1 * ms}}
+	for i := 0; ; i++ {
+		if _, ok := c.Verdict(); ok {
+			break
+		}
+		if i == 10 {
+			t.Fatalf("no verdict after %v", asked)
+		}
+		s := c.Next()
+		asked = append(asked, s)
+		c.Observe(s, took[s][0])
+		took[s] = took[s][1:]
+	}
+	if fmt.Sprint(asked) != "[pack pack sgl sgl]" {
+		t.Fatalf("trials %v, want two runs of two", asked)
+	}
+	if v, _ := c.Verdict(); v != SchemeSGL {
+		t.Fatalf("verdict %v, want sgl (the first transfer of each run timed?)", v)
+	}
+	if p, s := c.Best(); p != 9*ms || s != 1*ms {
+		t.Fatalf("best %v %v, want 9ms 1ms", p, s)
+	}
+	// Three timed of each of four runs: pack's 8th timing in its third run
+	// (transfer 19 of 24), SGL's in its third (transfer 23).
+	th := DefaultThresholds()
+	th.CrossoverTrials, th.CrossoverRun = 8, 4
+	if n, sgl := th.CrossoverTransfers(); n != 23 || sgl != 11 {
+		t.Errorf("CrossoverTransfers with runs of 4: %d, %d SGL; want 23, 11", n, sgl)
+	}
+	th.CrossoverRun = 1
+	if n, sgl := th.CrossoverTransfers(); n != 16 || sgl != 8 {
+		t.Errorf("CrossoverTransfers alternating: %d, %d SGL; want 16, 8", n, sgl)
 	}
 }
 
@@ -112,12 +156,16 @@ func TestInCrossoverBand(t *testing.T) {
 	if th.Validate() == nil {
 		t.Error("negative trials accepted")
 	}
+	th.CrossoverTrials, th.CrossoverRun = 8, -1
+	if th.Validate() == nil {
+		t.Error("negative run accepted")
+	}
 }
 
 // ExampleCrossover: time both schemes on a layout's first transfers, then
 // use the faster.
 func ExampleCrossover() {
-	c := NewCrossover(2, SchemePack)
+	c := NewCrossover(2, 3, SchemePack) // runs of three, two timed
 	took := map[Scheme]time.Duration{SchemePack: 30 * time.Microsecond, SchemeSGL: 22 * time.Microsecond}
 	for {
 		if _, ok := c.Verdict(); ok {

@@ -91,8 +91,12 @@ type Thresholds struct {
 	// turns measuring off. On by default (4): T is right for some machines
 	// and wrong for others (docs/noncontig.md).
 	// CrossoverTrials: timed transfers per scheme before the verdict.
+	// CrossoverRun: the trials go in runs of this many transfers of one
+	// scheme, the first of each run not timed; 1 alternates the schemes
+	// transfer by transfer, all timed (docs/noncontig.md).
 	CrossoverBand   int64
 	CrossoverTrials int
+	CrossoverRun    int
 	// CrossoverReuse: how long after it was measured a verdict is taken
 	// for other buffers of the same layout shapes without trials of
 	// their own; later pairs are measured afresh, because what a shared
@@ -116,6 +120,7 @@ func DefaultThresholds() Thresholds {
 		MaxIOVsPerOp:      16,
 		CrossoverBand:     4, // [T/4, T*4]: see docs/noncontig.md
 		CrossoverTrials:   8,
+		CrossoverRun:      4,
 		CrossoverReuse:    time.Second,
 	}
 }
@@ -129,8 +134,8 @@ func (th Thresholds) Validate() error {
 		return invalid("Thresholds: negative window or SGL bound")
 	case th.MaxIOVsPerOp < 1:
 		return invalid("Thresholds: MaxIOVsPerOp %d < 1", th.MaxIOVsPerOp)
-	case th.CrossoverBand < 0 || th.CrossoverTrials < 0:
-		return invalid("Thresholds: negative CrossoverBand %d or CrossoverTrials %d", th.CrossoverBand, th.CrossoverTrials)
+	case th.CrossoverBand < 0 || th.CrossoverTrials < 0 || th.CrossoverRun < 0:
+		return invalid("Thresholds: negative CrossoverBand %d, CrossoverTrials %d or CrossoverRun %d", th.CrossoverBand, th.CrossoverTrials, th.CrossoverRun)
 	case th.CrossoverReuse < 0:
 		return invalid("Thresholds: negative CrossoverReuse %v", th.CrossoverReuse)
 	}

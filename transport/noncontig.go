@@ -189,6 +189,7 @@ func NoncontigOptionsFromEnv(o NoncontigOptions) (NoncontigOptions, error) {
 	}{
 		{"TROUPE_NC_MAX_IOVS", &o.Thresholds.MaxIOVsPerOp},
 		{"TROUPE_NC_CROSSOVER_TRIALS", &o.Thresholds.CrossoverTrials},
+		{"TROUPE_NC_CROSSOVER_RUN", &o.Thresholds.CrossoverRun},
 		{"TROUPE_NC_PACK_CHUNK", &o.PackChunk},
 		{"TROUPE_NC_PACK_DEPTH", &o.PackDepth},
 		{"TROUPE_NC_PACK_WORKERS", &o.PackWorkers},
@@ -261,8 +262,9 @@ type NoncontigStats struct {
 	// KeyPoolRefills counts background refills of the window key pool,
 	// KeyPoolEmpty keys made synchronously because the pool was empty.
 	KeyPoolRefills, KeyPoolEmpty int64
-	// CrossoverTrials counts receives timed to measure a layout pair's
-	// pack/SGL crossover, CrossoverVerdicts the pairs measured.
+	// CrossoverTrials counts the receives made to measure a layout pair's
+	// pack/SGL crossover (CrossoverRun-1 of every CrossoverRun timed),
+	// CrossoverVerdicts the pairs measured.
 	// CrossoverAdopted counts receives that took a verdict measured
 	// before: in a symmetric exchange the one the lower-ranked peer
 	// measured for the other direction, or this rank's own for an earlier

@@ -124,7 +124,7 @@ func (ls *layoutState) measuring(k crossKey) bool {
 
 // crossover returns the measurement for receives from peer of a sender
 // layout with this shape, made on first use.
-func (ls *layoutState) crossover(k crossKey, trials int, prefer datatype.Scheme) *datatype.Crossover {
+func (ls *layoutState) crossover(k crossKey, th datatype.Thresholds, prefer datatype.Scheme) *datatype.Crossover {
 	ls.crossMu.Lock()
 	defer ls.crossMu.Unlock()
 	if ls.crosses == nil {
@@ -132,7 +132,7 @@ func (ls *layoutState) crossover(k crossKey, trials int, prefer datatype.Scheme)
 	}
 	c := ls.crosses[k]
 	if c == nil {
-		c = datatype.NewCrossover(trials, prefer)
+		c = datatype.NewCrossover(th.CrossoverTrials, th.CrossoverRun, prefer)
 		ls.crosses[k] = c
 	}
 	return c

@@ -590,8 +590,8 @@ func (nc *noncontig) recv(ctx context.Context, c typedCall, seq uint32) (Status,
 		// exchange was slower than either scheme (docs/noncontig.md). The
 		// lower rank's receiver decides both: the higher rank takes the
 		// verdict it was told as a sender to the lower one, and until it
-		// knows it, keeps its own verdict to itself for up to
-		// 2 x CrossoverTrials receives, so that the sender keeps asking.
+		// knows it, keeps its own verdict to itself for as many receives
+		// as the trials took, so that the sender keeps asking.
 		// A pair of layouts shaped like one measured before (the same
 		// types on other buffers) takes that verdict without trials, so
 		// that the two directions, each told or remembering a verdict by
@@ -614,17 +614,17 @@ func (nc *noncontig) recv(ctx context.Context, c typedCall, seq uint32) (Status,
 			final, ctsFlags = v, ctsVerdict
 			nc.c.crossAdopted.Add(1)
 		} else {
-			trials := nc.opts.Thresholds.CrossoverTrials
+			th := nc.opts.Thresholds
 			prefer := datatype.SchemePack // what T alone says for this side's layout
-			if ls.lay.Stats.AvgBlock > float64(nc.opts.Thresholds.ZCopyAvgBlock) {
+			if ls.lay.Stats.AvgBlock > float64(th.ZCopyAvgBlock) {
 				prefer = datatype.SchemeSGL
 			}
-			cross = ls.crossover(k, trials, prefer)
+			cross = ls.crossover(k, th, prefer)
 			ls.crossMu.Lock()
 			final = cross.Next()
 			if _, ok := cross.Verdict(); ok {
 				cross = nil
-				if !higher || !ls.holdVerdict(k, 2*trials) {
+				if n, _ := th.CrossoverTransfers(); !higher || !ls.holdVerdict(k, n) {
 					ctsFlags = ctsVerdict
 				}
 			}

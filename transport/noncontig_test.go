@@ -185,8 +185,8 @@ func blockDiff(dst, src []byte, block, stride int) string {
 }
 
 // Near T the adaptive default measures the pack/SGL crossover on a layout
-// pair's first transfers: the receiver times both schemes
-// (CrossoverTrials each), tells the sender its verdict, and from then on
+// pair's first transfers: the receiver times both schemes (CrossoverTrials
+// each, in runs of CrossoverRun), tells the sender its verdict, and from then on
 // every transfer takes the verdict without timing, with identical bytes
 // throughout.
 // In a symmetric exchange (both ranks send layouts of one shape, here from
@@ -196,8 +196,8 @@ func blockDiff(dst, src []byte, block, stride int) string {
 // crossoverJob starts two in-process ranks with the crossover measured
 // (band 4, the default, whatever the environment says) and returns them
 // with a layout in the band, 16 blocks of 4 KiB at an 8 KiB stride, and the
-// number of trials per scheme.
-func crossoverJob(t *testing.T) ([]*Transport, context.Context, *datatype.Type, int) {
+// number of transfers the trials take and how many of them go SGL.
+func crossoverJob(t *testing.T) ([]*Transport, context.Context, *datatype.Type, int, int) {
 	t.Helper()
 	ts := localJob(t, 2, ProgressDirect)
 	for _, tr := range ts {
@@ -211,7 +211,8 @@ func crossoverJob(t *testing.T) ([]*Transport, context.Context, *datatype.Type, 
 	if err != nil {
 		t.Fatal(err)
 	}
-	return ts, testCtx(t), vec, datatype.DefaultThresholds().CrossoverTrials
+	n, sgl := datatype.DefaultThresholds().CrossoverTransfers()
+	return ts, testCtx(t), vec, n, sgl
 }
 
 // crossoverTransfer moves one message of round's pattern from rank a to
@@ -237,7 +238,7 @@ func crossoverTransfer(t *testing.T, ctx context.Context, a, b *Transport, tag i
 }
 
 func TestTypedCrossoverSymmetric(t *testing.T) {
-	ts, ctx, vec, trials := crossoverJob(t)
+	ts, ctx, vec, trials, _ := crossoverJob(t)
 	span := int(vec.Extent())
 	var src, dst [2][]byte
 	for r := range 2 {
@@ -271,7 +272,7 @@ func TestTypedCrossoverSymmetric(t *testing.T) {
 	}
 	// First use, the trials of both directions, and the rounds in which
 	// the lower rank's verdict reaches the higher rank.
-	pingPongs(1 + 2*trials + 3)
+	pingPongs(1 + trials + 3)
 	s0, s1 := ts[0].NoncontigStats(), ts[1].NoncontigStats()
 	if s0.CrossoverVerdicts != 1 {
 		t.Fatalf("rank 0 reached %d verdicts, want 1: %+v", s0.CrossoverVerdicts, s0)
@@ -297,7 +298,7 @@ func TestTypedCrossoverSymmetric(t *testing.T) {
 }
 
 func TestTypedCrossoverLocal(t *testing.T) {
-	ts, ctx, vec, trials := crossoverJob(t)
+	ts, ctx, vec, trials, sglTrials := crossoverJob(t)
 	span := int(vec.Extent())
 	src, dst := make([]byte, span), make([]byte, span) // reused: the layouts stay cached
 	transfer := func(round int) {
@@ -308,18 +309,18 @@ func TestTypedCrossoverLocal(t *testing.T) {
 	// The first use goes pack and leaves the layouts cached; then the
 	// trials; then the verdict.
 	round := 0
-	for ; round < 1+2*trials; round++ {
+	for ; round < 1+trials; round++ {
 		transfer(round)
 	}
 	r1 := ts[1].NoncontigStats()
-	if n := r1.CrossoverTrials - r0.CrossoverTrials; n != int64(2*trials) {
-		t.Fatalf("%d receives timed, want %d: %+v", n, 2*trials, r1)
+	if n := r1.CrossoverTrials - r0.CrossoverTrials; n != int64(trials) {
+		t.Fatalf("%d trial receives, want %d: %+v", n, trials, r1)
 	}
 	if r1.CrossoverVerdicts-r0.CrossoverVerdicts != 1 {
 		t.Fatalf("no verdict after the trials: %+v", r1)
 	}
-	if sgl := r1.Received.SGL - r0.Received.SGL; sgl != int64(trials) {
-		t.Fatalf("%d SGL receives during the trials, want %d", sgl, trials)
+	if sgl := r1.Received.SGL - r0.Received.SGL; sgl != int64(sglTrials) {
+		t.Fatalf("%d SGL receives during the trials, want %d", sgl, sglTrials)
 	}
 	// The sender measured its RTS-to-CTS round trip (and carries it in its
 	// RTS, where the receiver charges it to the SGL trials).
@@ -330,7 +331,7 @@ func TestTypedCrossoverLocal(t *testing.T) {
 	if nc0.rtt(1) == 0 {
 		t.Fatal("no RTS-to-CTS round trip recorded after the SGL trials")
 	}
-	for ; round < 1+2*trials+5; round++ {
+	for ; round < 1+trials+5; round++ {
 		transfer(round)
 	}
 	r2 := ts[1].NoncontigStats()
@@ -351,7 +352,7 @@ func TestTypedCrossoverLocal(t *testing.T) {
 // the verdict it took; a verdict older than CrossoverReuse is not taken by a
 // new pair, which is measured anew.
 func TestTypedCrossoverShape(t *testing.T) {
-	ts, ctx, vec, trials := crossoverJob(t)
+	ts, ctx, vec, trials, _ := crossoverJob(t)
 	span := int(vec.Extent())
 	// Rank 1 sends to rank 0, the lower rank, which decides for itself.
 	transfers := func(src, dst []byte, n int) {
@@ -360,7 +361,7 @@ func TestTypedCrossoverShape(t *testing.T) {
 			crossoverTransfer(t, ctx, ts[1], ts[0], 7, src, dst, vec, round)
 		}
 	}
-	transfers(make([]byte, span), make([]byte, span), 1+2*trials+2)
+	transfers(make([]byte, span), make([]byte, span), 1+trials+2)
 	r1 := ts[0].NoncontigStats()
 	if r1.CrossoverVerdicts != 1 {
 		t.Fatalf("%d verdicts after the first pair's trials, want 1: %+v", r1.CrossoverVerdicts, r1)
@@ -396,11 +397,11 @@ func TestTypedCrossoverShape(t *testing.T) {
 			pack3, sgl3, pack, sgl, r2, r3)
 	}
 	// A third pair of the same shape is measured anew.
-	transfers(make([]byte, span), make([]byte, span), 1+2*trials+2)
+	transfers(make([]byte, span), make([]byte, span), 1+trials+2)
 	r4 := ts[0].NoncontigStats()
-	if r4.CrossoverVerdicts != 2 || r4.CrossoverTrials-r3.CrossoverTrials != int64(2*trials) {
+	if r4.CrossoverVerdicts != 2 || r4.CrossoverTrials-r3.CrossoverTrials != int64(trials) {
 		t.Fatalf("the third pair, after the reuse time: %d verdicts, %d trials, want 2 and %d: %+v",
-			r4.CrossoverVerdicts, r4.CrossoverTrials-r3.CrossoverTrials, 2*trials, r4)
+			r4.CrossoverVerdicts, r4.CrossoverTrials-r3.CrossoverTrials, trials, r4)
 	}
 }
 

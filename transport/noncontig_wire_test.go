@@ -95,6 +95,7 @@ func TestVerdictMapsBounded(t *testing.T) {
 func TestNoncontigOptionsFromEnv(t *testing.T) {
 	t.Setenv("TROUPE_NC_T", "4096")
 	t.Setenv("TROUPE_NC_CROSSOVER_TRIALS", "5")
+	t.Setenv("TROUPE_NC_CROSSOVER_RUN", "3")
 	t.Setenv("TROUPE_NC_CROSSOVER_REUSE", "250ms")
 	t.Setenv("TROUPE_NC_SCHEME", "sgl")
 	o, err := NoncontigOptionsFromEnv(DefaultNoncontigOptions())
@@ -102,8 +103,8 @@ func TestNoncontigOptionsFromEnv(t *testing.T) {
 		t.Fatal(err)
 	}
 	th := o.Thresholds
-	if th.ZCopyAvgBlock != 4096 || th.CrossoverTrials != 5 || th.CrossoverReuse != 250*time.Millisecond || o.Scheme != datatype.SchemeSGL {
-		t.Fatalf("options from the environment: T %d, trials %d, reuse %v, scheme %v", th.ZCopyAvgBlock, th.CrossoverTrials, th.CrossoverReuse, o.Scheme)
+	if th.ZCopyAvgBlock != 4096 || th.CrossoverTrials != 5 || th.CrossoverRun != 3 || th.CrossoverReuse != 250*time.Millisecond || o.Scheme != datatype.SchemeSGL {
+		t.Fatalf("options from the environment: T %d, trials %d, run %d, reuse %v, scheme %v", th.ZCopyAvgBlock, th.CrossoverTrials, th.CrossoverRun, th.CrossoverReuse, o.Scheme)
 	}
 	for name, bad := range map[string]string{"TROUPE_NC_CROSSOVER_REUSE": "soon", "TROUPE_NC_T": "8k", "TROUPE_NC_PACK_DEPTH": "x"} {
 		t.Run(name, func(t *testing.T) {
