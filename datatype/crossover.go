@@ -10,21 +10,26 @@ import (
 // assumes one threshold T for every layout; where pack and SGL cross over
 // depends on the machine (memcpy speed against the cost per IOV entry),
 // so near T the adaptive scheme times both instead: Next hands out runs of
-// one scheme, run transfers long, pack and SGL in turn; Observe records how
-// long each took, except the first transfer of each run; and once each
-// scheme has trials timings the verdict from then on is the scheme with the
-// shorter median time (the thresholds' choice when the two are within
-// CrossoverMargin).
+// one scheme, run transfers long, in the order pack, SGL, SGL, pack, pack,
+// SGL, ...; Observe records how long each took, except the first transfer
+// after a change of scheme; and once each scheme has trials timings the
+// verdict from then on is the scheme with the shorter median time (the
+// thresholds' choice when the two are within CrossoverMargin).
 //
 // Runs, not single transfers in turn: a transfer right after one of the
 // other scheme is not what the transfers after the verdict will be (on a
-// 2-vCPU VM an SGL transfer of 64 KiB after a pack one took about 2 µs less
+// 2-vCPU VM an SGL transfer of 64 KiB after a pack one took 10-35 % less
 // than SGL after SGL, and alternating single transfers picked SGL for 4 KiB
-// blocks that pack moves 13-28 % faster; docs/noncontig.md). Medians, not
-// best times: one lucky transfer made a scheme's best time win while its
-// typical time lost; not means, which one slow transfer on a shared machine
-// would swing. With two trials per scheme the (lower) median is the best
-// time. It is a pure state machine: the caller times the transfers.
+// blocks that pack moves 13-28 % faster; docs/noncontig.md). Pack, SGL,
+// SGL, pack (ABBA), not pack, SGL, pack, SGL: a layout's first transfers
+// are often its slowest and get faster for a while (fresh memory, caches,
+// the heap growing), and with the schemes strictly in turn SGL's runs come
+// later on average and look faster than they are; ABBA cancels a steady
+// trend. Medians, not best times: one lucky transfer made a scheme's best
+// time win while its typical time lost; not means, which one slow transfer
+// on a shared machine would swing. With two trials per scheme the (lower)
+// median is the best time. It is a pure state machine: the caller times the
+// transfers.
 type Crossover struct {
 	trials  int
 	run     int
@@ -50,11 +55,10 @@ func median(ds []time.Duration) time.Duration {
 const CrossoverMargin = 0.03
 
 // NewCrossover returns a Crossover that times each scheme trials times (at
-// least 1) in runs of run transfers (at least 1; with 1 the schemes
-// alternate and every transfer is timed, else the first of each run is
-// not) and keeps prefer (SchemePack or SchemeSGL: what the thresholds alone
-// would choose) unless the other scheme's median time is shorter by more
-// than CrossoverMargin.
+// least 1) in runs of run transfers (at least 1; with 1 every transfer is
+// timed, else the first after a change of scheme is not) and keeps prefer
+// (SchemePack or SchemeSGL: what the thresholds alone would choose) unless
+// the other scheme's median time is shorter by more than CrossoverMargin.
 func NewCrossover(trials, run int, prefer Scheme) *Crossover {
 	if prefer != SchemeSGL {
 		prefer = SchemePack
@@ -70,14 +74,15 @@ func crossIndex(s Scheme) int {
 }
 
 // Next returns the scheme for the next transfer: the verdict once there is
-// one, else the scheme of the current run (pack first).
+// one, else the scheme of the current run (runs of pack, SGL, SGL, pack,
+// pack, SGL, ...).
 func (c *Crossover) Next() Scheme {
 	if c.verdict != SchemeAuto {
 		return c.verdict
 	}
 	k := c.issued / c.run
 	c.issued++
-	if k%2 == 1 {
+	if (k+1)/2%2 == 1 {
 		return SchemeSGL
 	}
 	return SchemePack
@@ -85,7 +90,7 @@ func (c *Crossover) Next() Scheme {
 
 // Observe records that a transfer under s (SchemePack or SchemeSGL) took
 // d, unless runs are longer than one transfer and it is the first
-// observation of s since one of the other scheme (the first of a run).
+// observation of s since one of the other scheme.
 // Once both schemes have trials timings the verdict is fixed: the
 // preferred scheme, unless the other's median time is shorter by more
 // than CrossoverMargin. Observations after the verdict, and of other schemes,
@@ -140,8 +145,8 @@ func (c *Crossover) Best() (pack, sgl time.Duration) {
 
 // CrossoverTransfers is how many transfers of a layout pair the crossover
 // measurement takes, one after another, until its verdict: 2 x
-// CrossoverTrials with runs of 1, more with longer runs (each run's first
-// transfer is not timed). sgl of them go SGL.
+// CrossoverTrials with runs of 1, more with longer runs (the first
+// transfer after each change of scheme is not timed). sgl of them go SGL.
 func (th Thresholds) CrossoverTransfers() (n, sgl int) {
 	c := NewCrossover(th.CrossoverTrials, th.CrossoverRun, SchemePack)
 	for {

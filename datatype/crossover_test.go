@@ -2,7 +2,6 @@ package datatype
 
 import (
 	"fmt"
-	"strings"
 	"testing"
 	"time"
 )
@@ -27,6 +26,7 @@ func TestCrossover(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := NewCrossover(len(tc.pack), 1, tc.prefer)
+			took := map[Scheme][]time.Duration{SchemePack: tc.pack, SchemeSGL: tc.sgl}
 			var asked []Scheme
 			for i := 0; i < len(tc.pack)+len(tc.sgl); i++ {
 				if _, ok := c.Verdict(); ok {
@@ -34,14 +34,19 @@ func TestCrossover(t *testing.T) {
 				}
 				s := c.Next()
 				asked = append(asked, s)
-				if s == SchemePack {
-					c.Observe(s, tc.pack[i/2])
-				} else {
-					c.Observe(s, tc.sgl[i/2])
+				if len(took[s]) == 0 {
+					t.Fatalf("trials %v: more %v than %d", asked, s, len(tc.pack))
 				}
+				c.Observe(s, took[s][0])
+				took[s] = took[s][1:]
 			}
-			if want := strings.Repeat("pack sgl ", len(tc.pack)); fmt.Sprint(asked) != "["+strings.TrimSpace(want)+"]" {
-				t.Fatalf("trials %v, want pack and sgl alternated, %d each", asked, len(tc.pack))
+			// Pack, SGL, SGL, pack, pack, SGL, ...
+			var want []Scheme
+			for i := range len(tc.pack) + len(tc.sgl) {
+				want = append(want, [2]Scheme{SchemePack, SchemeSGL}[(i+1)/2%2])
+			}
+			if fmt.Sprint(asked) != fmt.Sprint(want) {
+				t.Fatalf("trials %v, want %v", asked, want)
 			}
 			v, ok := c.Verdict()
 			if !ok || v != tc.want || c.Next() != tc.want {
@@ -86,8 +91,8 @@ func TestCrossover(t *testing.T) {
 }
 
 // TestCrossoverRuns: with runs longer than one transfer, Next hands out
-// whole runs of each scheme in turn and the first transfer of each run is
-// not timed, so a fast transfer after a switch of scheme does not decide.
+// whole runs of one scheme and the first transfer after a change of scheme
+// is not timed, so a fast transfer after a switch does not decide.
 func TestCrossoverRuns(t *testing.T) {
 	ms := time.Millisecond
 	c := NewCrossover(1, 2, SchemePack)
@@ -116,12 +121,12 @@ func TestCrossoverRuns(t *testing.T) {
 	if p, s := c.Best(); p != 9*ms || s != 1*ms {
 		t.Fatalf("best %v %v, want 9ms 1ms", p, s)
 	}
-	// Three timed of each of four runs: pack's 8th timing in its third run
-	// (transfer 19 of 24), SGL's in its third (transfer 23).
+	// Runs of four, P S S P P S: timed 3, 3+4, 3+4, then SGL's eighth
+	// timing is the second transfer of its third run (transfer 22).
 	th := DefaultThresholds()
 	th.CrossoverTrials, th.CrossoverRun = 8, 4
-	if n, sgl := th.CrossoverTransfers(); n != 23 || sgl != 11 {
-		t.Errorf("CrossoverTransfers with runs of 4: %d, %d SGL; want 23, 11", n, sgl)
+	if n, sgl := th.CrossoverTransfers(); n != 22 || sgl != 10 {
+		t.Errorf("CrossoverTransfers with runs of 4: %d, %d SGL; want 22, 10", n, sgl)
 	}
 	th.CrossoverRun = 1
 	if n, sgl := th.CrossoverTransfers(); n != 16 || sgl != 8 {

@@ -92,8 +92,8 @@ type Thresholds struct {
 	// and wrong for others (docs/noncontig.md).
 	// CrossoverTrials: timed transfers per scheme before the verdict.
 	// CrossoverRun: the trials go in runs of this many transfers of one
-	// scheme, the first of each run not timed; 1 alternates the schemes
-	// transfer by transfer, all timed (docs/noncontig.md).
+	// scheme (pack, SGL, SGL, pack, ...), the first after each change of
+	// scheme not timed; 1 times every transfer (docs/noncontig.md).
 	CrossoverBand   int64
 	CrossoverTrials int
 	CrossoverRun    int
