@@ -263,9 +263,8 @@ type NoncontigStats struct {
 	// KeyPoolEmpty keys made synchronously because the pool was empty.
 	KeyPoolRefills, KeyPoolEmpty int64
 	// CrossoverTrials counts the receives made to measure a layout pair's
-	// pack/SGL crossover (all but the first after each change of scheme
-	// timed),
-	// CrossoverVerdicts the pairs measured.
+	// pack/SGL crossover (all timed but the first after each change of
+	// scheme), CrossoverVerdicts the pairs measured.
 	// CrossoverAdopted counts receives that took a verdict measured
 	// before: in a symmetric exchange the one the lower-ranked peer
 	// measured for the other direction, or this rank's own for an earlier

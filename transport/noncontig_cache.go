@@ -296,9 +296,13 @@ type noncontig struct {
 	// rtts are this rank's latest RTS-to-CTS round trips as a sender, in
 	// nanoseconds, by peer rank (rts.rtt): atomics, read on every typed
 	// send without the mutex.
-	rtts   []atomic.Uint32
-	nextID uint64
-	keys   []*windowKey
+	rtts []atomic.Uint32
+	// trialTransfers is how many transfers a layout pair's crossover
+	// trials take (Thresholds.CrossoverTransfers): as many receives a
+	// higher rank keeps its own verdict to itself (holdVerdict).
+	trialTransfers int
+	nextID         uint64
+	keys           []*windowKey
 
 	refill  chan struct{}
 	regWake chan struct{}
@@ -325,6 +329,7 @@ func newNoncontig(t *Transport, o NoncontigOptions) *noncontig {
 		regWake:       make(chan struct{}, 1),
 		stop:          make(chan struct{}),
 	}
+	nc.trialTransfers, _ = o.Thresholds.CrossoverTransfers()
 	nc.rtsBufs.New = func() any { b := make([]byte, rtsHdrLen+ncEagerMax); return &b }
 	// The key pool starts full, as an MPI library creates its memory keys
 	// at init.

@@ -624,7 +624,7 @@ func (nc *noncontig) recv(ctx context.Context, c typedCall, seq uint32) (Status,
 			final = cross.Next()
 			if _, ok := cross.Verdict(); ok {
 				cross = nil
-				if n, _ := th.CrossoverTransfers(); !higher || !ls.holdVerdict(k, n) {
+				if !higher || !ls.holdVerdict(k, nc.trialTransfers) {
 					ctsFlags = ctsVerdict
 				}
 			}
