@@ -18,7 +18,7 @@ import (
 //
 // Runs, not single transfers in turn: a transfer right after one of the
 // other scheme is not what the transfers after the verdict will be (on a
-// 2-vCPU VM an SGL transfer of 64 KiB after a pack one took 10-35 % less
+// 2-vCPU VM an SGL transfer of 64 KiB after a pack one took 10-40 % less
 // than SGL after SGL, and alternating single transfers picked SGL for 4 KiB
 // blocks that pack moves 13-28 % faster; docs/noncontig.md). Pack, SGL,
 // SGL, pack (ABBA), not pack, SGL, pack, SGL: a layout's first transfers
