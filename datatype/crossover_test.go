@@ -165,6 +165,14 @@ func TestInCrossoverBand(t *testing.T) {
 	if th.Validate() == nil {
 		t.Error("negative run accepted")
 	}
+	th.CrossoverTrials, th.CrossoverRun = MaxCrossoverTrials+1, 4
+	if th.Validate() == nil {
+		t.Error("trials above MaxCrossoverTrials accepted")
+	}
+	th.CrossoverTrials, th.CrossoverRun = MaxCrossoverTrials, MaxCrossoverTrials
+	if err := th.Validate(); err != nil {
+		t.Errorf("trials and run at MaxCrossoverTrials: %v", err)
+	}
 }
 
 // ExampleCrossover: time both schemes on a layout's first transfers, then

@@ -106,6 +106,11 @@ type Thresholds struct {
 	CrossoverReuse time.Duration
 }
 
+// MaxCrossoverTrials bounds Thresholds.CrossoverTrials and CrossoverRun:
+// more trials than this would keep a layout pair measuring for tens of
+// thousands of transfers, and CrossoverTransfers walks them all.
+const MaxCrossoverTrials = 1 << 12
+
 // DefaultThresholds returns the defaults measured on troupe's reference
 // machine (docs/noncontig.md): T = 8 KiB; windows up to 128 segments (the
 // UMR paper's bound) but only for blocks of 32 KiB and more, because without
@@ -136,6 +141,8 @@ func (th Thresholds) Validate() error {
 		return invalid("Thresholds: MaxIOVsPerOp %d < 1", th.MaxIOVsPerOp)
 	case th.CrossoverBand < 0 || th.CrossoverTrials < 0 || th.CrossoverRun < 0:
 		return invalid("Thresholds: negative CrossoverBand %d, CrossoverTrials %d or CrossoverRun %d", th.CrossoverBand, th.CrossoverTrials, th.CrossoverRun)
+	case th.CrossoverTrials > MaxCrossoverTrials || th.CrossoverRun > MaxCrossoverTrials:
+		return invalid("Thresholds: CrossoverTrials %d or CrossoverRun %d above %d", th.CrossoverTrials, th.CrossoverRun, MaxCrossoverTrials)
 	case th.CrossoverReuse < 0:
 		return invalid("Thresholds: negative CrossoverReuse %v", th.CrossoverReuse)
 	}
