@@ -281,7 +281,11 @@ func noncontigCases(f noncontigFlags) ([]ncCase, error) {
 	for _, n := range f.layouts {
 		want[n] = true
 	}
-	keep := func(n string) bool { return len(want) == 0 || want[n] }
+	found := map[string]bool{}
+	keep := func(n string) bool {
+		found[n] = true
+		return len(want) == 0 || want[n]
+	}
 	var cs []ncCase
 	if !f.noVec {
 		for _, b := range ncVecBlocks {
@@ -290,11 +294,11 @@ func noncontigCases(f noncontigFlags) ([]ncCase, error) {
 				if !keep(name) {
 					continue
 				}
-				v, err := datatype.Vector(n, b/8, 2*b/8, datatype.Float64)
+				c, err := ncVector(b, n)
 				if err != nil {
 					return nil, err
 				}
-				cs = append(cs, ncCase{name, v, v.Extent(), 0})
+				cs = append(cs, c)
 			}
 		}
 	}
@@ -310,10 +314,39 @@ func noncontigCases(f noncontigFlags) ([]ncCase, error) {
 			cs = append(cs, ncCase{name, l.Type, l.Alloc, l.Base})
 		}
 	}
+	// A named vector outside the sweep is measured too; any other unknown
+	// name is an error rather than silently measuring nothing for it.
+	for _, name := range f.layouts {
+		if found[name] {
+			continue
+		}
+		var b, n int64
+		if _, err := fmt.Sscanf(name, "vec_%dx%d", &b, &n); err != nil || name != fmt.Sprintf("vec_%dx%d", b, n) || f.noVec {
+			return nil, fmt.Errorf("unknown layout %q: vec_<block>x<count> (block bytes a multiple of 8) or one of %s", name, strings.Join(layouts.Names, ", "))
+		}
+		c, err := ncVector(b, n)
+		if err != nil {
+			return nil, fmt.Errorf("layout %q: %w", name, err)
+		}
+		cs = append(cs, c)
+	}
 	if len(cs) == 0 {
 		return nil, fmt.Errorf("no layout selected")
 	}
 	return cs, nil
+}
+
+// ncVector is the sweep's vector layout: count blocks of block bytes
+// (float64 elements), each block followed by a gap of its size.
+func ncVector(block, count int64) (ncCase, error) {
+	if block <= 0 || block%8 != 0 {
+		return ncCase{}, fmt.Errorf("vector block of %d bytes: a positive multiple of 8 is needed", block)
+	}
+	v, err := datatype.Vector(count, block/8, 2*block/8, datatype.Float64)
+	if err != nil {
+		return ncCase{}, err
+	}
+	return ncCase{fmt.Sprintf("vec_%dx%d", block, count), v, v.Extent(), 0}, nil
 }
 
 // ncRun is one case made ready to measure: its buffer filled with the

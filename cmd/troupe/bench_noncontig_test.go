@@ -225,3 +225,30 @@ func TestNoncontigJob(t *testing.T) {
 		}
 	}
 }
+
+// --layout selects sweep and DDTBench layouts by name, builds any other
+// vec_<block>x<count>, and refuses a name it cannot build.
+func TestNoncontigCasesByName(t *testing.T) {
+	cs, err := noncontigCases(noncontigFlags{layouts: []string{"vec_64x16", "milc_zd", "vec_24x5"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, c := range cs {
+		names = append(names, c.name)
+	}
+	if got := strings.Join(names, " "); got != "vec_64x16 milc_zd vec_24x5" {
+		t.Fatalf("cases %q", got)
+	}
+	if n, err := cs[2].dt.PackedSize(1); err != nil || n != 120 || cs[2].alloc != 4*48+24 {
+		t.Fatalf("vec_24x5: %d packed bytes (%v), extent %d; want 120 and %d", n, err, cs[2].alloc, 4*48+24)
+	}
+	for _, bad := range []string{"foo", "vec_7x3", "vec_0x3", "vec_64x16x", "vec_064x16"} {
+		if _, err := noncontigCases(noncontigFlags{layouts: []string{bad}}); err == nil {
+			t.Errorf("layout %q accepted", bad)
+		}
+	}
+	if _, err := noncontigCases(noncontigFlags{layouts: []string{"vec_24x5"}, noVec: true}); err == nil {
+		t.Error("a vector layout accepted with --no-vectors")
+	}
+}
