@@ -255,6 +255,11 @@ func appendBody(b []byte, ct *codecType, msg any, ptr bool) (body []byte, payloa
 	return append(b, body...), payload, err
 }
 
+// stagesPayload reports whether the data sent beside the body is the
+// runtime's own copy (a Typed field packed, a gpu.Buffer field staged to
+// the host, both in getBuf's memory) rather than the sender's Payload.
+func (ct *codecType) stagesPayload() bool { return ct.typed >= 0 || ct.device >= 0 }
+
 // encodeBodySlow is encodeBody by msgpack's reflection.
 func encodeBodySlow(ct *codecType, msg any) (body []byte, payload []byte, err error) {
 	v := reflect.ValueOf(msg)

@@ -44,8 +44,9 @@ func stageDevice(f reflect.Value) ([]byte, error) {
 	if b.IsZero() {
 		return nil, nil
 	}
-	host := make([]byte, b.Len())
+	host := getBuf(b.Len()) // post returns it to the pool (stagedPayload)
 	if err := gpu.CopyToHost(host, b); err != nil {
+		putBuf(host)
 		return nil, fmt.Errorf("staging a %d-byte device buffer: %w", b.Len(), err)
 	}
 	return host, nil

@@ -39,6 +39,13 @@ func (l *largeSends) release(b []byte, req *transport.Request) {
 	if cap(b) <= transport.MaxPostAM {
 		return
 	}
+	l.hold(b, req)
+}
+
+// hold hands b back to the landing pool once req (nil: nothing reads b any
+// more) has completed, whatever its size: the staged copies of Typed and
+// gpu.Buffer fields come from that pool (stagedPayload).
+func (l *largeSends) hold(b []byte, req *transport.Request) {
 	if req != nil {
 		if done, _ := req.Finished(); !done {
 			l.mu.Lock()

@@ -124,7 +124,7 @@ func (rt *Runtime) sendAsync(r int, target *pa.PID, msg any, sender *pa.PID, fla
 	// A large Typed field follows the message by the typed-transfer
 	// protocol, and a cuda device buffer for a process of this host goes as
 	// a CUDA IPC descriptor: the body carries the field zeroed.
-	direct, msg, err := rt.typedDirect(ct, msg, ptr)
+	direct, msg, err := rt.typedDirect(r, ct, msg, ptr)
 	if err != nil {
 		return nil, err
 	}
@@ -158,6 +158,8 @@ func (rt *Runtime) post(r int, target *pa.PID, msg any, sender *pa.PID, flags ui
 		rt.large.reclaim()
 		start, reused = takeBuf(int(n))
 		start = start[:0]
+	} else if ct.stagesPayload() {
+		rt.large.reclaim() // the staged copies of earlier messages
 	}
 	var held *transport.Request // the send that still reads b
 	b, payload, err := appendBody(start, ct, msg, ptr)
@@ -181,6 +183,7 @@ func (rt *Runtime) post(r int, target *pa.PID, msg any, sender *pa.PID, flags ui
 		e.SenderRank, e.Sender = sr, sender.Id
 	}
 	data := body
+	staged := false // data is the runtime's copy of a Typed or gpu.Buffer field
 	switch {
 	case direct != nil:
 		e.Flags |= flagBodyHdr | flagTypedXfer
@@ -194,6 +197,7 @@ func (rt *Runtime) post(r int, target *pa.PID, msg any, sender *pa.PID, flags ui
 	case payload != nil:
 		e.Flags |= flagBodyHdr
 		e.Body, e.PayloadLen, data = body, len(payload), payload
+		staged = ct.stagesPayload()
 	}
 	b = appendEnvelope(b, &e)
 	if cap(b) <= transport.MaxPostAM {
@@ -216,6 +220,8 @@ func (rt *Runtime) post(r int, target *pa.PID, msg any, sender *pa.PID, flags ui
 	}
 	out.used.Store(true)
 	var xfer *transport.TypedTransfer
+	// sent is the send's request while the transport still reads its data.
+	var sent *transport.Request
 	pooled := payload == nil && direct == nil && dev == nil // data is body, in the pooled buffer
 	if direct != nil {
 		// The receiver takes its typed receives' places in the order the
@@ -223,7 +229,7 @@ func (rt *Runtime) post(r int, target *pa.PID, msg any, sender *pa.PID, flags ui
 		// under one lock; the transfer itself runs after, in this
 		// goroutine.
 		out.orderMu.Lock()
-		if held, err = rt.postAM(r, hdr, data, pooled); err == nil {
+		if sent, err = rt.postAM(r, hdr, data, pooled); err == nil {
 			f := direct.f
 			xfer, err = rt.t.PrepareSendTyped(r, 0, f.Buf, f.Type, int(f.Count), rt.typedOptions(f.Base))
 			if err != nil {
@@ -242,7 +248,7 @@ func (rt *Runtime) post(r int, target *pa.PID, msg any, sender *pa.PID, flags ui
 		// messages arrive: the message and the channel send go out under
 		// one lock.
 		out.orderMu.Lock()
-		if held, err = rt.postAM(r, hdr, data, pooled); err == nil {
+		if sent, err = rt.postAM(r, hdr, data, pooled); err == nil {
 			if err = rt.sendPair(dev); err != nil {
 				out.orderMu.Unlock()
 				return nil, fmt.Errorf("actor: sending %s to %s: its gpu.Buffer field: %w", ct.name, target, err)
@@ -250,7 +256,15 @@ func (rt *Runtime) post(r int, target *pa.PID, msg any, sender *pa.PID, flags ui
 		}
 		out.orderMu.Unlock()
 	} else {
-		held, err = rt.postAM(r, hdr, data, pooled)
+		sent, err = rt.postAM(r, hdr, data, pooled)
+	}
+	if pooled {
+		held = sent
+	}
+	if staged {
+		// Back to the pool when the send is done with it: a fresh buffer
+		// for every message cost a page fault a page (largeSends).
+		rt.large.hold(payload, sent)
 	}
 	if err != nil {
 		if e.Flags&flagNoCredit == 0 {
@@ -282,7 +296,7 @@ func (rt *Runtime) post(r int, target *pa.PID, msg any, sender *pa.PID, flags ui
 
 // postAM sends one actor message's header and data; pooled says data is in
 // the encoding buffer, as hdr is. It returns the send's request when the
-// transport goes on reading that buffer after the call.
+// transport goes on reading data after the call.
 func (rt *Runtime) postAM(r int, hdr, data []byte, pooled bool) (*transport.Request, error) {
 	if len(hdr)+len(data) <= transport.MaxPostAM {
 		// Small messages are copied as they are posted: no request to
@@ -308,9 +322,6 @@ func (rt *Runtime) postAM(r int, hdr, data []byte, pooled bool) (*transport.Requ
 	}
 	if done, rerr := req.Finished(); done && rerr != nil {
 		return nil, rerr
-	}
-	if !pooled {
-		return nil, nil
 	}
 	return req, nil
 }

@@ -79,8 +79,10 @@ type Options struct {
 	// TypedDirectMin is the packed size from which a message's Typed field
 	// goes through the transport's typed-transfer protocol (pipelined pack,
 	// scatter-gather or zero-copy windows, chosen per layout) instead of
-	// being packed into the active message (0: DefaultTypedDirectMin;
-	// negative: never). See Typed.
+	// being packed into the active message (0: DefaultTypedDirectMinCMA
+	// to ranks that large messages reach by same-host zero copy,
+	// transport.Transport.CMAPeer, and DefaultTypedDirectMin to the
+	// others; negative: never). See Typed.
 	TypedDirectMin int
 	// TypedScheme forces the typed-transfer scheme of Typed fields that go
 	// by the protocol, on this rank's side (SchemeAuto: the transport's
@@ -124,8 +126,17 @@ const EnvActorEagerMax = "TROUPE_ACTOR_EAGER_MAX"
 // EnvActorPull, set to "off", makes Init's runtime SenderDriven.
 const EnvActorPull = "TROUPE_ACTOR_PULL"
 
-// DefaultTypedDirectMin is the default Options.TypedDirectMin.
+// DefaultTypedDirectMin is the default Options.TypedDirectMin toward ranks
+// on other hosts, or on this one without same-host zero copy: there the
+// protocol's extra round trip costs more than packing the field into the
+// active message up to about this size (docs/noncontig.md).
 const DefaultTypedDirectMin = 256 << 10
+
+// DefaultTypedDirectMinCMA is the default Options.TypedDirectMin toward
+// ranks of this host that large messages reach by cross-memory attach
+// (transport.Transport.CMAPeer): from here the protocol's pipelined pack
+// beats one whole-field pack, a copy and an unpack (docs/noncontig.md).
+const DefaultTypedDirectMinCMA = 32 << 10
 
 // Runtime is one rank's actor system: a protoactor-go ActorSystem whose
 // address names the rank, with every other rank's actors reachable through
@@ -139,9 +150,11 @@ type Runtime struct {
 	log     *zap.Logger
 	addrs   []string
 	credits int
-	// typedMin is Options.TypedDirectMin resolved (math.MaxInt64: never),
-	// typedScheme Options.TypedScheme; SetTypedTransfer changes both.
+	// typedMin is Options.TypedDirectMin resolved (math.MaxInt64: never)
+	// and typedMinCMA the same toward CMA peers, typedScheme
+	// Options.TypedScheme; SetTypedTransfer changes them.
 	typedMin    atomic.Int64
+	typedMinCMA atomic.Int64
 	typedScheme atomic.Int32
 
 	remotes  []*remoteProcess
@@ -458,14 +471,15 @@ func (rt *Runtime) SetTypedTransfer(directMin int, scheme datatype.Scheme) error
 	if scheme > datatype.SchemeZCopy {
 		return fmt.Errorf("actor: Typed scheme %d", scheme)
 	}
-	m := int64(directMin)
+	m, near := int64(directMin), int64(directMin)
 	switch {
 	case m == 0:
-		m = DefaultTypedDirectMin
+		m, near = DefaultTypedDirectMin, DefaultTypedDirectMinCMA
 	case m < 0:
-		m = math.MaxInt64
+		m, near = math.MaxInt64, math.MaxInt64
 	}
 	rt.typedMin.Store(m)
+	rt.typedMinCMA.Store(near)
 	rt.typedScheme.Store(int32(scheme))
 	return nil
 }

@@ -17,7 +17,8 @@ import (
 // Payload, or one gpu.Buffer), at the top level of its struct.
 //
 // Nothing of it enters the msgpack body. A field of fewer packed bytes than
-// Options.TypedDirectMin (default 256 KiB) is packed at the sender
+// Options.TypedDirectMin (default 32 KiB to a rank of the same host reached
+// by cross-memory attach, 256 KiB to others) is packed at the sender
 // (datatype.Pack) behind its type signature and travels as the active
 // message's data; the receiving rank unpacks it. A larger one follows the
 // message by the transport's typed-transfer protocol (docs/noncontig.md):
@@ -78,9 +79,10 @@ func packTyped(f reflect.Value) ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("Typed field: %w", err)
 	}
-	out := make([]byte, typedSigSize+n)
+	out := getBuf(typedSigSize + int(n)) // post returns it to the pool (stagedPayload)
 	putSignature(out, sig)
 	if _, err := t.Type.Pack(out[typedSigSize:], t.Buf, t.Base, t.Count); err != nil {
+		putBuf(out)
 		return nil, fmt.Errorf("packing a Typed field: %w", err)
 	}
 	return out, nil
@@ -207,10 +209,10 @@ type directTyped struct {
 // Typed field allocates on the sender's word.
 const maxTypedLanding = 1 << 34
 
-// typedDirect returns the message's Typed field when it goes by the
-// typed-transfer protocol, and msg with that field zeroed; otherwise nil
+// typedDirect returns the message's Typed field when it goes to rank r by
+// the typed-transfer protocol, and msg with that field zeroed; otherwise nil
 // and msg unchanged.
-func (rt *Runtime) typedDirect(ct *codecType, msg any, ptr bool) (*directTyped, any, error) {
+func (rt *Runtime) typedDirect(r int, ct *codecType, msg any, ptr bool) (*directTyped, any, error) {
 	if ct.typed < 0 {
 		return nil, msg, nil
 	}
@@ -222,8 +224,12 @@ func (rt *Runtime) typedDirect(ct *codecType, msg any, ptr bool) (*directTyped, 
 	if f.Type == nil {
 		return nil, msg, nil
 	}
+	threshold := rt.typedMin.Load()
+	if rt.t.CMAPeer(r) {
+		threshold = rt.typedMinCMA.Load()
+	}
 	n, err := f.Type.PackedSize(f.Count)
-	if err != nil || n < rt.typedMin.Load() {
+	if err != nil || n < threshold {
 		return nil, msg, nil // packed into the message (packTyped reports errors)
 	}
 	if n > maxTypedLanding {

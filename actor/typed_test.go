@@ -229,68 +229,13 @@ func TestTypedFieldSchemes(t *testing.T) {
 	schemes := []datatype.Scheme{datatype.SchemePack, datatype.SchemeSGL, datatype.SchemeZCopy, datatype.SchemeAuto}
 	for _, scheme := range schemes {
 		t.Run(scheme.String(), func(t *testing.T) {
-			ty, err := datatype.Vector(64, 2048, 4096, datatype.Byte)
-			if err != nil {
-				t.Fatal(err)
-			}
 			rts := startLocalWith(t, 2, Options{TypedDirectMin: 1})
 			for _, rt := range rts {
 				if err := rt.Transport().SetNoncontigOptions(transport.NoncontigOptions{Scheme: scheme}); err != nil {
 					t.Fatal(err)
 				}
 			}
-			const senders, steps = 2, 12
-			got := make(chan stripe, senders*steps)
-			pings := make(chan int, senders*steps)
-			props := rts[1].PropsFromFunc(func(c pa.Context) {
-				switch m := c.Message().(type) {
-				case *stripe:
-					got <- *m
-				case *ping:
-					pings <- m.N
-				}
-			})
-			if _, err := rts[1].Root().SpawnNamed(props, "stripes"); err != nil {
-				t.Fatal(err)
-			}
-			target := rts[0].PID(1, "stripes")
-			errs := make(chan error, senders)
-			for from := range senders {
-				go func() {
-					for step := range steps {
-						f, _ := stripeOf(ty, from, step)
-						if err := rts[0].Send(target, &stripe{From: from, Step: step, Data: f}); err != nil {
-							errs <- err
-							return
-						}
-						if err := rts[0].Send(target, &ping{N: from*steps + step}); err != nil {
-							errs <- err
-							return
-						}
-					}
-					errs <- nil
-				}()
-			}
-			for range senders {
-				if err := <-errs; err != nil {
-					t.Fatal(err)
-				}
-			}
-			next := make([]int, senders)
-			for range senders * steps {
-				m := <-got
-				if m.Step != next[m.From] {
-					t.Fatalf("sender %d: step %d arrived, want %d", m.From, m.Step, next[m.From])
-				}
-				next[m.From]++
-				_, want := stripeOf(ty, m.From, m.Step)
-				if m.Data.Type != datatype.Byte || !bytes.Equal(m.Data.Buf, want) {
-					t.Fatalf("sender %d step %d: field damaged (%d bytes)", m.From, m.Step, len(m.Data.Buf))
-				}
-			}
-			for range senders * steps {
-				<-pings
-			}
+			n := sendStripes(t, rts)
 			rs := rts[1].Transport().NoncontigStats().Received
 			total := rs.Pack + rs.SGL + rs.ZCopy
 			var forced int64
@@ -304,11 +249,146 @@ func TestTypedFieldSchemes(t *testing.T) {
 			default:
 				forced = total
 			}
-			if total != senders*steps || forced != total {
-				t.Fatalf("receiver's schemes %+v, want all %d as %v", rs, senders*steps, scheme)
+			if total != int64(n) || forced != total {
+				t.Fatalf("receiver's schemes %+v, want all %d as %v", rs, n, scheme)
 			}
-			if n := rts[1].Stats().TypedReceived.Load(); n != senders*steps {
-				t.Fatalf("TypedReceived %d, want %d", n, senders*steps)
+			if got := rts[1].Stats().TypedReceived.Load(); got != uint64(n) {
+				t.Fatalf("TypedReceived %d, want %d", got, n)
+			}
+		})
+	}
+}
+
+// The same stripes packed into their active messages: each sender's packed
+// copy is still being read while the next stripes are packed, so a staging
+// buffer handed back to the pool too early would show as damaged bytes.
+func TestTypedFieldsPackedInFlight(t *testing.T) {
+	rts := startLocalWith(t, 2, Options{TypedDirectMin: -1})
+	sendStripes(t, rts)
+	if got := rts[0].Stats().TypedSent.Load(); got != 0 {
+		t.Fatalf("%d fields went by the protocol, want none", got)
+	}
+}
+
+// sendStripes has two goroutines of rts[0] each send 12 stripes (128 KiB
+// packed) to an actor of rts[1], interleaved with small messages, and checks
+// that each sender's stripes arrive in order and intact. It returns how many
+// stripes were sent.
+func sendStripes(t *testing.T, rts []*Runtime) int {
+	t.Helper()
+	ty, err := datatype.Vector(64, 2048, 4096, datatype.Byte)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const senders, steps = 2, 12
+	got := make(chan stripe, senders*steps)
+	pings := make(chan int, senders*steps)
+	props := rts[1].PropsFromFunc(func(c pa.Context) {
+		switch m := c.Message().(type) {
+		case *stripe:
+			got <- *m
+		case *ping:
+			pings <- m.N
+		}
+	})
+	if _, err := rts[1].Root().SpawnNamed(props, "stripes"); err != nil {
+		t.Fatal(err)
+	}
+	target := rts[0].PID(1, "stripes")
+	errs := make(chan error, senders)
+	for from := range senders {
+		go func() {
+			for step := range steps {
+				f, _ := stripeOf(ty, from, step)
+				if err := rts[0].Send(target, &stripe{From: from, Step: step, Data: f}); err != nil {
+					errs <- err
+					return
+				}
+				if err := rts[0].Send(target, &ping{N: from*steps + step}); err != nil {
+					errs <- err
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	for range senders {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	next := make([]int, senders)
+	for range senders * steps {
+		m := <-got
+		if m.Step != next[m.From] {
+			t.Fatalf("sender %d: step %d arrived, want %d", m.From, m.Step, next[m.From])
+		}
+		next[m.From]++
+		_, want := stripeOf(ty, m.From, m.Step)
+		if m.Data.Type != datatype.Byte || !bytes.Equal(m.Data.Buf, want) {
+			t.Fatalf("sender %d step %d: field damaged (%d bytes)", m.From, m.Step, len(m.Data.Buf))
+		}
+	}
+	for range senders * steps {
+		<-pings
+	}
+	return senders * steps
+}
+
+// With Options.TypedDirectMin left at 0, the size from which a Typed field
+// goes by the protocol depends on the peer: DefaultTypedDirectMinCMA toward
+// a rank that large messages reach by cross-memory attach, else
+// DefaultTypedDirectMin.
+func TestTypedDirectDefault(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		cma  bool
+	}{{"cma", true}, {"no-cma", false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			if !tc.cma {
+				t.Setenv("TROUPE_CMA", "off")
+			}
+			rts := startLocalWith(t, 2, Options{})
+			if got := rts[0].Transport().CMAPeer(1); got != tc.cma {
+				if tc.cma {
+					t.Skip("same-host zero copy (CMA) is not usable here (process_vm_readv refused), so the CMA default is not exercised")
+				}
+				t.Fatalf("CMAPeer(1) = %v with TROUPE_CMA=off", got)
+			}
+			sink := &faceSink{seen: make(chan face, 1)}
+			if _, err := rts[1].Root().SpawnNamed(rts[1].Props(func() pa.Actor { return sink }), "faces"); err != nil {
+				t.Fatal(err)
+			}
+			target := rts[0].PID(1, "faces")
+			threshold := DefaultTypedDirectMin
+			if tc.cma {
+				threshold = DefaultTypedDirectMinCMA
+			}
+			for _, packed := range []int{threshold - 512, threshold} {
+				ty, err := datatype.Vector(int64(packed/512), 512, 1024, datatype.Byte)
+				if err != nil {
+					t.Fatal(err)
+				}
+				src := make([]byte, 2*packed)
+				for i := range src {
+					src[i] = byte(i * 5)
+				}
+				before := rts[0].Stats().TypedSent.Load()
+				msg := &face{Step: packed, Col: Typed{Buf: src, Type: ty, Count: 1}}
+				if _, err := rts[0].Request(target, msg, 10*time.Second); err != nil {
+					t.Fatal(err)
+				}
+				f := <-sink.seen
+				if f.Step != packed || len(f.Col.Buf) != packed || f.Col.Buf[511] != src[511] || f.Col.Buf[512] != src[1024] {
+					t.Fatalf("%d packed bytes: step %d, %d bytes landed", packed, f.Step, len(f.Col.Buf))
+				}
+				want := uint64(0)
+				if packed >= threshold {
+					want = 1
+				}
+				if got := rts[0].Stats().TypedSent.Load() - before; got != want {
+					t.Fatalf("a field of %d packed bytes (threshold %d): %d went by the protocol, want %d", packed, threshold, got, want)
+				}
 			}
 		})
 	}

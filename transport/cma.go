@@ -353,6 +353,17 @@ func (t *Transport) cmaSetup(exchange func([]byte) ([][]byte, error)) error {
 	return nil
 }
 
+// CMAPeer reports whether large messages to rank peer go by same-host zero
+// copy (cross-memory attach): both ranks take part and share this host,
+// and reading the peer's memory has not been found to fail.
+func (t *Transport) CMAPeer(peer int) bool {
+	if !t.cma.on || peer < 0 || peer >= len(t.cma.peers) {
+		return false
+	}
+	p := t.cma.peers[peer]
+	return p != nil && p.state.Load() != cmaUnusable
+}
+
 // useCMA reports whether a send of n bytes to dst goes by CMA, the
 // threshold being Options.CMAThreshold, or with pull (AMPull) the smaller
 // of it and PullMin. It may be called without the worker lock.
