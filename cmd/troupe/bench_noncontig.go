@@ -38,8 +38,8 @@ type ncPoint struct {
 	// by default; typed benchmark only).
 	BestBatchUs float64 `json:"best_batch_us,omitempty"`
 	// Used counts, on the adaptive row, the transfers of its timed batches
-	// by the scheme they took (rank 0's sends and receives; typed
-	// benchmark only): what the adaptive default chose, and how steadily.
+	// by the scheme they took (rank 0's sends and receives, through actors
+	// too): what the adaptive default chose, and how steadily.
 	Used *transport.SchemeCounts `json:"used,omitempty"`
 }
 

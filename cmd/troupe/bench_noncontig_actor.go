@@ -111,6 +111,7 @@ func noncontigActorRank(ctx context.Context, f noncontigFlags, boot bootstrap.Bo
 		// benchmark does (ncTurns); each way's best batch is reported.
 		batch, warmup := max(r.iters/4, 3), r.warmup
 		best := map[string]float64{}
+		var used transport.SchemeCounts // the adaptive batches' schemes (rank 0)
 		settle := newNCSettle(boot, c.name, f)
 		rounds := 0
 		for round := 0; ; round++ {
@@ -123,7 +124,11 @@ func noncontigActorRank(ctx context.Context, f noncontigFlags, boot bootstrap.Bo
 				if err := boot.Barrier(ctx, fmt.Sprintf("nc.%s.%d.%d", c.name, round, turn)); err != nil {
 					return err
 				}
-				if err := ncActorRun(ctx, t.Rank(), rt, self, w.name, warmup, batch, best); err != nil {
+				var u *transport.SchemeCounts
+				if w.scheme == datatype.SchemeAuto && w.min > 0 {
+					u = &used
+				}
+				if err := ncActorRun(ctx, t, rt, self, w.name, warmup, batch, best, u); err != nil {
 					return fmt.Errorf("%s %s: %w", c.name, w.name, err)
 				}
 				if err := boot.Barrier(ctx, fmt.Sprintf("nc.%s.%d.%d.end", c.name, round, turn)); err != nil {
@@ -146,6 +151,9 @@ func noncontigActorRank(ctx context.Context, f noncontigFlags, boot bootstrap.Bo
 			for _, w := range ncActorWays {
 				pt := ncPoint{Layout: c.name, Scheme: w.name, LatUs: best[w.name], Bytes: r.bytes, Blocks: r.segments,
 					Batches: rounds * len(ncActorTurns) / len(ncActorWays)}
+				if w.name == "adaptive" {
+					pt.Used = &used
+				}
 				if err := enc.Encode(pt); err != nil {
 					return err
 				}
@@ -160,9 +168,10 @@ func noncontigActorRank(ctx context.Context, f noncontigFlags, boot bootstrap.Bo
 }
 
 // ncActorRun runs, on rank 0, warmup and then iters round trips from its
-// actor, and records the one-way latency in best[way] if it is the best.
-func ncActorRun(ctx context.Context, rank int, rt *actor.Runtime, self *pa.PID, way string, warmup, iters int, best map[string]float64) error {
-	if rank != 0 {
+// actor, and records the one-way latency in best[way] if it is the best;
+// used (when not nil) counts the timed round trips' transfers by scheme.
+func ncActorRun(ctx context.Context, t *transport.Transport, rt *actor.Runtime, self *pa.PID, way string, warmup, iters int, best map[string]float64, used *transport.SchemeCounts) error {
+	if t.Rank() != 0 {
 		return nil
 	}
 	run := func(n int) error {
@@ -178,11 +187,15 @@ func ncActorRun(ctx context.Context, rank int, rt *actor.Runtime, self *pa.PID, 
 	if err := run(warmup); err != nil {
 		return fmt.Errorf("warm-up: %w", err)
 	}
+	before := t.NoncontigStats()
 	start := time.Now()
 	if err := run(iters); err != nil {
 		return err
 	}
 	lat := float64(time.Since(start).Nanoseconds()) / float64(2e3*iters)
+	if used != nil {
+		addUsed(used, before, t.NoncontigStats())
+	}
 	if b, ok := best[way]; !ok || lat < b {
 		best[way] = lat
 	}
