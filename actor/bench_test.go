@@ -107,7 +107,31 @@ func BenchmarkLocalPingPong(b *testing.B) {
 // (TypedDirectMin -1), and waits for the answer: B/op shows whether the
 // packed copies reuse pooled memory (far below 128 KiB) or are fresh.
 func BenchmarkTypedPacked(b *testing.B) {
-	rts := startLocalWith(b, 2, Options{TypedDirectMin: -1})
+	benchTypedRequests(b, startLocalWith(b, 2, Options{TypedDirectMin: -1}))
+}
+
+// BenchmarkTypedInProcess is BenchmarkTypedPacked's request and answer
+// with the field packed into the active message ("am") and by the
+// typed-transfer protocol under each scheme, between two ranks of one
+// process: they share its Ps, and the protocol's waiters and progress
+// goroutines then compete for them (docs/noncontig.md, "Packed fields in
+// pooled memory, and the threshold per peer").
+func BenchmarkTypedInProcess(b *testing.B) {
+	for _, way := range []struct {
+		name   string
+		min    int
+		scheme datatype.Scheme
+	}{{"am", -1, datatype.SchemeAuto}, {"pack", 1, datatype.SchemePack}, {"sgl", 1, datatype.SchemeSGL}, {"adaptive", 1, datatype.SchemeAuto}} {
+		b.Run(way.name, func(b *testing.B) {
+			rts := startLocalWith(b, 2, Options{TypedDirectMin: way.min, TypedScheme: way.scheme})
+			benchTypedRequests(b, rts)
+		})
+	}
+}
+
+// benchTypedRequests times requests carrying a 128 KiB (packed) Typed field
+// from rts[0] to an actor of rts[1] that unpacks it into its own layout.
+func benchTypedRequests(b *testing.B, rts []*Runtime) {
 	ty, err := datatype.Vector(64, 2048, 4096, datatype.Byte)
 	if err != nil {
 		b.Fatal(err)

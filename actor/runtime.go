@@ -80,9 +80,9 @@ type Options struct {
 	// goes through the transport's typed-transfer protocol (pipelined pack,
 	// scatter-gather or zero-copy windows, chosen per layout) instead of
 	// being packed into the active message (0: DefaultTypedDirectMinCMA
-	// to ranks that large messages reach by same-host zero copy,
-	// transport.Transport.CMAPeer, and DefaultTypedDirectMin to the
-	// others; negative: never). See Typed.
+	// to ranks in other processes of this host that large messages reach
+	// by same-host zero copy, transport.Transport.CMAPeer, and
+	// DefaultTypedDirectMin to the others; negative: never). See Typed.
 	TypedDirectMin int
 	// TypedScheme forces the typed-transfer scheme of Typed fields that go
 	// by the protocol, on this rank's side (SchemeAuto: the transport's
@@ -127,15 +127,18 @@ const EnvActorEagerMax = "TROUPE_ACTOR_EAGER_MAX"
 const EnvActorPull = "TROUPE_ACTOR_PULL"
 
 // DefaultTypedDirectMin is the default Options.TypedDirectMin toward ranks
-// on other hosts, or on this one without same-host zero copy: there the
-// protocol's extra round trip costs more than packing the field into the
-// active message up to about this size (docs/noncontig.md).
+// on other hosts, on this one without same-host zero copy, or in this
+// process: there the protocol's extra round trip (or, in one process, its
+// goroutines competing with the other rank's for the Ps) costs more than
+// packing the field into the active message up to about this size
+// (docs/noncontig.md).
 const DefaultTypedDirectMin = 256 << 10
 
 // DefaultTypedDirectMinCMA is the default Options.TypedDirectMin toward
-// ranks of this host that large messages reach by cross-memory attach
-// (transport.Transport.CMAPeer): from here the protocol's pipelined pack
-// beats one whole-field pack, a copy and an unpack (docs/noncontig.md).
+// ranks in other processes of this host that large messages reach by
+// cross-memory attach (transport.Transport.CMAPeer): from here the
+// protocol's pipelined pack beats one whole-field pack, a copy and an
+// unpack (docs/noncontig.md).
 const DefaultTypedDirectMinCMA = 32 << 10
 
 // Runtime is one rank's actor system: a protoactor-go ActorSystem whose

@@ -17,8 +17,9 @@ import (
 // Payload, or one gpu.Buffer), at the top level of its struct.
 //
 // Nothing of it enters the msgpack body. A field of fewer packed bytes than
-// Options.TypedDirectMin (default 32 KiB to a rank of the same host reached
-// by cross-memory attach, 256 KiB to others) is packed at the sender
+// Options.TypedDirectMin (default 32 KiB to a rank in another process of
+// the same host reached by cross-memory attach, 256 KiB to others) is packed
+// at the sender
 // (datatype.Pack) behind its type signature and travels as the active
 // message's data; the receiving rank unpacks it. A larger one follows the
 // message by the transport's typed-transfer protocol (docs/noncontig.md):
@@ -225,7 +226,7 @@ func (rt *Runtime) typedDirect(r int, ct *codecType, msg any, ptr bool) (*direct
 		return nil, msg, nil
 	}
 	threshold := rt.typedMin.Load()
-	if rt.t.CMAPeer(r) {
+	if rt.t.CMAPeer(r) && !rt.t.SameProcess(r) {
 		threshold = rt.typedMinCMA.Load()
 	}
 	n, err := f.Type.PackedSize(f.Count)

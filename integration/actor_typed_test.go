@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 
@@ -29,6 +30,8 @@ func init() {
 	actor.MustRegister[typedVerdict]()
 	scenarios["actor-typed/packed"] = actorTyped(-1)
 	scenarios["actor-typed/protocol"] = actorTyped(1)
+	actor.MustRegister[typedSizeMsg]()
+	scenarios["actor-typed/default"] = actorTypedDefault
 }
 
 // expectTyped tells the sink how to land the next Typed message.
@@ -254,4 +257,104 @@ func TestActorTypedFields(t *testing.T) {
 			})
 		})
 	}
+}
+
+// typedSizeMsg carries a Typed field of N packed bytes (512-byte blocks of a
+// stride of 1 KiB over a pattern).
+type typedSizeMsg struct {
+	N    int
+	Data actor.Typed
+}
+
+// typedSizeSrc is the pattern typedSizeMsg's blocks are taken from.
+func typedSizeSrc(n int) []byte {
+	src := make([]byte, 2*n)
+	for i := range src {
+		src[i] = byte(i * 5)
+	}
+	return src
+}
+
+// actorTypedDefault: with Options.TypedDirectMin left at its default, rank
+// 0 sends rank 1 Typed fields just below and at the threshold for rank 1
+// (actor.DefaultTypedDirectMinCMA when it is another process reached by
+// cross-memory attach, else actor.DefaultTypedDirectMin); only the second
+// may go by the protocol, and both arrive intact (kept packed, no hook).
+func actorTypedDefault(ctx context.Context, r *rank) error {
+	return withActors(ctx, r, actor.Options{}, func(rt *actor.Runtime) error {
+		if r.id() == 1 {
+			_, err := spawn(rt, "typedsize", func(c pa.Context) {
+				m, ok := c.Message().(*typedSizeMsg)
+				if !ok {
+					return
+				}
+				verdict := ""
+				src := typedSizeSrc(m.N)
+				for i, b := range m.Data.Buf {
+					if b != src[i/512*1024+i%512] {
+						verdict = fmt.Sprintf("byte %d of %d differs", i, m.N)
+						break
+					}
+				}
+				if len(m.Data.Buf) != m.N {
+					verdict = fmt.Sprintf("%d bytes arrived for %d", len(m.Data.Buf), m.N)
+				}
+				c.Respond(&typedVerdict{Err: verdict})
+			})
+			if err != nil {
+				return err
+			}
+		}
+		if err := r.b.Barrier(ctx, "actor-typed-default.spawned"); err != nil {
+			return err
+		}
+		if r.id() != 0 {
+			return nil
+		}
+		tr := rt.Transport()
+		threshold := actor.DefaultTypedDirectMin
+		if tr.CMAPeer(1) && !tr.SameProcess(1) {
+			threshold = actor.DefaultTypedDirectMinCMA
+		}
+		for _, n := range []int{threshold - 512, threshold} {
+			ty, err := dt.Vector(int64(n/512), 512, 1024, dt.Byte)
+			if err != nil {
+				return err
+			}
+			before := rt.Stats().TypedSent.Load()
+			res, err := rt.Request(rt.PID(1, "typedsize"), &typedSizeMsg{N: n, Data: actor.Typed{Buf: typedSizeSrc(n), Type: ty, Count: 1}}, actorTimeout)
+			if err != nil {
+				return fmt.Errorf("%d packed bytes: %w", n, err)
+			}
+			if v, ok := res.(*typedVerdict); !ok || v.Err != "" {
+				return fmt.Errorf("%d packed bytes: sink: %#v", n, res)
+			}
+			want := uint64(0)
+			if n >= threshold {
+				want = 1
+			}
+			if got := rt.Stats().TypedSent.Load() - before; got != want {
+				return fmt.Errorf("a field of %d packed bytes (threshold %d): %d went by the protocol, want %d", n, threshold, got, want)
+			}
+		}
+		r.logf("Typed threshold %d (CMA peer %v): below it packed, from it by the protocol", threshold, tr.CMAPeer(1))
+		return nil
+	})
+}
+
+// TestActorTypedDefault: the default threshold between processes is the
+// CMA one over shared memory (where cross-memory attach works) and the
+// network one over TCP.
+func TestActorTypedDefault(t *testing.T) {
+	forActorTLS(t, func(t *testing.T, c cfg) {
+		res := runJob(t, "actor-typed/default", 2, c)
+		want := fmt.Sprintf("[0] rank 0: Typed threshold %d (CMA peer false)", actor.DefaultTypedDirectMin)
+		if c.tls == "shm" {
+			want = fmt.Sprintf("[0] rank 0: Typed threshold %d (CMA peer true)", actor.DefaultTypedDirectMinCMA)
+			if !strings.Contains(res.stdout, want) && strings.Contains(res.stdout, "CMA peer false") {
+				t.Skipf("cross-memory attach is not usable between the ranks on this machine, so only the network threshold was exercised:\n%s", res.stdout)
+			}
+		}
+		requireLine(t, res, want)
+	})
 }

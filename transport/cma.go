@@ -319,6 +319,7 @@ func (t *Transport) cmaSetup(exchange func([]byte) ([][]byte, error)) error {
 	pid := uint64(os.Getpid())
 	peers := make([]peerHost, t.size)
 	t.sameHost = make([]bool, t.size)
+	t.sameProcess = make([]bool, t.size)
 	var masks [][]byte
 	for rank, b := range all {
 		// An entry too short to read (another build?) shares nothing, as
@@ -326,6 +327,7 @@ func (t *Transport) cmaSetup(exchange func([]byte) ([][]byte, error)) error {
 		p, ok := parseHostInfo(b)
 		peers[rank] = p
 		t.sameHost[rank] = rank == t.rank || (ok && self != "" && p.node == self)
+		t.sameProcess[rank] = rank == t.rank || (t.sameHost[rank] && p.pid == pid)
 		if t.sameHost[rank] {
 			masks = append(masks, p.cpus)
 		}
@@ -351,6 +353,12 @@ func (t *Transport) cmaSetup(exchange func([]byte) ([][]byte, error)) error {
 	}
 	t.log.Debug("same-host zero copy (CMA) on", zap.Int("peers", n), zap.Int("threshold", thresh))
 	return nil
+}
+
+// SameProcess reports whether rank peer runs in this process (the rank
+// itself, or the ranks of StartLocal), as the ranks learnt at start-up.
+func (t *Transport) SameProcess(peer int) bool {
+	return peer >= 0 && peer < len(t.sameProcess) && t.sameProcess[peer]
 }
 
 // CMAPeer reports whether large messages to rank peer go by same-host zero

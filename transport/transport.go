@@ -199,6 +199,7 @@ type Transport struct {
 	chanDiscarded atomic.Uint64 // leftover channel chunks drained without the engine
 	cma           cmaState      // same-host zero copy (cma.go)
 	sameHost      []bool        // by rank: shares this rank's host (read-only after New)
+	sameProcess   []bool        // by rank: runs in this process (StartLocal; read-only after New)
 	hostCPUs      int           // processors this host's ranks may run on, together (0: unknown)
 	cpuYield      bool          // idle polls call sched_yield (yield.go; read-only after New)
 	gipc          gpuIPCState   // CUDA IPC for channels (channel_ipc.go)

@@ -156,6 +156,7 @@ type noncontigFlags struct {
 	stat      string // "median" or "best" (typed benchmark)
 	aa        bool   // measure pack a second time (A/A)
 	procs     string // GOMAXPROCS of each rank, as troupe run --procs ("": Go's default)
+	burst     int    // --actor: messages each side sends before waiting for the other's
 }
 
 // ncSchemeOrder is the column order of the table.
@@ -249,6 +250,7 @@ each way's best batch is reported.`,
 	fl.BoolVar(&f.noVec, "no-vectors", false, "skip the vector sweep")
 	fl.BoolVar(&f.noApp, "no-apps", false, "skip the DDTBench layouts")
 	fl.BoolVar(&f.actor, "actor", false, "ping-pong actor messages with a Typed field instead: packed into the active message (am) or by the typed-transfer protocol per scheme")
+	fl.IntVar(&f.burst, "burst", 1, "with --actor: each side sends this many messages in a row, then waits for as many from the other (latency per message, one way)")
 	setBenchRun(cmd, func(ctx context.Context) error { return noncontigRank(ctx, f) },
 		func(ctx context.Context, out io.Writer) error {
 			if f.stat != "median" && f.stat != "best" {
@@ -256,6 +258,9 @@ each way's best batch is reported.`,
 			}
 			if f.actor && (f.aa || f.stat != "best") {
 				return fmt.Errorf("--aa and --stat median measure typed transfers, not --actor")
+			}
+			if f.burst < 1 || (f.burst > 1 && !f.actor) {
+				return fmt.Errorf("--burst %d: a count of at least 1, above 1 only with --actor", f.burst)
 			}
 			pts, err := runNoncontigJob(ctx, f)
 			if err != nil {
@@ -632,6 +637,9 @@ func printNoncontig(out io.Writer, f noncontigFlags, pts []ncPoint) error {
 	}
 	if f.actor {
 		what, cols = "actor Typed-field", []string{"am", "pack", "sgl", "zcopy", "adaptive"}
+		if f.burst > 1 {
+			what = fmt.Sprintf("actor Typed-field bursts of %d,", f.burst)
+		}
 	}
 	fixed := len(cols) - 1 // the fixed schemes are the columns before adaptive
 	if f.aa {

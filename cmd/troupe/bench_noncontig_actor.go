@@ -51,12 +51,21 @@ var ncActorWays = []struct {
 var ncActorTurns = balancedTurns(len(ncActorWays))
 
 // ncPinger is the actor on each rank: its layout is where messages land and
-// what it sends back.
+// what it sends back, burst messages at a time once burst have arrived.
 type ncPinger struct {
 	field atomic.Pointer[actor.Typed]
 	peer  *pa.PID
+	burst int
+	got   int // messages of the current burst arrived
 	left  int
 	done  chan error
+}
+
+// sendBurst sends burst messages of the current layout to the peer.
+func (p *ncPinger) sendBurst(c pa.Context) {
+	for range p.burst {
+		c.Send(p.peer, &ncActorMsg{Data: *p.field.Load()})
+	}
 }
 
 func (p *ncPinger) PostReceiveTyped(*actor.Incoming) actor.Typed { return *p.field.Load() }
@@ -65,8 +74,12 @@ func (p *ncPinger) Receive(c pa.Context) {
 	switch m := c.Message().(type) {
 	case *ncActorStart:
 		p.left, p.done = m.n, m.done
-		c.Send(p.peer, &ncActorMsg{Data: *p.field.Load()})
+		p.sendBurst(c)
 	case *ncActorMsg:
+		if p.got++; p.got < p.burst {
+			return
+		}
+		p.got = 0
 		if p.done != nil {
 			if p.left--; p.left == 0 {
 				p.done <- nil
@@ -74,7 +87,7 @@ func (p *ncPinger) Receive(c pa.Context) {
 				return
 			}
 		}
-		c.Send(p.peer, &ncActorMsg{Data: *p.field.Load()})
+		p.sendBurst(c)
 	}
 }
 
@@ -94,7 +107,7 @@ func noncontigActorRank(ctx context.Context, f noncontigFlags, boot bootstrap.Bo
 	}
 	defer closeOut()
 	peer := 1 - t.Rank()
-	p := &ncPinger{peer: rt.PID(peer, "pinger")}
+	p := &ncPinger{peer: rt.PID(peer, "pinger"), burst: max(f.burst, 1)}
 	p.field.Store(&actor.Typed{})
 	self, err := rt.Root().SpawnNamed(rt.Props(func() pa.Actor { return p }), "pinger")
 	if err != nil {
@@ -128,7 +141,7 @@ func noncontigActorRank(ctx context.Context, f noncontigFlags, boot bootstrap.Bo
 				if w.scheme == datatype.SchemeAuto && w.min > 0 {
 					u = &used
 				}
-				if err := ncActorRun(ctx, t, rt, self, w.name, warmup, batch, best, u); err != nil {
+				if err := ncActorRun(ctx, t, rt, self, w.name, warmup, batch, p.burst, best, u); err != nil {
 					return fmt.Errorf("%s %s: %w", c.name, w.name, err)
 				}
 				if err := boot.Barrier(ctx, fmt.Sprintf("nc.%s.%d.%d.end", c.name, round, turn)); err != nil {
@@ -167,10 +180,11 @@ func noncontigActorRank(ctx context.Context, f noncontigFlags, boot bootstrap.Bo
 	return boot.Barrier(ctx, "bench.noncontig.done")
 }
 
-// ncActorRun runs, on rank 0, warmup and then iters round trips from its
-// actor, and records the one-way latency in best[way] if it is the best;
-// used (when not nil) counts the timed round trips' transfers by scheme.
-func ncActorRun(ctx context.Context, t *transport.Transport, rt *actor.Runtime, self *pa.PID, way string, warmup, iters int, best map[string]float64, used *transport.SchemeCounts) error {
+// ncActorRun runs, on rank 0, warmup and then iters round trips (of burst
+// messages each way) from its actor, and records the one-way latency per
+// message in best[way] if it is the best; used (when not nil) counts the
+// timed round trips' transfers by scheme.
+func ncActorRun(ctx context.Context, t *transport.Transport, rt *actor.Runtime, self *pa.PID, way string, warmup, iters, burst int, best map[string]float64, used *transport.SchemeCounts) error {
 	if t.Rank() != 0 {
 		return nil
 	}
@@ -192,7 +206,7 @@ func ncActorRun(ctx context.Context, t *transport.Transport, rt *actor.Runtime, 
 	if err := run(iters); err != nil {
 		return err
 	}
-	lat := float64(time.Since(start).Nanoseconds()) / float64(2e3*iters)
+	lat := float64(time.Since(start).Nanoseconds()) / float64(2e3*iters*burst)
 	if used != nil {
 		addUsed(used, before, t.NoncontigStats())
 	}
