@@ -44,7 +44,7 @@ func stageDevice(f reflect.Value) ([]byte, error) {
 	if b.IsZero() {
 		return nil, nil
 	}
-	host := getBuf(b.Len()) // post returns it to the pool (stagedPayload)
+	host := getBuf(b.Len()) // post returns it to the pool (codecType.stagesPayload)
 	if err := gpu.CopyToHost(host, b); err != nil {
 		putBuf(host)
 		return nil, fmt.Errorf("staging a %d-byte device buffer: %w", b.Len(), err)

@@ -44,7 +44,7 @@ func (l *largeSends) release(b []byte, req *transport.Request) {
 
 // hold hands b back to the landing pool once req (nil: nothing reads b any
 // more) has completed, whatever its size: the staged copies of Typed and
-// gpu.Buffer fields come from that pool (stagedPayload).
+// gpu.Buffer fields come from that pool (codecType.stagesPayload).
 func (l *largeSends) hold(b []byte, req *transport.Request) {
 	if req != nil {
 		if done, _ := req.Finished(); !done {

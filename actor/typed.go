@@ -19,9 +19,8 @@ import (
 // Nothing of it enters the msgpack body. A field of fewer packed bytes than
 // Options.TypedDirectMin (default 32 KiB to a rank in another process of
 // the same host reached by cross-memory attach, 256 KiB to others) is packed
-// at the sender
-// (datatype.Pack) behind its type signature and travels as the active
-// message's data; the receiving rank unpacks it. A larger one follows the
+// at the sender (datatype.Pack) behind its type signature and travels as
+// the active message's data; the receiving rank unpacks it. A larger one follows the
 // message by the transport's typed-transfer protocol (docs/noncontig.md):
 // pipelined pack, scatter-gather lists or zero-copy windows, chosen per
 // layout by the adaptive scheme (or Options.TypedScheme), straight between
@@ -80,7 +79,7 @@ func packTyped(f reflect.Value) ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("Typed field: %w", err)
 	}
-	out := getBuf(typedSigSize + int(n)) // post returns it to the pool (stagedPayload)
+	out := getBuf(typedSigSize + int(n)) // post returns it to the pool (codecType.stagesPayload)
 	putSignature(out, sig)
 	if _, err := t.Type.Pack(out[typedSigSize:], t.Buf, t.Base, t.Count); err != nil {
 		putBuf(out)
