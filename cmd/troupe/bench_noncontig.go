@@ -326,8 +326,11 @@ func noncontigCases(f noncontigFlags) ([]ncCase, error) {
 			continue
 		}
 		var b, n int64
-		if _, err := fmt.Sscanf(name, "vec_%dx%d", &b, &n); err != nil || name != fmt.Sprintf("vec_%dx%d", b, n) || f.noVec {
+		if _, err := fmt.Sscanf(name, "vec_%dx%d", &b, &n); err != nil || name != fmt.Sprintf("vec_%dx%d", b, n) {
 			return nil, fmt.Errorf("unknown layout %q: vec_<block>x<count> (block bytes a multiple of 8) or one of %s", name, strings.Join(layouts.Names, ", "))
+		}
+		if f.noVec {
+			return nil, fmt.Errorf("layout %q is a vector, which --no-vectors leaves out", name)
 		}
 		c, err := ncVector(b, n)
 		if err != nil {
