@@ -2,6 +2,7 @@ package actor
 
 import (
 	"sync"
+	"sync/atomic"
 
 	"github.com/troupe-hpc/troupe/transport"
 )
@@ -20,6 +21,7 @@ import (
 type largeSends struct {
 	mu      sync.Mutex
 	pending []heldBuf
+	waiting atomic.Int32 // len(pending), read without mu by reclaim
 }
 
 // heldBuf is an encoding buffer and the send that reads it.
@@ -51,6 +53,7 @@ func (l *largeSends) hold(b []byte, req *transport.Request) {
 			l.mu.Lock()
 			if len(l.pending) < maxHeldBufs {
 				l.pending = append(l.pending, heldBuf{buf: b, req: req})
+				l.waiting.Store(int32(len(l.pending)))
 			}
 			l.mu.Unlock()
 			return
@@ -59,8 +62,13 @@ func (l *largeSends) hold(b []byte, req *transport.Request) {
 	putBuf(b[:0])
 }
 
-// reclaim returns the buffers of completed sends to the pool.
+// reclaim returns the buffers of completed sends to the pool. It runs
+// before every message of a type that stages its payload, so with nothing
+// held it takes no lock.
 func (l *largeSends) reclaim() {
+	if l.waiting.Load() == 0 {
+		return
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	kept := l.pending[:0]
@@ -73,6 +81,7 @@ func (l *largeSends) reclaim() {
 	}
 	clear(l.pending[len(kept):])
 	l.pending = kept
+	l.waiting.Store(int32(len(kept)))
 }
 
 // held reports how many buffers wait for their sends to complete.
