@@ -261,6 +261,13 @@ func overlapRun(ctx context.Context, out io.Writer, f overlapFlags) error {
 	}
 	lOff, lOn := median(lat["off"]), median(lat["on"])
 	fmt.Fprintf(out, "# 8 B one-way latency: engine off %.3f us, on %.3f us (on/off %.1f%%, target <= 105%%)\n", lOff, lOn, 100*lOn/lOff)
+	if ratios := roundRatios(lat["on"], lat["off"]); len(ratios) > 1 {
+		fmt.Fprintf(out, "# 8 B on/off per round (jobs alternate off, on):")
+		for _, r := range ratios {
+			fmt.Fprintf(out, " %.1f", r)
+		}
+		fmt.Fprintf(out, " %%; median %.1f%%\n", median(ratios))
+	}
 	if len(gather["off"]) > 0 {
 		fmt.Fprintf(out, "# skewed gather: %d ranks, %s per sender, root late by %v\n", f.gatherRanks, perf.FormatSize(f.gatherSize), f.gatherDelay)
 		fmt.Fprintf(out, "%-8s %22s %14s\n", "# engine", "sender send time (us)", "root time (us)")
@@ -551,6 +558,20 @@ func waitQuiet(ctx context.Context, r *transport.Request) error {
 
 // medianDur is the median of ds: on a shared machine a few preempted
 // iterations would dominate the mean.
+// roundRatios returns 100 x on[i] / off[i] for the rounds both measured:
+// each round's two jobs ran one after the other, so a slow spell of the
+// machine tends to hit both, and the spread of the ratios shows whether
+// the medians' difference is more than noise.
+func roundRatios(on, off []float64) []float64 {
+	var rs []float64
+	for i := 0; i < min(len(on), len(off)); i++ {
+		if off[i] > 0 {
+			rs = append(rs, 100*on[i]/off[i])
+		}
+	}
+	return rs
+}
+
 func medianDur(ds []time.Duration) time.Duration {
 	xs := make([]float64, len(ds))
 	for i, d := range ds {
