@@ -379,7 +379,7 @@ func (t *Transport) postProgress() int {
 		t.bundlesFlush(false)
 	}
 	t.postsInFlight.Store(int64(t.w.PostsInFlight()))
-	if len(t.cma.jobs) > 0 || (progressed && t.arrival != nil) || t.ov != nil || (len(t.amq) > 0 && !t.amqInline()) {
+	if len(t.cma.jobs) > 0 || (progressed && (t.arrival != nil || t.wild.n > 0)) || t.ov != nil || (len(t.amq) > 0 && !t.amqInline()) {
 		t.postPendingAt.Store(0)
 		return postWake
 	}

@@ -119,9 +119,10 @@ func (t *Transport) SendIOV(ctx context.Context, dst, tag int, bufs [][]byte) er
 	return err
 }
 
-// Irecv starts receiving the next message from rank src with a user tag into
-// buf. Messages from one source with one tag are received in the order they
-// were sent. A message larger than buf fails with a *TruncatedError.
+// Irecv starts receiving the next message from rank src (or AnySource) with
+// a user tag into buf. Messages from one source with one tag are received in
+// the order they were sent, and receives for one tag match in the order they
+// were posted. A message larger than buf fails with a *TruncatedError.
 func (t *Transport) Irecv(src, tag int, buf []byte) (*Request, error) {
 	if err := t.checkRecv(src, tag); err != nil {
 		return nil, err
@@ -147,14 +148,22 @@ func (t *Transport) IrecvIOV(src, tag int, bufs [][]byte) (*Request, error) {
 }
 
 func (t *Transport) checkRecv(src, tag int) error {
-	if err := t.checkRank(src, "recv"); err != nil {
-		return err
-	}
-	return checkTag(tag, "recv")
+	return t.checkRecvSource(src, tag, "recv")
 }
 
-// startRecv posts r's tagged receive; the worker lock is held.
+// startRecv posts r's tagged receive, or keeps it in software while it is
+// an any-source receive or waits behind one (wildcard.go); the worker lock
+// is held.
 func startRecv(t *Transport, r *Request) {
+	if t.wildHold(r) {
+		return
+	}
+	startRecvNow(t, r)
+}
+
+// startRecvNow posts r's tagged receive from r.peer; the worker lock is
+// held.
+func startRecvNow(t *Transport, r *Request) {
 	r.key = seqKey{r.peer, r.tag}
 	c := t.recvCounter(r.key)
 	// The endpoint exists so that the peer's death is noticed. A message that
@@ -228,8 +237,7 @@ func (t *Transport) freeSeq(r *Request) {
 	if r.key == chanSinkKey {
 		return // channel counters are spent: never reused
 	}
-	c := t.recvCounter(r.key)
-	c.freed = append(c.freed, r.seq)
+	t.recvCounter(r.key).give(r.seq)
 }
 
 // Recv receives the next message from rank src with a user tag into buf.
@@ -255,13 +263,11 @@ func (t *Transport) RecvIOV(ctx context.Context, src, tag int, bufs [][]byte) (S
 	return r.Wait(ctx)
 }
 
-// Iprobe reports whether the next message from src with tag has arrived, and
-// its size, without receiving it.
+// Iprobe reports whether the next message from src (or, with AnySource,
+// from some rank: Status.Source says which) with tag has arrived, and its
+// size, without receiving it.
 func (t *Transport) Iprobe(src, tag int) (Status, bool, error) {
-	if err := t.checkRank(src, "probe"); err != nil {
-		return Status{}, false, err
-	}
-	if err := checkTag(tag, "probe"); err != nil {
+	if err := t.checkRecvSource(src, tag, "probe"); err != nil {
 		return Status{}, false, err
 	}
 	if t.opts.Progress == ProgressDirect {
@@ -272,20 +278,14 @@ func (t *Transport) Iprobe(src, tag int) (Status, bool, error) {
 	if t.closed {
 		return Status{}, false, ErrClosed
 	}
-	seq := t.recvCounter(seqKey{src, tag}).peek()
-	wire := MakeUserTag(uint32(src), uint16(tag), seq)
-	if m, ok := t.ovHas(wire); ok {
-		return Status{Source: src, Tag: tag, Size: m.size}, true, nil
+	if src == AnySource {
+		if src, ok := t.anyArrived(tag); ok {
+			size, _ := t.arrived(src, tag)
+			return Status{Source: src, Tag: tag, Size: size}, true, nil
+		}
+		return Status{}, false, nil
 	}
-	var size int
-	var ok bool
-	if t.cma.on {
-		size, ok = t.cmaProbe(wire)
-	} else {
-		var info ucx.RecvInfo
-		_, info, ok = t.w.TagProbe(wire, FullMask, false)
-		size = info.Length
-	}
+	size, ok := t.arrived(src, tag)
 	if !ok {
 		if p := t.peers[src]; p != nil && p.lost != nil {
 			return Status{}, false, &PeerLostError{Rank: src, Op: "probe", Reason: p.lost.Reason}
@@ -295,8 +295,8 @@ func (t *Transport) Iprobe(src, tag int) (Status, bool, error) {
 	return Status{Source: src, Tag: tag, Size: size}, true, nil
 }
 
-// Probe waits until the next message from src with tag has arrived and
-// returns its size without receiving it.
+// Probe waits until the next message from src (or AnySource) with tag has
+// arrived and returns its source and size without receiving it.
 func (t *Transport) Probe(ctx context.Context, src, tag int) (Status, error) {
 	spinUntil := time.Now().Add(t.opts.WaitSpin)
 	for {

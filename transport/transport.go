@@ -16,6 +16,7 @@ import (
 	"context"
 	"fmt"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -188,6 +189,7 @@ type Transport struct {
 	evbuf         []ucx.Event
 	sendSeq       map[seqKey]uint32
 	recvSeq       map[seqKey]*recvCounter
+	wild          wildcards // any-source receives and those behind them (wildcard.go)
 	amq           []ucx.Event
 	submit        []submission // queue mode: calls waiting for the progress goroutine
 	arrival       chan struct{}
@@ -266,6 +268,19 @@ func (c *recvCounter) take() uint32 {
 	s := c.next
 	c.next = (c.next + 1) & userSeqMask
 	return s
+}
+
+// give takes back a sequence number a cancelled receive had taken. The
+// freed numbers are handed out again oldest first, whatever order the
+// receives were cancelled in, so that messages are still received in the
+// order they were sent.
+func (c *recvCounter) give(s uint32) {
+	age := func(x uint32) uint32 { return (x - c.next) & userSeqMask } // older: smaller
+	i := 0
+	for i < len(c.freed) && age(c.freed[i]) < age(s) {
+		i++
+	}
+	c.freed = slices.Insert(c.freed, i, s)
 }
 
 func (c *recvCounter) peek() uint32 {
@@ -535,6 +550,7 @@ func (t *Transport) progressHandled() (active, handed bool) {
 			close(t.arrival)
 			t.arrival = nil
 		}
+		t.wildAdvanceAll()
 	}
 	var copies []*Request
 	if t.ov != nil {
@@ -1037,6 +1053,9 @@ func (r *Request) Wait(ctx context.Context) (Status, error) {
 		return Status{}, fmt.Errorf("transport: %s rank %d tag %d: %w (operation still in flight)", r.op, r.peer, r.tag, ctx.Err())
 	}
 	t.exec(func() {
+		if t.wildCancel(r, ctx.Err()) {
+			return
+		}
 		if r.ov != nil && t.ov != nil && t.ovCancel(r, ctx.Err()) {
 			return
 		}
@@ -1258,6 +1277,7 @@ func (t *Transport) Close() error {
 		return nil
 	}
 	t.closed = true
+	t.wildClose()
 	if t.ov != nil {
 		t.ovClose()
 	}

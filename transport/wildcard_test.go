@@ -1,0 +1,294 @@
+package transport
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+)
+
+// recvString waits for r and returns the message it received.
+func recvString(t *testing.T, ctx context.Context, r *Request, buf []byte) (Status, string) {
+	t.Helper()
+	st, err := r.Wait(ctx)
+	if err != nil {
+		t.Fatalf("receive: %v", err)
+	}
+	return st, string(buf[:st.Size])
+}
+
+// Any-source receives posted before anything was sent get one message
+// each, and their Status names the sender.
+func TestAnySourceReceives(t *testing.T) {
+	forModes(t, func(t *testing.T, mode ProgressMode) {
+		ts := localJob(t, 3, mode)
+		ctx := testCtx(t)
+		bufs := [][]byte{make([]byte, 16), make([]byte, 16)}
+		rs := make([]*Request, 2)
+		for i := range rs {
+			var err error
+			if rs[i], err = ts[0].Irecv(AnySource, 4, bufs[i]); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for src := 1; src <= 2; src++ {
+			if err := ts[src].Send(ctx, 0, 4, []byte(fmt.Sprintf("from %d", src))); err != nil {
+				t.Fatal(err)
+			}
+		}
+		seen := map[int]bool{}
+		for i, r := range rs {
+			st, got := recvString(t, ctx, r, bufs[i])
+			if want := fmt.Sprintf("from %d", st.Source); got != want || st.Tag != 4 {
+				t.Fatalf("receive %d: status %+v, data %q, want %q", i, st, got, want)
+			}
+			seen[st.Source] = true
+		}
+		if !seen[1] || !seen[2] {
+			t.Fatalf("sources seen %v, want ranks 1 and 2", seen)
+		}
+	})
+}
+
+// MPI matches receives in the order they were posted: an exact receive
+// posted after an any-source receive for the same tag gets the second
+// message, not the first (trace-based matching alone would hand it the
+// first, whose sequence number it would take).
+func TestAnySourcePostOrder(t *testing.T) {
+	forModes(t, func(t *testing.T, mode ProgressMode) {
+		ts := localJob(t, 2, mode)
+		ctx := testCtx(t)
+		wb, eb := make([]byte, 8), make([]byte, 8)
+		w, err := ts[1].Irecv(AnySource, 5, wb)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e, err := ts[1].Irecv(0, 5, eb)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range []string{"first", "second"} {
+			if err := ts[0].Send(ctx, 1, 5, []byte(m)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if st, got := recvString(t, ctx, w, wb); got != "first" || st.Source != 0 {
+			t.Fatalf("any-source receive: %+v %q, want rank 0 \"first\"", st, got)
+		}
+		if _, got := recvString(t, ctx, e, eb); got != "second" {
+			t.Fatalf("exact receive posted after it: %q, want \"second\"", got)
+		}
+	})
+}
+
+// Messages from one rank with one tag arrive through any-source receives
+// in the order they were sent, interleaved with another rank's.
+func TestAnySourceKeepsPerSourceOrder(t *testing.T) {
+	forModes(t, func(t *testing.T, mode ProgressMode) {
+		ts := localJob(t, 3, mode)
+		ctx := testCtx(t)
+		const each = 20
+		errs := make(chan error, 2)
+		for src := 1; src <= 2; src++ {
+			go func(src int) {
+				for i := 0; i < each; i++ {
+					if err := ts[src].Send(ctx, 0, 6, []byte{byte(src), byte(i)}); err != nil {
+						errs <- err
+						return
+					}
+				}
+				errs <- nil
+			}(src)
+		}
+		next := map[int]int{}
+		buf := make([]byte, 2)
+		for i := 0; i < 2*each; i++ {
+			st, err := ts[0].Recv(ctx, AnySource, 6, buf)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if int(buf[0]) != st.Source || int(buf[1]) != next[st.Source] {
+				t.Fatalf("message %d: status %+v data %v, want rank %d's message %d", i, st, buf, st.Source, next[st.Source])
+			}
+			next[st.Source]++
+		}
+		for range 2 {
+			if err := <-errs; err != nil {
+				t.Fatal(err)
+			}
+		}
+	})
+}
+
+// A cancelled any-source receive leaves the queue, and the receive posted
+// behind it starts and gets the first message.
+func TestAnySourceCancel(t *testing.T) {
+	forModes(t, func(t *testing.T, mode ProgressMode) {
+		ts := localJob(t, 2, mode)
+		ctx := testCtx(t)
+		cctx, cancel := context.WithCancel(ctx)
+		w, err := ts[1].Irecv(AnySource, 7, make([]byte, 8))
+		if err != nil {
+			t.Fatal(err)
+		}
+		eb := make([]byte, 8)
+		e, err := ts[1].Irecv(0, 7, eb)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cancel()
+		if _, err := w.Wait(cctx); !errors.Is(err, context.Canceled) {
+			t.Fatalf("cancelled any-source receive: %v", err)
+		}
+		if err := ts[0].Send(ctx, 1, 7, []byte("only")); err != nil {
+			t.Fatal(err)
+		}
+		if _, got := recvString(t, ctx, e, eb); got != "only" {
+			t.Fatalf("receive behind the cancelled one: %q", got)
+		}
+	})
+}
+
+// Iprobe and Probe with AnySource name the rank whose message is there,
+// and a receive from that rank gets it.
+func TestAnySourceProbe(t *testing.T) {
+	ts := localJob(t, 3, ProgressDirect)
+	ctx := testCtx(t)
+	if _, ok, err := ts[0].Iprobe(AnySource, 8); ok || err != nil {
+		t.Fatalf("probe before any send: %v %v", ok, err)
+	}
+	if err := ts[2].Send(ctx, 0, 8, []byte("probed")); err != nil {
+		t.Fatal(err)
+	}
+	st, err := ts[0].Probe(ctx, AnySource, 8)
+	if err != nil || st.Source != 2 || st.Size != 6 || st.Tag != 8 {
+		t.Fatalf("probe: %+v %v", st, err)
+	}
+	buf := make([]byte, st.Size)
+	if _, err := ts[0].Recv(ctx, st.Source, 8, buf); err != nil || string(buf) != "probed" {
+		t.Fatalf("receive after probe: %q %v", buf, err)
+	}
+}
+
+// Any-tag receives and probes are refused with a typed error; a
+// receive from a rank outside the job still is too.
+func TestAnyTagRefused(t *testing.T) {
+	ts := localJob(t, 2, ProgressDirect)
+	ctx := testCtx(t)
+	if _, err := ts[0].Irecv(1, AnyTag, nil); !errors.Is(err, ErrAnyTag) || !errors.Is(err, ErrInvalid) {
+		t.Fatalf("any-tag Irecv: %v", err)
+	}
+	if _, err := ts[0].Recv(ctx, AnySource, AnyTag, nil); !errors.Is(err, ErrAnyTag) {
+		t.Fatalf("any-tag Recv: %v", err)
+	}
+	if _, _, err := ts[0].Iprobe(AnySource, AnyTag); !errors.Is(err, ErrAnyTag) {
+		t.Fatalf("any-tag Iprobe: %v", err)
+	}
+	if _, err := ts[0].Irecv(-2, 1, nil); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("receive from rank -2: %v", err)
+	}
+}
+
+// Close fails an any-source receive still waiting, and the receive held
+// behind it, with ErrClosed.
+func TestAnySourceClose(t *testing.T) {
+	ctx := testCtx(t)
+	ts, stop, err := StartLocal(ctx, 2, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	w, err := ts[0].Irecv(AnySource, 9, make([]byte, 8))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := ts[0].Irecv(1, 9, make([]byte, 8))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ts[0].Close(); err != nil {
+		t.Fatal(err)
+	}
+	for name, r := range map[string]*Request{"any-source": w, "held": e} {
+		if _, err := r.Wait(ctx); !errors.Is(err, ErrClosed) {
+			t.Fatalf("%s receive after Close: %v", name, err)
+		}
+	}
+}
+
+// Receives cancelled in the reverse order of posting give their sequence
+// numbers back oldest first: the next receives still get the messages in
+// the order they were sent.
+func TestCancelledSequencesReusedInOrder(t *testing.T) {
+	ts := localJob(t, 2, ProgressDirect)
+	ctx := testCtx(t)
+	type posted struct {
+		r      *Request
+		ctx    context.Context
+		cancel context.CancelFunc
+	}
+	var ps []posted
+	for i := 0; i < 3; i++ {
+		cctx, cancel := context.WithCancel(ctx)
+		r, err := ts[1].Irecv(0, 10, make([]byte, 8))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ps = append(ps, posted{r, cctx, cancel})
+	}
+	for i := 2; i >= 0; i-- {
+		ps[i].cancel()
+		if _, err := ps[i].r.Wait(ps[i].ctx); !errors.Is(err, context.Canceled) {
+			t.Fatalf("cancelled receive %d: %v", i, err)
+		}
+	}
+	for _, m := range []string{"a", "b", "c"} {
+		if err := ts[0].Send(ctx, 1, 10, []byte(m)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	buf := make([]byte, 8)
+	for _, want := range []string{"a", "b", "c"} {
+		st, err := ts[1].Recv(ctx, 0, 10, buf)
+		if err != nil || string(buf[:st.Size]) != want {
+			t.Fatalf("receive: %q %v, want %q", buf[:st.Size], err, want)
+		}
+	}
+}
+
+// With an overlap policy that prefetches, a large message that arrived
+// before any receive sits in a prefetch slot, out of UCX: an any-source
+// receive must still find it there.
+func TestAnySourcePrefetched(t *testing.T) {
+	ctx := testCtx(t)
+	pol := &recordingPolicy{}
+	ts, stop, err := StartLocal(ctx, 2, Options{Overlap: pol})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(stop)
+	want := pattern(1<<20, 3)
+	sr, err := ts[0].Isend(1, 11, want)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Wait until the receiver's engine has taken the message into its slot.
+	for deadline := time.Now().Add(10 * time.Second); pol.Stats().PoolInUse == 0; {
+		if time.Now().After(deadline) {
+			t.Fatal("the message was never prefetched")
+		}
+		if _, _, err := ts[1].Iprobe(0, 11); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := make([]byte, len(want))
+	st, err := ts[1].Recv(ctx, AnySource, 11, got)
+	if err != nil || st.Source != 0 || st.Size != len(want) || !bytes.Equal(got, want) {
+		t.Fatalf("any-source receive of a prefetched message: %+v %v (bytes equal: %v)", st, err, bytes.Equal(got, want))
+	}
+	if _, err := sr.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
