@@ -80,6 +80,39 @@ func ExampleTransport_Irecv() {
 	// 8 <nil>
 }
 
+// A master collects one result from each worker in whatever order they
+// finish, as with MPI_ANY_SOURCE: the Status of each receive names the
+// worker it came from.
+func ExampleAnySource() {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ts, stop, err := transport.StartLocal(ctx, 3, transport.Options{})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer stop()
+
+	const result = 2
+	for w := 1; w <= 2; w++ {
+		go func(w int) { _ = ts[w].Send(ctx, 0, result, []byte{byte(w * w)}) }(w)
+	}
+	sum := 0
+	from := map[int]bool{}
+	buf := make([]byte, 1)
+	for range 2 {
+		st, err := ts[0].Recv(ctx, transport.AnySource, result, buf)
+		if err != nil {
+			fmt.Println(err)
+			return
+		}
+		from[st.Source] = true
+		sum += int(buf[0])
+	}
+	fmt.Println("sum", sum, "from ranks 1 and 2:", from[1] && from[2])
+	// Output: sum 5 from ranks 1 and 2: true
+}
+
 // SendTyped sends a column of a row-major matrix, described by a derived
 // datatype, without packing it by hand; here it lands in a contiguous
 // buffer on the other rank. Both sides' type signatures must match (four
