@@ -379,7 +379,12 @@ func (t *Transport) postProgress() int {
 		t.bundlesFlush(false)
 	}
 	t.postsInFlight.Store(int64(t.w.PostsInFlight()))
-	if len(t.cma.jobs) > 0 || (progressed && (t.arrival != nil || t.wild.n > 0)) || t.ov != nil || (len(t.amq) > 0 && !t.amqInline()) {
+	if progressed {
+		// Something may have arrived: this pass, not the progress
+		// goroutine's next one, is the one that saw it.
+		t.noteArrivals()
+	}
+	if len(t.cma.jobs) > 0 || t.ov != nil || (len(t.amq) > 0 && !t.amqInline()) {
 		t.postPendingAt.Store(0)
 		return postWake
 	}

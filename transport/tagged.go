@@ -326,3 +326,15 @@ func (t *Transport) Probe(ctx context.Context, src, tag int) (Status, error) {
 		}
 	}
 }
+
+// noteArrivals runs after every progress pass in which something may have
+// arrived, whoever made it (the progress goroutine, a waiter, a caller
+// posting an active message): it wakes Probe's waiters and starts the
+// any-source receives that can now match. The worker lock is held.
+func (t *Transport) noteArrivals() {
+	if t.arrival != nil {
+		close(t.arrival)
+		t.arrival = nil
+	}
+	t.wildAdvanceAll()
+}

@@ -546,11 +546,7 @@ func (t *Transport) progressHandled() (active, handed bool) {
 	t.postsInFlight.Store(int64(t.w.PostsInFlight()))
 	if progressed {
 		active = true
-		if t.arrival != nil {
-			close(t.arrival)
-			t.arrival = nil
-		}
-		t.wildAdvanceAll()
+		t.noteArrivals()
 	}
 	var copies []*Request
 	if t.ov != nil {
