@@ -174,7 +174,11 @@ func startRecvNow(t *Transport, r *Request) {
 			t.fail(r, err)
 			return
 		}
-		wire := MakeUserTag(uint32(r.peer), uint16(r.tag), c.peek())
+		seq := c.peek()
+		if r.fixedSeq {
+			seq = r.seq
+		}
+		wire := MakeUserTag(uint32(r.peer), uint16(r.tag), seq)
 		_, taken := t.ovHas(wire)
 		_, held := t.cma.held[wire]
 		_, probing := t.cma.probing[wire]
@@ -183,7 +187,9 @@ func startRecvNow(t *Transport, r *Request) {
 			return
 		}
 	}
-	r.seq = c.take()
+	if !r.fixedSeq {
+		r.seq = c.take()
+	}
 	wire := MakeUserTag(uint32(r.peer), uint16(r.tag), r.seq)
 	// A descriptor Iprobe took out of UCX serves the receive first.
 	if t.cma.on && t.cmaTakeHeld(r, wire) {
@@ -298,11 +304,22 @@ func (t *Transport) Iprobe(src, tag int) (Status, bool, error) {
 // Probe waits until the next message from src (or AnySource) with tag has
 // arrived and returns its source and size without receiving it.
 func (t *Transport) Probe(ctx context.Context, src, tag int) (Status, error) {
+	var st Status
+	err := t.probeWait(ctx, func() (ok bool, err error) {
+		st, ok, err = t.Iprobe(src, tag)
+		return ok, err
+	})
+	return st, err
+}
+
+// probeWait calls look until it finds something or fails: for WaitSpin
+// at once, then each time something has arrived, until ctx ends.
+func (t *Transport) probeWait(ctx context.Context, look func() (bool, error)) error {
 	spinUntil := time.Now().Add(t.opts.WaitSpin)
 	for {
-		st, ok, err := t.Iprobe(src, tag)
+		ok, err := look()
 		if err != nil || ok {
-			return st, err
+			return err
 		}
 		if time.Now().Before(spinUntil) {
 			continue
@@ -315,14 +332,14 @@ func (t *Transport) Probe(ctx context.Context, src, tag int) (Status, error) {
 		t.mu.Unlock()
 		// Look once more now that ch is in place: whatever arrived between
 		// the last look and now closed no channel, and nothing else might.
-		if st, ok, err := t.Iprobe(src, tag); err != nil || ok {
-			return st, err
+		if ok, err := look(); err != nil || ok {
+			return err
 		}
 		t.wake()
 		select {
 		case <-ch:
 		case <-ctx.Done():
-			return Status{}, ctx.Err()
+			return ctx.Err()
 		}
 	}
 }

@@ -809,15 +809,18 @@ type Request struct {
 	recv   bool
 	key    seqKey
 	seq    uint32
-	ureq   ucx.Request
-	b      ucx.Buffer       // the operation's memory
-	pins   []unsafe.Pointer // what to pin if it goes asynchronous (nil: b.Ptr)
-	pooled bool             // a blocking call's request, recycled after Wait
-	pin    runtime.Pinner
-	pinned bool
-	iov    *ucx.IOV
-	ov     *ovRecv  // overlap engine state (Options.Overlap)
-	amov   *amTrack // an active message's data transfer the engine follows
+	// fixedSeq: seq was taken when the message was matched (Mprobe); the
+	// receive must not take another.
+	fixedSeq bool
+	ureq     ucx.Request
+	b        ucx.Buffer       // the operation's memory
+	pins     []unsafe.Pointer // what to pin if it goes asynchronous (nil: b.Ptr)
+	pooled   bool             // a blocking call's request, recycled after Wait
+	pin      runtime.Pinner
+	pinned   bool
+	iov      *ucx.IOV
+	ov       *ovRecv  // overlap engine state (Options.Overlap)
+	amov     *amTrack // an active message's data transfer the engine follows
 	// dev is the receive buffer as device memory, when UCX writes device
 	// memory directly (queues, channels): copies into it go through gpu.
 	dev gpu.Buffer
