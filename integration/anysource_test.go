@@ -28,7 +28,9 @@ func anySourceSize(i int) int {
 // worker's messages came intact and in the order sent. Then the order of
 // posting: rank 0 posts an any-source receive and, behind it, an exact one
 // from rank 1 for the same tag; rank 1's first message must go to the
-// any-source receive, its second to the exact one.
+// any-source receive, its second to the exact one. Last, rank 2's messages
+// with another tag are received through matched probes (Mprobe, then the
+// Message's Recv into a buffer of the probed size).
 func anySource(ctx context.Context, r *rank) error {
 	t := r.t
 	if r.id() != 0 {
@@ -48,7 +50,15 @@ func anySource(ctx context.Context, r *rank) error {
 			}
 			return nil
 		}
-		return r.b.Barrier(ctx, "anysource.posted")
+		if err := r.b.Barrier(ctx, "anysource.posted"); err != nil {
+			return err
+		}
+		for i := 0; i < mprobeN; i++ {
+			if err := t.Send(ctx, 0, 6, pattern(anySourceSize(i), uint32(5000+i))); err != nil {
+				return fmt.Errorf("send %d with tag 6: %w", i, err)
+			}
+		}
+		return nil
 	}
 	const window = 8
 	var q []*transport.Request
@@ -111,8 +121,29 @@ func anySource(ctx context.Context, r *rank) error {
 		return fmt.Errorf("exact receive posted behind it: %q %v, want \"second\"", eb[:st.Size], err)
 	}
 	r.logf("receives matched in the order posted")
+	// Matched probes: each message's size is learnt first and the receive
+	// buffer made to fit (large ones are CMA descriptors taken out of UCX
+	// by the probe over shared memory).
+	for i := 0; i < mprobeN; i++ {
+		m, err := t.Mprobe(ctx, transport.AnySource, 6)
+		if err != nil {
+			return fmt.Errorf("matched probe %d: %w", i, err)
+		}
+		st := m.Status()
+		buf := make([]byte, st.Size)
+		if _, err := m.Recv(ctx, buf); err != nil {
+			return fmt.Errorf("receiving probed message %d (%+v): %w", i, st, err)
+		}
+		if d := diff(buf, pattern(anySourceSize(i), uint32(5000+i))); st.Source != 2 || d != "" {
+			return fmt.Errorf("probed message %d from rank %d: %s", i, st.Source, d)
+		}
+	}
+	r.logf("%d messages received through matched probes", mprobeN)
 	return nil
 }
+
+// mprobeN messages go from rank 2 to rank 0 through matched probes.
+const mprobeN = 9
 
 // TestAnySource runs the any-source scenario between real processes over
 // TCP and shared memory (large messages by cross-memory attach), in both
@@ -124,7 +155,7 @@ func TestAnySource(t *testing.T) {
 			t.Setenv(transport.OverlapEnv, engine)
 			forTLS(t, func(t *testing.T, c cfg) {
 				res := runJob(t, "anysource", 3, c)
-				for _, line := range []string{"through any-source receives, in order per sender", "receives matched in the order posted"} {
+				for _, line := range []string{"through any-source receives, in order per sender", "receives matched in the order posted", "received through matched probes"} {
 					if !strings.Contains(res.stdout, line) {
 						t.Fatalf("rank 0 did not report %q:\n%s", line, res.dump())
 					}
