@@ -415,6 +415,11 @@ func (t *Transport) typedCall(op string, peer, tag int, buf []byte, dt *datatype
 	if o.Runtime {
 		c.space = KindDDT
 	}
+	if peer == AnySource || tag == AnyTag {
+		// The protocol negotiates the scheme with a known peer before any
+		// data moves (docs/noncontig.md).
+		return nil, c, fmt.Errorf("%w: %s: typed transfers take no wildcards (source %d, tag %d)", ErrInvalid, op, peer, tag)
+	}
 	if err := t.checkRank(peer, op); err != nil {
 		return nil, c, err
 	}
