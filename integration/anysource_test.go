@@ -7,9 +7,28 @@ import (
 	"testing"
 
 	"github.com/troupe-hpc/troupe/transport"
+	"github.com/troupe-hpc/troupe/transport/perf"
 )
 
 func init() { scenarios["anysource"] = anySource }
+
+// anySource runs anySourceParts, then an OSU-style bandwidth run between
+// ranks 0 and 1 whose receives all name AnySource: windows of 64 large
+// receives waiting in the software matcher at once, completed by sends
+// that each wait for their receiver.
+func anySource(ctx context.Context, r *rank) error {
+	if err := anySourceParts(ctx, r); err != nil {
+		return err
+	}
+	pts, err := perf.Sweep(ctx, r.t, perf.Config{MinSize: 64 << 10, MaxSize: 256 << 10, Window: 64, Scale: 0.02, AnySource: true}, nil)
+	if err != nil {
+		return fmt.Errorf("any-source bandwidth: %w", err)
+	}
+	if r.id() == 0 {
+		r.logf("any-source ping-pong and bandwidth at %d sizes", len(pts))
+	}
+	return nil
+}
 
 // anySourceN messages go from each worker to rank 0; every third one is
 // large enough to travel by rendezvous (by cross-memory attach over shared
@@ -28,10 +47,12 @@ func anySourceSize(i int) int {
 // worker's messages came intact and in the order sent. Then the order of
 // posting: rank 0 posts an any-source receive and, behind it, an exact one
 // from rank 1 for the same tag; rank 1's first message must go to the
-// any-source receive, its second to the exact one. Last, rank 2's messages
+// any-source receive, its second to the exact one. Then rank 2's messages
 // with another tag are received through matched probes (Mprobe, then the
-// Message's Recv into a buffer of the probed size).
-func anySource(ctx context.Context, r *rank) error {
+// Message's Recv into a buffer of the probed size). Last, a window of
+// any-source receives takes a window of large sends that rank 2 has all in
+// flight at once.
+func anySourceParts(ctx context.Context, r *rank) error {
 	t := r.t
 	if r.id() != 0 {
 		for i := 0; i < anySourceN; i++ {
@@ -48,7 +69,7 @@ func anySource(ctx context.Context, r *rank) error {
 					return err
 				}
 			}
-			return nil
+			return r.b.Barrier(ctx, "anysource.window")
 		}
 		if err := r.b.Barrier(ctx, "anysource.posted"); err != nil {
 			return err
@@ -56,6 +77,23 @@ func anySource(ctx context.Context, r *rank) error {
 		for i := 0; i < mprobeN; i++ {
 			if err := t.Send(ctx, 0, 6, pattern(anySourceSize(i), uint32(5000+i))); err != nil {
 				return fmt.Errorf("send %d with tag 6: %w", i, err)
+			}
+		}
+		// A window of large sends, all in flight before any completes
+		// (over shared memory each waits for rank 0 to read it).
+		if err := r.b.Barrier(ctx, "anysource.window"); err != nil {
+			return err
+		}
+		reqs := make([]*transport.Request, windowN)
+		for i := range reqs {
+			var err error
+			if reqs[i], err = t.Isend(0, 7, pattern(windowSize, uint32(7000+i))); err != nil {
+				return err
+			}
+		}
+		for i, q := range reqs {
+			if _, err := q.Wait(ctx); err != nil {
+				return fmt.Errorf("window send %d: %w", i, err)
 			}
 		}
 		return nil
@@ -139,8 +177,36 @@ func anySource(ctx context.Context, r *rank) error {
 		}
 	}
 	r.logf("%d messages received through matched probes", mprobeN)
+	// A window of any-source receives, all posted before rank 2 sends.
+	wreqs := make([]*transport.Request, windowN)
+	wbufs := make([][]byte, windowN)
+	for i := range wreqs {
+		wbufs[i] = make([]byte, windowSize)
+		if wreqs[i], err = t.Irecv(transport.AnySource, 7, wbufs[i]); err != nil {
+			return err
+		}
+	}
+	if err := r.b.Barrier(ctx, "anysource.window"); err != nil {
+		return err
+	}
+	for i, q := range wreqs {
+		st, err := q.Wait(ctx)
+		if err != nil {
+			return fmt.Errorf("window receive %d: %w", i, err)
+		}
+		if d := diff(wbufs[i][:st.Size], pattern(windowSize, uint32(7000+i))); st.Source != 2 || d != "" {
+			return fmt.Errorf("window receive %d from rank %d: %s", i, st.Source, d)
+		}
+	}
+	r.logf("a window of %d any-source receives of %d B", windowN, windowSize)
 	return nil
 }
+
+// A window of windowN messages of windowSize bytes from rank 2 to rank 0.
+const (
+	windowN    = 16
+	windowSize = 256 << 10
+)
 
 // mprobeN messages go from rank 2 to rank 0 through matched probes.
 const mprobeN = 9
@@ -155,7 +221,7 @@ func TestAnySource(t *testing.T) {
 			t.Setenv(transport.OverlapEnv, engine)
 			forTLS(t, func(t *testing.T, c cfg) {
 				res := runJob(t, "anysource", 3, c)
-				for _, line := range []string{"through any-source receives, in order per sender", "receives matched in the order posted", "received through matched probes"} {
+				for _, line := range []string{"through any-source receives, in order per sender", "receives matched in the order posted", "received through matched probes", "a window of 16 any-source receives", "any-source ping-pong and bandwidth at 3 sizes"} {
 					if !strings.Contains(res.stdout, line) {
 						t.Fatalf("rank 0 did not report %q:\n%s", line, res.dump())
 					}

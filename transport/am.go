@@ -371,6 +371,7 @@ const (
 // lock is held.
 func (t *Transport) postProgress() int {
 	evs, progressed := t.w.Progress()
+	handled := len(evs) > 0
 	for len(evs) > 0 {
 		t.handle(evs)
 		evs = t.w.Drain()
@@ -379,7 +380,7 @@ func (t *Transport) postProgress() int {
 		t.bundlesFlush(false)
 	}
 	t.postsInFlight.Store(int64(t.w.PostsInFlight()))
-	if progressed {
+	if progressed || handled {
 		// Something may have arrived: this pass, not the progress
 		// goroutine's next one, is the one that saw it.
 		t.noteArrivals()

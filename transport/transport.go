@@ -546,6 +546,11 @@ func (t *Transport) progressHandled() (active, handed bool) {
 	t.postsInFlight.Store(int64(t.w.PostsInFlight()))
 	if progressed {
 		active = true
+	}
+	if progressed || handed {
+		// Handled events count too: a probe's receive of a CMA descriptor
+		// completes as an event without new traffic, and only then is the
+		// descriptor there to match.
 		t.noteArrivals()
 	}
 	var copies []*Request

@@ -35,6 +35,7 @@ type pingpongFlags struct {
 	scale    float64
 	progress string
 	compare  int
+	any      bool
 }
 
 func newPingpongCmd() *cobra.Command {
@@ -57,6 +58,7 @@ ucx_perftest (8 B tag_lat, 1 MiB tag_bw) and prints medians and ratios.`,
 	fl.Float64Var(&f.scale, "scale", 1, "iteration count multiplier")
 	fl.StringVar(&f.progress, "progress", "direct", "transport progress mode: direct or queue")
 	fl.IntVar(&f.compare, "compare", 0, "interleave N rounds against raw ucx_perftest and report medians")
+	fl.BoolVar(&f.any, "any-source", false, "receive every message with transport.AnySource (the software matcher's cost)")
 	setBenchRun(cmd, func(ctx context.Context) error { return pingpongRank(ctx, f) },
 		func(ctx context.Context, out io.Writer) error {
 			if f.compare > 0 {
@@ -74,7 +76,11 @@ ucx_perftest (8 B tag_lat, 1 MiB tag_bw) and prints medians and ratios.`,
 					}
 				}
 			} else {
-				fmt.Fprintf(out, "# troupe ping-pong, 2 ranks, UCX_TLS=%s, progress %s\n", bootstrap.UCXTLS(f.tls), f.progress)
+				recv := ""
+				if f.any {
+					recv = ", any-source receives"
+				}
+				fmt.Fprintf(out, "# troupe ping-pong, 2 ranks, UCX_TLS=%s, progress %s%s\n", bootstrap.UCXTLS(f.tls), f.progress, recv)
 				fmt.Fprintf(out, "%-10s %14s %18s\n", "# size", "latency (us)", "bandwidth (MB/s)")
 				for _, p := range pts {
 					fmt.Fprintf(out, "%-10s %14.2f %18.1f\n", perf.FormatSize(p.Size), p.LatUs, p.BwMBs)
@@ -94,7 +100,8 @@ func init() { benchCmd.AddCommand(newPingpongCmd()) }
 func runPingpongJob(ctx context.Context, f pingpongFlags, minSize, maxSize int) ([]perf.Point, error) {
 	return runBenchJob[perf.Point](ctx, 2, f.tls, 0, []string{"bench", "pingpong", "--as-rank",
 		"--min", strconv.Itoa(minSize), "--max", strconv.Itoa(maxSize),
-		"--scale", strconv.FormatFloat(f.scale, 'g', -1, 64), "--progress", f.progress}, nil)
+		"--scale", strconv.FormatFloat(f.scale, 'g', -1, 64), "--progress", f.progress,
+		"--any-source=" + strconv.FormatBool(f.any)}, nil)
 }
 
 func readJSONLines[T any](path string) ([]T, error) {
@@ -136,7 +143,7 @@ func pingpongRank(ctx context.Context, f pingpongFlags) error {
 	}
 	defer closeOut()
 	var encErr error
-	_, err = perf.Sweep(ctx, t, perf.Config{MinSize: f.minSize, MaxSize: f.maxSize, Scale: f.scale}, func(p perf.Point) {
+	_, err = perf.Sweep(ctx, t, perf.Config{MinSize: f.minSize, MaxSize: f.maxSize, Scale: f.scale, AnySource: f.any}, func(p perf.Point) {
 		if e := enc.Encode(p); e != nil && encErr == nil {
 			encErr = e
 		}

@@ -25,6 +25,9 @@ type Config struct {
 	Window           int // messages in flight for bandwidth (default 64)
 	// Scale multiplies the default iteration counts (default 1).
 	Scale float64
+	// AnySource receives every message with transport.AnySource instead
+	// of naming the peer, to measure the software matcher's cost.
+	AnySource bool
 }
 
 func (c *Config) defaults() {
@@ -76,11 +79,25 @@ const (
 // messages: half the mean round trip. Rank 1 echoes. Both ranks return the
 // same value only on rank 0; rank 1 returns 0.
 func Latency(ctx context.Context, t *transport.Transport, size int, scale float64) (float64, error) {
+	return latency(ctx, t, size, scale, false)
+}
+
+// recvFrom is the source the ranks' receives name: the peer, or
+// AnySource.
+func recvFrom(peer int, anySource bool) int {
+	if anySource {
+		return transport.AnySource
+	}
+	return peer
+}
+
+func latency(ctx context.Context, t *transport.Transport, size int, scale float64, anySource bool) (float64, error) {
 	if t.Rank() > 1 {
 		return 0, nil
 	}
 	iters, warmup := iterations(size, scale)
 	peer := 1 - t.Rank()
+	from := recvFrom(peer, anySource)
 	sbuf := make([]byte, size)
 	rbuf := make([]byte, size)
 	var start time.Time
@@ -92,11 +109,11 @@ func Latency(ctx context.Context, t *transport.Transport, size int, scale float6
 			if err := t.Send(ctx, peer, tagPing, sbuf); err != nil {
 				return 0, fmt.Errorf("latency %d B, iteration %d: %w", size, i, err)
 			}
-			if _, err := t.Recv(ctx, peer, tagPing, rbuf); err != nil {
+			if _, err := t.Recv(ctx, from, tagPing, rbuf); err != nil {
 				return 0, fmt.Errorf("latency %d B, iteration %d: %w", size, i, err)
 			}
 		} else {
-			if _, err := t.Recv(ctx, peer, tagPing, rbuf); err != nil {
+			if _, err := t.Recv(ctx, from, tagPing, rbuf); err != nil {
 				return 0, fmt.Errorf("latency %d B, iteration %d: %w", size, i, err)
 			}
 			if err := t.Send(ctx, peer, tagPing, sbuf); err != nil {
@@ -114,6 +131,10 @@ func Latency(ctx context.Context, t *transport.Transport, size int, scale float6
 // window messages in flight, acknowledged per window (OSU osu_bw). The result
 // (MB/s, 10^6 bytes per second) is valid on rank 0.
 func Bandwidth(ctx context.Context, t *transport.Transport, size, window int, scale float64) (float64, error) {
+	return bandwidth(ctx, t, size, window, scale, false)
+}
+
+func bandwidth(ctx context.Context, t *transport.Transport, size, window int, scale float64, anySource bool) (float64, error) {
 	if t.Rank() > 1 {
 		return 0, nil
 	}
@@ -137,7 +158,7 @@ func Bandwidth(ctx context.Context, t *transport.Transport, size, window int, sc
 			if t.Rank() == 0 {
 				reqs[w], err = t.Isend(peer, tagPing, buf)
 			} else {
-				reqs[w], err = t.Irecv(peer, tagPing, buf)
+				reqs[w], err = t.Irecv(recvFrom(peer, anySource), tagPing, buf)
 			}
 			if err != nil {
 				return 0, fmt.Errorf("bandwidth %d B: %w", size, err)
@@ -149,7 +170,7 @@ func Bandwidth(ctx context.Context, t *transport.Transport, size, window int, sc
 			}
 		}
 		if t.Rank() == 0 {
-			_, err = t.Recv(ctx, peer, tagAck, ack)
+			_, err = t.Recv(ctx, recvFrom(peer, anySource), tagAck, ack)
 		} else {
 			err = t.Send(ctx, peer, tagAck, ack)
 		}
@@ -170,11 +191,11 @@ func Sweep(ctx context.Context, t *transport.Transport, cfg Config, report func(
 	cfg.defaults()
 	var out []Point
 	for _, size := range cfg.Sizes() {
-		lat, err := Latency(ctx, t, size, cfg.Scale)
+		lat, err := latency(ctx, t, size, cfg.Scale, cfg.AnySource)
 		if err != nil {
 			return out, err
 		}
-		bw, err := Bandwidth(ctx, t, size, cfg.Window, cfg.Scale)
+		bw, err := bandwidth(ctx, t, size, cfg.Window, cfg.Scale, cfg.AnySource)
 		if err != nil {
 			return out, err
 		}

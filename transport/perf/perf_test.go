@@ -41,8 +41,15 @@ func TestFormatSize(t *testing.T) {
 
 // TestSweep runs a short sweep between two ranks over UCX: rank 0 gets one
 // point per size with a positive, finite latency and bandwidth, rank 1 the
-// same sizes with zero values, and report is called on rank 0 only.
+// same sizes with zero values, and report is called on rank 0 only; with
+// receives naming the peer and with any-source receives.
 func TestSweep(t *testing.T) {
+	for _, anySource := range []bool{false, true} {
+		t.Run(fmt.Sprintf("any-source=%v", anySource), func(t *testing.T) { testSweep(t, anySource) })
+	}
+}
+
+func testSweep(t *testing.T, anySource bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	ts, stop, err := transport.StartLocal(ctx, 2, transport.Options{})
@@ -50,7 +57,7 @@ func TestSweep(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer stop()
-	cfg := Config{MinSize: 8, MaxSize: 64 << 10, Window: 4, Scale: 0.001}
+	cfg := Config{MinSize: 8, MaxSize: 64 << 10, Window: 4, Scale: 0.001, AnySource: anySource}
 	pts := make([][]Point, 2)
 	reported := make([]int, 2)
 	errs := make(chan error, 2)
