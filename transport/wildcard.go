@@ -142,10 +142,29 @@ func (t *Transport) wildClose() {
 }
 
 // anyArrived looks for a rank whose next message with tag (the one a
-// receive posted now would get) has arrived, starting after the rank the
-// previous search chose, so that no sender is starved. The worker lock is
-// held.
+// receive posted now would get) has arrived. The worker lock is held.
+//
+// One masked probe finds the earliest message with the tag still in UCX's
+// queue, from any rank; it will do if it is its sender's next. Messages
+// taken out of UCX (a prefetch slot, a descriptor a probe fetched) are
+// looked up in those tables. Only when UCX's earliest message is not its
+// sender's next (that one was taken out) might another rank's be hidden
+// behind it: then every rank is asked in turn, starting after the one the
+// previous such search chose, so that no sender is starved.
 func (t *Transport) anyArrived(tag int) (int, bool) {
+	_, info, ok := t.w.TagProbe(MakeUserTag(0, uint16(tag), 0), t.userMask()&^anyUserSourceMask, false)
+	if ok {
+		src, _, seq := SplitUserTag(info.Tag)
+		if seq == t.peekSeq(int(src), tag) {
+			return int(src), true
+		}
+	}
+	if src, found := t.anyTakenOut(tag); found {
+		return src, true
+	}
+	if !ok {
+		return 0, false
+	}
 	for i := 0; i < t.size; i++ {
 		src := (t.wild.next + i) % t.size
 		if _, ok := t.arrived(src, tag); ok {
@@ -156,15 +175,53 @@ func (t *Transport) anyArrived(tag int) (int, bool) {
 	return 0, false
 }
 
+// anyUserSourceMask covers the source and sequence fields of a USER tag:
+// a probe with it cleared matches one user tag from any rank.
+const anyUserSourceMask = (MaxUserRanks-1)<<(UserTagBits+UserSeqBits) | userSeqMask
+
+// anyTakenOut finds a rank whose next message with tag waits outside UCX's
+// queue: in an overlap prefetch slot, or as a CMA descriptor a probe
+// fetched. The worker lock is held.
+func (t *Transport) anyTakenOut(tag int) (int, bool) {
+	next := func(wire uint64) (int, bool) {
+		if Kind(wire>>kindShift)&7 != KindUser {
+			return 0, false
+		}
+		src, tg, seq := SplitUserTag(wire)
+		return int(src), int(tg) == tag && seq == t.peekSeq(int(src), tag)
+	}
+	for wire := range t.cma.held {
+		if src, ok := next(wire); ok {
+			return src, true
+		}
+	}
+	if t.ov != nil {
+		for k, m := range t.ov.unexp {
+			if m.r != nil || m.descPending || k.chunk != 0 {
+				continue
+			}
+			if src, ok := next(k.wire); ok {
+				return src, true
+			}
+		}
+	}
+	return 0, false
+}
+
+// peekSeq is the sequence number of the next message from src with tag
+// (the one a receive posted now would take). The worker lock is held.
+func (t *Transport) peekSeq(src, tag int) uint32 {
+	if c := t.recvSeq[seqKey{src, tag}]; c != nil {
+		return c.peek()
+	}
+	return 0
+}
+
 // arrived reports whether the next message from src with tag has arrived,
 // and its size: waiting in UCX, in an overlap slot, or as a CMA descriptor
 // a probe took out. The worker lock is held.
 func (t *Transport) arrived(src, tag int) (int, bool) {
-	seq := uint32(0)
-	if c := t.recvSeq[seqKey{src, tag}]; c != nil {
-		seq = c.peek()
-	}
-	wire := MakeUserTag(uint32(src), uint16(tag), seq)
+	wire := MakeUserTag(uint32(src), uint16(tag), t.peekSeq(src, tag))
 	if m, ok := t.ovHas(wire); ok {
 		return m.size, true
 	}
