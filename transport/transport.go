@@ -954,11 +954,12 @@ func (t *Transport) spinDone() {
 
 // inFlight reports whether operations are in flight that the progress
 // goroutine could move: UCX requests, CMA sends waiting for their
-// acknowledgement, receives in the overlap engine's table.
+// acknowledgement, any-source receives waiting for a message (as an exact
+// receive waits in UCX), receives in the overlap engine's table.
 func (t *Transport) inFlight() bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return len(t.ops) > 0 || len(t.cma.sends) > 0 || (t.ov != nil && len(t.ov.posted) > 0) || (t.w != nil && t.w.PostsInFlight() > 0)
+	return len(t.ops) > 0 || len(t.cma.sends) > 0 || t.wild.n > 0 || (t.ov != nil && len(t.ov.posted) > 0) || (t.w != nil && t.w.PostsInFlight() > 0)
 }
 
 // Await blocks until done is closed or ctx ends. In direct mode the caller
