@@ -139,6 +139,7 @@ func anySourceParts(ctx context.Context, r *rank) error {
 		}
 		return nil
 	}
+	before := t.AnySourceStats()
 	const window = 8
 	var q []*transport.Request
 	var bufs [][]byte
@@ -199,6 +200,9 @@ func anySourceParts(ctx context.Context, r *rank) error {
 	if err != nil || string(eb[:st.Size]) != "second" {
 		return fmt.Errorf("exact receive posted behind it: %q %v, want \"second\"", eb[:st.Size], err)
 	}
+	if s := t.AnySourceStats(); s.InUCX == before.InUCX {
+		return fmt.Errorf("the any-source receive posted before its message was sent was not matched in UCX: %+v", s)
+	}
 	r.logf("receives matched in the order posted")
 	// Matched probes: each message's size is learnt first and the receive
 	// buffer made to fit (large ones are CMA descriptors taken out of UCX
@@ -240,6 +244,12 @@ func anySourceParts(ctx context.Context, r *rank) error {
 		}
 	}
 	r.logf("a window of %d any-source receives of %d B", windowN, windowSize)
+	s := t.AnySourceStats()
+	inUCX, arrived := s.InUCX-before.InUCX, s.Arrived-before.Arrived
+	if want := int64(2*anySourceN + 1 + windowN); inUCX+arrived != want {
+		return fmt.Errorf("any-source receives counted %d in UCX + %d arrived first, want %d in all", inUCX, arrived, want)
+	}
+	r.logf("any-source receives matched in UCX: %d, after arrival: %d", inUCX, arrived)
 	return nil
 }
 

@@ -53,7 +53,7 @@ func (t *Transport) Improbe(src, tag int) (*Message, bool, error) {
 		}
 	}
 	if src == AnySource {
-		s, ok := t.anyArrived(tag)
+		s, ok, _ := t.anyArrived(tag)
 		if !ok {
 			return nil, false, nil
 		}

@@ -198,20 +198,28 @@ func startRecvNow(t *Transport, r *Request) {
 	if t.ov != nil && t.ovRecv(r) {
 		return
 	}
+	if err := t.postUserRecv(r, wire, 0); err != nil {
+		t.freeSeq(r)
+		t.fail(r, fmt.Errorf("transport: recv from rank %d tag %d: %w", r.peer, r.tag, err))
+	}
+}
+
+// postUserRecv posts r to UCX as a receive of wire, with the fields in
+// ignore left out of the match (an any-source receive ignores the source
+// and sequence), and tracks it. The worker lock is held.
+func (t *Transport) postUserRecv(r *Request, wire, ignore uint64) error {
 	var ureq ucx.Request
 	var err error
 	if t.cma.on {
-		ureq, err = t.w.TagRecvPeek(t.cmaRecvBuffer(r), wire, userRecvMask, cmaBit)
+		ureq, err = t.w.TagRecvPeek(t.cmaRecvBuffer(r), wire, userRecvMask&^ignore, cmaBit)
 	} else {
-		ureq, err = t.w.TagRecv(r.b, wire, FullMask)
+		ureq, err = t.w.TagRecv(r.b, wire, FullMask&^ignore)
 	}
 	switch {
 	case err != nil:
-		t.freeSeq(r)
-		t.fail(r, fmt.Errorf("transport: recv from rank %d tag %d: %w", r.peer, r.tag, err))
+		return err
 	case !ureq.Pending():
-		t.freeSeq(r)
-		t.fail(r, fmt.Errorf("transport: recv from rank %d tag %d: UCX completed a receive without reporting it", r.peer, r.tag))
+		return errors.New("UCX completed a receive without reporting it")
 	case r.scratch != nil:
 		t.track(r, ureq, unsafe.Pointer(&r.scratch[0]))
 	default:
@@ -226,6 +234,7 @@ func startRecvNow(t *Transport, r *Request) {
 			t.handle(evs)
 		}
 	}
+	return nil
 }
 
 func (t *Transport) recvCounter(k seqKey) *recvCounter {
@@ -285,7 +294,7 @@ func (t *Transport) Iprobe(src, tag int) (Status, bool, error) {
 		return Status{}, false, ErrClosed
 	}
 	if src == AnySource {
-		if src, ok := t.anyArrived(tag); ok {
+		if src, ok, _ := t.anyArrived(tag); ok {
 			size, _ := t.arrived(src, tag)
 			return Status{Source: src, Tag: tag, Size: size}, true, nil
 		}

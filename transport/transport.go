@@ -283,6 +283,21 @@ func (c *recvCounter) give(s uint32) {
 	c.freed = slices.Insert(c.freed, i, s)
 }
 
+// claim takes s, the sequence number of a message an any-source receive
+// matched in UCX: a freed number or the next one. It reports false if s
+// was neither (already taken).
+func (c *recvCounter) claim(s uint32) bool {
+	if i := slices.Index(c.freed, s); i >= 0 {
+		c.freed = slices.Delete(c.freed, i, i+1)
+		return true
+	}
+	if s != c.next {
+		return false
+	}
+	c.next = (c.next + 1) & userSeqMask
+	return true
+}
+
 func (c *recvCounter) peek() uint32 {
 	if len(c.freed) > 0 {
 		return c.freed[0]
@@ -780,6 +795,7 @@ func (t *Transport) handle(evs []ucx.Event) {
 			delete(t.ops, req)
 			switch {
 			case r == nil:
+			case r.anyPosted && t.wildMatched(r, e):
 			case r.probe != nil:
 				r.probe(e.Status(), e.Length())
 				t.complete(r)
@@ -795,6 +811,8 @@ func (t *Transport) handle(evs []ucx.Event) {
 			t.amq = append(t.amq, *e)
 		}
 	}
+	// Only now, evs being spent: starting receives may drain events.
+	t.wildAdvanceMatched()
 }
 
 // Status describes a completed receive or probe.
@@ -817,6 +835,10 @@ type Request struct {
 	// fixedSeq: seq was taken when the message was matched (Mprobe); the
 	// receive must not take another.
 	fixedSeq bool
+	// anyPosted: an any-source receive UCX holds with the source and
+	// sequence masked; the sender's tag names both when it completes
+	// (wildcard.go).
+	anyPosted bool
 	ureq     ucx.Request
 	b        ucx.Buffer       // the operation's memory
 	pins     []unsafe.Pointer // what to pin if it goes asynchronous (nil: b.Ptr)

@@ -4,6 +4,10 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+
+	"go.uber.org/zap"
+
+	"github.com/troupe-hpc/troupe/transport/ucx"
 )
 
 // Any-source receives (MPI_ANY_SOURCE) and the software matcher behind them.
@@ -12,18 +16,29 @@ import (
 // (source, tag, sequence), the sequence being the next one of its (source,
 // tag) (trace-based matching, DESIGN 5.2). An any-source receive cannot be
 // given a wire tag when it is posted, since which rank's message it gets is
-// decided by arrival. So it waits in software, in a per-tag list, until some
-// rank's next message with that tag has arrived (the same test as Iprobe);
-// then it takes that rank's next sequence number and is posted like an
-// exact receive, which matches the message at once.
+// decided by arrival. If some rank's next message with that tag has
+// already arrived (the same test as Iprobe), the receive takes that rank's
+// next sequence number and is posted like an exact receive, which matches
+// the message at once. If nothing with the tag has arrived, it goes to UCX
+// with the source and sequence fields masked, so that the first message
+// with the tag to arrive matches it in UCX as an exact receive's would;
+// the sender's tag then names the rank and the sequence number it took.
+// That is sound only while every message with the tag that UCX could hand
+// it is its sender's next: no message with the tag waits in UCX's queue or
+// outside it (overlap prefetch slots, CMA descriptors a probe fetched), and
+// no exact receive with the tag waits outside UCX (the overlap engine's
+// table), where UCX cannot see that it was posted first (anyPostable).
+// Otherwise the receive waits in software, in a per-tag list, until a
+// message for it has arrived.
 //
 // MPI matches receives in the order they were posted. A receive for the
 // same tag posted after a pending any-source receive could otherwise take
 // the message the any-source receive is owed, or a sequence number it will
-// need, so it waits in the same list behind it; the list is started in
-// order as far as its head allows. While receives wait there, none of
-// them is visible to UCX or to the overlap engine: a pending wildcard turns
-// offload off for its tag, as DESIGN 5.2 asks.
+// need, so it waits in the same list behind it, also while the any-source
+// receive at its head is in UCX; the list is started in order as far as
+// its head allows. While receives wait there, none of them is visible to
+// the overlap engine: a pending wildcard turns offload off for its tag, as
+// DESIGN 5.2 asks.
 //
 // There is no any-tag receive: the wire tag orders messages per (source,
 // tag) only, and a message the overlap engine or a probe has already taken
@@ -47,9 +62,28 @@ var ErrAnyTag = errors.New("transport: any-tag receives are not supported")
 
 // wildcards is the software matcher's state; the worker lock guards it.
 type wildcards struct {
-	held map[int][]*Request // per user tag: receives waiting, in post order
-	n    int                // receives waiting in all lists
-	next int                // the rank an any-source search starts from (fairness)
+	held    map[int][]*Request // per user tag: receives waiting, in post order
+	n       int                // receives waiting in all lists
+	next    int                // the rank an any-source search starts from (fairness)
+	matched []int              // tags whose masked head matched: start those behind it
+	stats   AnySourceStats
+}
+
+// AnySourceStats counts how any-source receives found their messages.
+type AnySourceStats struct {
+	// InUCX: posted to UCX with the source masked (nothing with the tag
+	// had arrived) and matched there as the first message to arrive.
+	InUCX int64
+	// Arrived: matched in software to a message that had arrived before
+	// the receive could be posted.
+	Arrived int64
+}
+
+// AnySourceStats reports how any-source receives were matched so far.
+func (t *Transport) AnySourceStats() AnySourceStats {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.wild.stats
 }
 
 // wildHold keeps r in software when it is an any-source receive or one
@@ -80,12 +114,19 @@ func (t *Transport) wildAdvance(tag int) {
 	q := t.wild.held[tag]
 	for len(q) > 0 {
 		r := q[0]
+		if r.anyPosted {
+			break // in UCX: wildMatched starts those behind it
+		}
 		if r.peer == AnySource {
-			src, ok := t.anyArrived(tag)
+			src, ok, none := t.anyArrived(tag)
 			if !ok {
+				if none {
+					t.wildPost(r)
+				}
 				break
 			}
 			r.peer = src
+			t.wild.stats.Arrived++
 		}
 		q[0] = nil
 		q = q[1:]
@@ -118,6 +159,9 @@ func (t *Transport) wildAdvanceAll() {
 // and starts the receives it held up; it reports whether r was waiting.
 // The worker lock is held.
 func (t *Transport) wildCancel(r *Request, err error) bool {
+	if r.anyPosted {
+		return false // UCX holds it: cancelled there
+	}
 	q := t.wild.held[r.tag]
 	i := slices.Index(q, r)
 	if i < 0 {
@@ -135,14 +179,126 @@ func (t *Transport) wildCancel(r *Request, err error) bool {
 func (t *Transport) wildClose() {
 	for tag, q := range t.wild.held {
 		for _, r := range q {
+			if r.anyPosted {
+				continue // UCX holds it: Close cancels it there
+			}
 			t.fail(r, fmt.Errorf("transport: recv from %s tag %d: %w", sourceName(r.peer), tag, ErrClosed))
 		}
 	}
-	t.wild.held, t.wild.n = nil, 0
+	t.wild.held, t.wild.n, t.wild.matched = nil, 0, nil
+}
+
+// wildPost hands r, the any-source receive at the head of its tag's list,
+// to UCX with the source and sequence masked, when that is sound
+// (anyPostable); r stays at the head until it completes. The caller has
+// just found no message with the tag in UCX's queue. The worker lock is
+// held.
+func (t *Transport) wildPost(r *Request) {
+	if t.closed || !t.anyPostable(r.tag) {
+		return
+	}
+	r.anyPosted = true
+	if err := t.postUserRecv(r, MakeUserTag(0, uint16(r.tag), 0), anyUserSourceMask); err != nil {
+		// Nothing was posted: r waits in software as before.
+		r.anyPosted = false
+		t.log.Debug("posting an any-source receive to UCX failed; matching it in software", zap.Int("tag", r.tag), zap.Error(err))
+	}
+}
+
+// anyPostable reports whether a receive matching any rank's messages with
+// tag may be posted to UCX: no message with the tag is out of UCX's queue
+// (prefetched by the overlap engine, a CMA descriptor a probe fetched or
+// is fetching), and no exact receive with the tag waits in the overlap
+// engine's table. Then the first message with the tag UCX can match is its
+// sender's next, and no receive posted before is passed over. The worker
+// lock is held.
+func (t *Transport) anyPostable(tag int) bool {
+	ours := func(wire uint64) bool {
+		if Kind(wire>>kindShift)&7 != KindUser {
+			return false
+		}
+		_, tg, _ := SplitUserTag(wire)
+		return int(tg) == tag
+	}
+	for wire := range t.cma.held {
+		if ours(wire) {
+			return false
+		}
+	}
+	for wire := range t.cma.probing {
+		if ours(wire) {
+			return false
+		}
+	}
+	if t.ov != nil {
+		for k := range t.ov.unexp {
+			if ours(k.wire) {
+				return false
+			}
+		}
+		for k := range t.ov.posted {
+			if ours(k.wire) {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// wildMatched handles the completion of an any-source receive UCX held
+// (wildPost): the sender's tag names the rank and the sequence number the
+// message took, which the receive now owns. It takes r off its list; the
+// receives behind it start once the events in hand are handled
+// (wildAdvanceMatched). It reports whether it completed r itself (a
+// cancelled or failed receive, which matched no message). The worker lock
+// is held.
+func (t *Transport) wildMatched(r *Request, e *ucx.Event) bool {
+	r.anyPosted = false
+	if q := t.wild.held[r.tag]; len(q) > 0 {
+		if i := slices.Index(q, r); i >= 0 {
+			t.wild.held[r.tag] = slices.Delete(q, i, i+1)
+			t.wild.n--
+			t.wild.matched = append(t.wild.matched, r.tag)
+		}
+	}
+	wire := e.SenderTag() &^ cmaBit
+	st := e.Status()
+	if (st != ucx.StatusOK && st != ucx.StatusTruncated) || Kind(wire>>kindShift)&7 != KindUser {
+		err := r.failErr
+		if err == nil {
+			err = fmt.Errorf("transport: recv from any rank tag %d: %s", r.tag, st)
+		}
+		t.fail(r, err)
+		return true
+	}
+	src, _, seq := SplitUserTag(wire)
+	r.peer, r.key, r.seq = int(src), seqKey{int(src), r.tag}, seq
+	t.wild.stats.InUCX++
+	if !t.recvCounter(r.key).claim(seq) {
+		// Cannot happen while anyPostable's conditions hold; say so
+		// rather than lose track quietly.
+		t.log.Error("any-source receive matched a message that was not its sender's next",
+			zap.Int("source", r.peer), zap.Int("tag", r.tag), zap.Uint32("seq", seq))
+	}
+	return false
+}
+
+// wildAdvanceMatched starts the receives that waited behind any-source
+// receives UCX has matched. The worker lock is held, and no events are in
+// hand (starting a receive may drain more).
+func (t *Transport) wildAdvanceMatched() {
+	for len(t.wild.matched) > 0 {
+		tags := t.wild.matched
+		t.wild.matched = nil
+		for _, tag := range tags {
+			t.wildAdvance(tag)
+		}
+	}
 }
 
 // anyArrived looks for a rank whose next message with tag (the one a
-// receive posted now would get) has arrived. The worker lock is held.
+// receive posted now would get) has arrived; none reports that UCX's queue
+// holds no message with the tag at all. The worker lock is held.
 //
 // One masked probe finds the earliest message with the tag still in UCX's
 // queue, from any rank; it will do if it is its sender's next. Messages
@@ -151,28 +307,28 @@ func (t *Transport) wildClose() {
 // sender's next (that one was taken out) might another rank's be hidden
 // behind it: then every rank is asked in turn, starting after the one the
 // previous such search chose, so that no sender is starved.
-func (t *Transport) anyArrived(tag int) (int, bool) {
+func (t *Transport) anyArrived(tag int) (src int, found, none bool) {
 	_, info, ok := t.w.TagProbe(MakeUserTag(0, uint16(tag), 0), t.userMask()&^anyUserSourceMask, false)
 	if ok {
 		src, _, seq := SplitUserTag(info.Tag)
 		if seq == t.peekSeq(int(src), tag) {
-			return int(src), true
+			return int(src), true, false
 		}
 	}
 	if src, found := t.anyTakenOut(tag); found {
-		return src, true
+		return src, true, false
 	}
 	if !ok {
-		return 0, false
+		return 0, false, true
 	}
 	for i := 0; i < t.size; i++ {
 		src := (t.wild.next + i) % t.size
 		if _, ok := t.arrived(src, tag); ok {
 			t.wild.next = (src + 1) % t.size
-			return src, true
+			return src, true, false
 		}
 	}
-	return 0, false
+	return 0, false, false
 }
 
 // anyUserSourceMask covers the source and sequence fields of a USER tag:

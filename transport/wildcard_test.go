@@ -299,3 +299,134 @@ func TestAnySourcePrefetched(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// An any-source receive posted before its message arrived is matched in
+// UCX (source masked); one posted after its message arrived is matched in
+// software. Either way the sender's next exact receive gets the message
+// after it: the sequence numbers stayed in step.
+func TestAnySourceMatchPaths(t *testing.T) {
+	forModes(t, func(t *testing.T, mode ProgressMode) {
+		ts := localJob(t, 3, mode)
+		ctx := testCtx(t)
+		sendAll := func(src int, msgs ...string) {
+			t.Helper()
+			for _, m := range msgs {
+				if err := ts[src].Send(ctx, 0, 12, []byte(m)); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		expect := func(src, from int, want string, stats AnySourceStats) {
+			t.Helper()
+			buf := make([]byte, 8)
+			st, err := ts[0].Recv(ctx, src, 12, buf)
+			if err != nil || string(buf[:st.Size]) != want || st.Source != from {
+				t.Fatalf("receive from %s: %+v %q %v, want %q", sourceName(src), st, buf[:st.Size], err, want)
+			}
+			if got := ts[0].AnySourceStats(); got != stats {
+				t.Fatalf("after receiving %q: any-source stats %+v, want %+v", want, got, stats)
+			}
+		}
+
+		// Posted first: UCX matches it.
+		w := make([]byte, 8)
+		r, err := ts[0].Irecv(AnySource, 12, w)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sendAll(2, "a1", "a2")
+		if st, got := recvString(t, ctx, r, w); got != "a1" || st.Source != 2 {
+			t.Fatalf("any-source receive posted first: %+v %q, want rank 2 \"a1\"", st, got)
+		}
+		expect(2, 2, "a2", AnySourceStats{InUCX: 1})
+
+		// Arrived first: matched in software.
+		sendAll(1, "b1", "b2")
+		if _, err := ts[0].Probe(ctx, 1, 12); err != nil {
+			t.Fatal(err)
+		}
+		expect(AnySource, 1, "b1", AnySourceStats{InUCX: 1, Arrived: 1})
+		expect(1, 1, "b2", AnySourceStats{InUCX: 1, Arrived: 1})
+	})
+}
+
+// A receive cancelled before its message came gives its sequence number
+// back; an any-source receive matched in UCX then gets that message, its
+// sender's next, and takes the number, so that the exact receive after it
+// gets the following message.
+func TestAnySourceTakesFreedSequence(t *testing.T) {
+	ts := localJob(t, 2, ProgressDirect)
+	ctx := testCtx(t)
+	cctx, cancel := context.WithCancel(ctx)
+	e, err := ts[1].Irecv(0, 13, make([]byte, 8))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	if _, err := e.Wait(cctx); !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled receive: %v", err)
+	}
+	wb := make([]byte, 8)
+	w, err := ts[1].Irecv(AnySource, 13, wb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range []string{"x", "y"} {
+		if err := ts[0].Send(ctx, 1, 13, []byte(m)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if st, got := recvString(t, ctx, w, wb); got != "x" || st.Source != 0 {
+		t.Fatalf("any-source receive: %+v %q, want rank 0 \"x\"", st, got)
+	}
+	if s := ts[1].AnySourceStats(); s.InUCX != 1 {
+		t.Fatalf("any-source stats %+v: the receive was not matched in UCX", s)
+	}
+	buf := make([]byte, 8)
+	st, err := ts[1].Recv(ctx, 0, 13, buf)
+	if err != nil || string(buf[:st.Size]) != "y" {
+		t.Fatalf("exact receive after it: %q %v, want \"y\"", buf[:st.Size], err)
+	}
+}
+
+// With the overlap engine on, a large exact receive waits in the engine's
+// table, out of UCX's sight: an any-source receive posted after it must
+// not go to UCX, where it would match the exact receive's message.
+func TestAnySourceBehindEngineReceive(t *testing.T) {
+	ctx := testCtx(t)
+	ts, stop, err := StartLocal(ctx, 2, Options{Overlap: &recordingPolicy{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(stop)
+	const size = 1 << 20
+	eb, wb := make([]byte, size), make([]byte, size)
+	e, err := ts[1].Irecv(0, 14, eb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := ts[1].Irecv(AnySource, 14, wb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, second := pattern(size, 1), pattern(size, 2)
+	var sends []*Request
+	for _, m := range [][]byte{first, second} {
+		r, err := ts[0].Isend(1, 14, m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sends = append(sends, r)
+	}
+	if _, err := e.Wait(ctx); err != nil || !bytes.Equal(eb, first) {
+		t.Fatalf("exact receive: %v (got the first message: %v)", err, bytes.Equal(eb, first))
+	}
+	if st, err := w.Wait(ctx); err != nil || st.Source != 0 || !bytes.Equal(wb, second) {
+		t.Fatalf("any-source receive posted after it: %+v %v (got the second message: %v)", st, err, bytes.Equal(wb, second))
+	}
+	for _, r := range sends {
+		if _, err := r.Wait(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
