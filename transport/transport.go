@@ -839,15 +839,15 @@ type Request struct {
 	// sequence masked; the sender's tag names both when it completes
 	// (wildcard.go).
 	anyPosted bool
-	ureq     ucx.Request
-	b        ucx.Buffer       // the operation's memory
-	pins     []unsafe.Pointer // what to pin if it goes asynchronous (nil: b.Ptr)
-	pooled   bool             // a blocking call's request, recycled after Wait
-	pin      runtime.Pinner
-	pinned   bool
-	iov      *ucx.IOV
-	ov       *ovRecv  // overlap engine state (Options.Overlap)
-	amov     *amTrack // an active message's data transfer the engine follows
+	ureq      ucx.Request
+	b         ucx.Buffer       // the operation's memory
+	pins      []unsafe.Pointer // what to pin if it goes asynchronous (nil: b.Ptr)
+	pooled    bool             // a blocking call's request, recycled after Wait
+	pin       runtime.Pinner
+	pinned    bool
+	iov       *ucx.IOV
+	ov        *ovRecv  // overlap engine state (Options.Overlap)
+	amov      *amTrack // an active message's data transfer the engine follows
 	// dev is the receive buffer as device memory, when UCX writes device
 	// memory directly (queues, channels): copies into it go through gpu.
 	dev gpu.Buffer
