@@ -58,7 +58,7 @@ ucx_perftest (8 B tag_lat, 1 MiB tag_bw) and prints medians and ratios.`,
 	fl.Float64Var(&f.scale, "scale", 1, "iteration count multiplier")
 	fl.StringVar(&f.progress, "progress", "direct", "transport progress mode: direct or queue")
 	fl.IntVar(&f.compare, "compare", 0, "interleave N rounds against raw ucx_perftest and report medians")
-	fl.BoolVar(&f.any, "any-source", false, "receive every message with transport.AnySource (the software matcher's cost)")
+	fl.BoolVar(&f.any, "any-source", false, "receive every message with transport.AnySource (what wildcard matching costs)")
 	setBenchRun(cmd, func(ctx context.Context) error { return pingpongRank(ctx, f) },
 		func(ctx context.Context, out io.Writer) error {
 			if f.compare > 0 {
