@@ -113,6 +113,33 @@ func ExampleAnySource() {
 	// Output: sum 5 from ranks 1 and 2: true
 }
 
+// A receiver that does not know how large the next message is learns its
+// size with a matched probe, allocates exactly that, and receives that very
+// message: unlike Probe followed by Recv, no other goroutine's receive can
+// take it in between (MPI_Mprobe and MPI_Mrecv).
+func ExampleTransport_Mprobe() {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ts, stop, err := transport.StartLocal(ctx, 2, transport.Options{})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer stop()
+
+	const report = 3
+	go func() { _ = ts[1].Send(ctx, 0, report, []byte("a report of unknown length")) }()
+	m, err := ts[0].Mprobe(ctx, transport.AnySource, report)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	buf := make([]byte, m.Status().Size)
+	st, err := m.Recv(ctx, buf)
+	fmt.Printf("%d bytes from rank %d: %q %v\n", st.Size, st.Source, buf, err)
+	// Output: 26 bytes from rank 1: "a report of unknown length" <nil>
+}
+
 // SendTyped sends a column of a row-major matrix, described by a derived
 // datatype, without packing it by hand; here it lands in a contiguous
 // buffer on the other rank. Both sides' type signatures must match (four
