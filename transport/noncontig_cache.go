@@ -367,25 +367,18 @@ func (nc *noncontig) takeRecvSeq(k seqKey) uint32 {
 	defer nc.mu.Unlock()
 	c := nc.recvSeq[k]
 	if c == nil {
-		c = &recvCounter{}
+		c = &recvCounter{mask: ncSeqMask}
 		nc.recvSeq[k] = c
 	}
-	if len(c.freed) > 0 {
-		s := c.freed[0]
-		c.freed = c.freed[1:]
-		return s
-	}
-	s := c.next
-	c.next = (c.next + 1) & ncSeqMask
-	return s
+	return c.take()
 }
 
-// freeRecvSeq gives a cancelled receive's sequence number back.
+// freeRecvSeq gives a cancelled receive's sequence number back; the next
+// receives take the freed numbers oldest first (recvCounter.give).
 func (nc *noncontig) freeRecvSeq(k seqKey, seq uint32) {
 	nc.mu.Lock()
 	defer nc.mu.Unlock()
-	c := nc.recvSeq[k]
-	c.freed = append(c.freed, seq)
+	nc.recvSeq[k].give(seq)
 }
 
 func (nc *noncontig) nextXid(peer int) uint32 {

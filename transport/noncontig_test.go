@@ -466,3 +466,49 @@ func TestTypedParallelPack(t *testing.T) {
 		}
 	}
 }
+
+// Typed receives cancelled in the reverse of the order they took their
+// places give their sequence numbers back oldest first, as tagged receives
+// do: the next typed receives still get the messages in the order sent.
+func TestTypedCancelledSequencesReusedInOrder(t *testing.T) {
+	ts := localJob(t, 2, ProgressDirect)
+	ctx := testCtx(t)
+	bytesType, err := datatype.Contiguous(1, datatype.Byte)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var prepared []*TypedTransfer
+	for range 2 {
+		x, err := ts[1].PrepareRecvTyped(0, 40, make([]byte, 1), bytesType, 1, TypedOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		prepared = append(prepared, x)
+	}
+	ended, cancel := context.WithCancel(ctx)
+	cancel()
+	for i := len(prepared) - 1; i >= 0; i-- {
+		if _, err := prepared[i].Run(ended); !errors.Is(err, context.Canceled) {
+			t.Fatalf("typed receive %d run with an ended context: %v", i, err)
+		}
+	}
+	sent := make(chan error, 1)
+	go func() { // a typed send returns once the receiver has its data
+		for _, m := range []byte("ab") {
+			if err := ts[0].SendTyped(ctx, 1, 40, []byte{m}, bytesType, 1); err != nil {
+				sent <- err
+				return
+			}
+		}
+		sent <- nil
+	}()
+	for _, want := range []byte("ab") {
+		got := make([]byte, 1)
+		if _, err := ts[1].RecvTyped(ctx, 0, 40, got, bytesType, 1); err != nil || got[0] != want {
+			t.Fatalf("typed receive: %q %v, want %q", got, err, want)
+		}
+	}
+	if err := <-sent; err != nil {
+		t.Fatal(err)
+	}
+}

@@ -135,7 +135,7 @@ func TestUserSeqWraps(t *testing.T) {
 		}
 	}
 	// The receive counter wraps the same way as the send side.
-	c := &recvCounter{next: userSeqMask}
+	c := &recvCounter{next: userSeqMask, mask: userSeqMask}
 	if s := c.take(); s != userSeqMask {
 		t.Fatalf("take = %d, want %d", s, userSeqMask)
 	}

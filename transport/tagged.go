@@ -240,7 +240,7 @@ func (t *Transport) postUserRecv(r *Request, wire, ignore uint64) error {
 func (t *Transport) recvCounter(k seqKey) *recvCounter {
 	c := t.recvSeq[k]
 	if c == nil {
-		c = &recvCounter{}
+		c = &recvCounter{mask: userSeqMask}
 		t.recvSeq[k] = c
 	}
 	return c

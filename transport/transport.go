@@ -257,6 +257,7 @@ type seqKey struct {
 type recvCounter struct {
 	next  uint32
 	freed []uint32
+	mask  uint32 // numbers wrap at mask+1: userSeqMask, or ncSeqMask for typed transfers
 }
 
 func (c *recvCounter) take() uint32 {
@@ -266,7 +267,7 @@ func (c *recvCounter) take() uint32 {
 		return s
 	}
 	s := c.next
-	c.next = (c.next + 1) & userSeqMask
+	c.next = (c.next + 1) & c.mask
 	return s
 }
 
@@ -275,7 +276,7 @@ func (c *recvCounter) take() uint32 {
 // receives were cancelled in, so that messages are still received in the
 // order they were sent.
 func (c *recvCounter) give(s uint32) {
-	age := func(x uint32) uint32 { return (x - c.next) & userSeqMask } // older: smaller
+	age := func(x uint32) uint32 { return (x - c.next) & c.mask } // older: smaller
 	i := 0
 	for i < len(c.freed) && age(c.freed[i]) < age(s) {
 		i++
@@ -294,7 +295,7 @@ func (c *recvCounter) claim(s uint32) bool {
 	if s != c.next {
 		return false
 	}
-	c.next = (c.next + 1) & userSeqMask
+	c.next = (c.next + 1) & c.mask
 	return true
 }
 
