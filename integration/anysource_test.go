@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/troupe-hpc/troupe/datatype"
 	"github.com/troupe-hpc/troupe/transport"
 )
 
@@ -21,6 +22,9 @@ func init() { scenarios["anysource"] = anySource }
 func anySource(ctx context.Context, r *rank) error {
 	if err := anySourceParts(ctx, r); err != nil {
 		return err
+	}
+	if err := anySourceTyped(ctx, r); err != nil {
+		return fmt.Errorf("typed: %w", err)
 	}
 	t := r.t
 	if r.id() > 1 {
@@ -68,6 +72,76 @@ func anySource(ctx context.Context, r *rank) error {
 	if r.id() == 1 {
 		r.logf("%d windows of %d any-source receives of %d B", rounds, window, size)
 	}
+	return nil
+}
+
+// anySourceTyped: ranks 1 and 2 each send typedAnyN vectors (64 blocks of
+// 1 KiB, 2 KiB apart) to rank 0, which receives them with any-source typed
+// receives, two posted ahead, into a contiguous layout of the same
+// signature, and checks each sender's messages came whole and in order.
+func anySourceTyped(ctx context.Context, r *rank) error {
+	const typedAnyN = 6
+	vec, err := datatype.Vector(64, 128, 256, datatype.Float64)
+	if err != nil {
+		return err
+	}
+	contig, err := datatype.Contiguous(64*128, datatype.Float64)
+	if err != nil {
+		return err
+	}
+	t := r.t
+	span := int(vec.Extent())
+	if r.id() != 0 {
+		for i := 0; i < typedAnyN; i++ {
+			if err := t.SendTyped(ctx, 0, 10, pattern(span, uint32(r.id()*100+i)), vec, 1); err != nil {
+				return fmt.Errorf("typed send %d: %w", i, err)
+			}
+		}
+		return nil
+	}
+	const ahead = 2
+	var q []*transport.Request
+	var bufs [][]byte
+	post := func() error {
+		b := make([]byte, 64*1024)
+		req, err := t.IrecvTyped(transport.AnySource, 10, b, contig, 1)
+		if err != nil {
+			return err
+		}
+		q, bufs = append(q, req), append(bufs, b)
+		return nil
+	}
+	for i := 0; i < ahead; i++ {
+		if err := post(); err != nil {
+			return err
+		}
+	}
+	next := map[int]int{}
+	want := make([]byte, 64*1024)
+	for got := 0; got < 2*typedAnyN; got++ {
+		st, err := q[0].Wait(ctx)
+		if err != nil {
+			return fmt.Errorf("any-source typed receive %d: %w", got, err)
+		}
+		i := next[st.Source]
+		if st.Source < 1 || st.Source > 2 || i >= typedAnyN {
+			return fmt.Errorf("typed receive %d: status %+v: no such message", got, st)
+		}
+		if _, err := vec.Pack(want, pattern(span, uint32(st.Source*100+i)), 0, 1); err != nil {
+			return err
+		}
+		if d := diff(bufs[0], want); d != "" {
+			return fmt.Errorf("typed receive %d: rank %d's message %d: %s (out of order or damaged)", got, st.Source, i, d)
+		}
+		next[st.Source]++
+		q, bufs = q[1:], bufs[1:]
+		if got+ahead < 2*typedAnyN {
+			if err := post(); err != nil {
+				return err
+			}
+		}
+	}
+	r.logf("%d typed messages from ranks 1 and 2 through any-source typed receives", 2*typedAnyN)
 	return nil
 }
 
@@ -272,7 +346,7 @@ func TestAnySource(t *testing.T) {
 			t.Setenv(transport.OverlapEnv, engine)
 			forTLS(t, func(t *testing.T, c cfg) {
 				res := runJob(t, "anysource", 3, c)
-				for _, line := range []string{"through any-source receives, in order per sender", "receives matched in the order posted", "received through matched probes", "a window of 16 any-source receives", "5 windows of 64 any-source receives"} {
+				for _, line := range []string{"through any-source receives, in order per sender", "receives matched in the order posted", "received through matched probes", "a window of 16 any-source receives", "5 windows of 64 any-source receives", "through any-source typed receives"} {
 					if !strings.Contains(res.stdout, line) {
 						t.Fatalf("rank 0 did not report %q:\n%s", line, res.dump())
 					}

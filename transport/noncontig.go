@@ -415,13 +415,15 @@ func (t *Transport) typedCall(op string, peer, tag int, buf []byte, dt *datatype
 	if o.Runtime {
 		c.space = KindDDT
 	}
-	if peer == AnySource || tag == AnyTag {
-		// The protocol negotiates the scheme with a known peer before any
-		// data moves (docs/noncontig.md).
-		return nil, c, fmt.Errorf("%w: %s: typed transfers take no wildcards (source %d, tag %d)", ErrInvalid, op, peer, tag)
+	if tag == AnyTag || peer == AnySource && (op != "typed recv" || o.Runtime) {
+		// Only the MPI-style API's receives take AnySource
+		// (noncontig_any.go); no typed transfer takes AnyTag.
+		return nil, c, fmt.Errorf("%w: %s: wildcard not allowed here (source %d, tag %d)", ErrInvalid, op, peer, tag)
 	}
-	if err := t.checkRank(peer, op); err != nil {
-		return nil, c, err
+	if peer != AnySource {
+		if err := t.checkRank(peer, op); err != nil {
+			return nil, c, err
+		}
 	}
 	if err := checkTag(tag, op); err != nil {
 		return nil, c, err
@@ -518,9 +520,9 @@ func (t *Transport) IrecvTypedWith(src, tag int, buf []byte, dt *datatype.Type, 
 		return nil, err
 	}
 	r := t.newRequest("typed recv", src, tag, len(buf))
-	seq := nc.takeRecvSeq(c.seqKey())
+	seq, w := nc.placeRecv(c)
 	go func() {
-		st, err := nc.recv(context.Background(), c, seq)
+		st, err := nc.recvPlaced(context.Background(), c, seq, w)
 		t.ncComplete(r, st, err)
 	}()
 	return r, nil
@@ -540,7 +542,8 @@ func (t *Transport) RecvTypedWith(ctx context.Context, src, tag int, buf []byte,
 	if err != nil {
 		return Status{}, err
 	}
-	return nc.recv(ctx, c, nc.takeRecvSeq(c.seqKey()))
+	seq, w := nc.placeRecv(c)
+	return nc.recvPlaced(ctx, c, seq, w)
 }
 
 // TypedTransfer is a typed send or receive that has taken its place in its
@@ -553,6 +556,7 @@ type TypedTransfer struct {
 	c    typedCall
 	seq  uint32
 	send bool
+	wait *typedWaiter // a receive placed behind an any-source one (noncontig_any.go)
 	ran  atomic.Bool
 }
 
@@ -573,7 +577,11 @@ func (t *Transport) PrepareRecvTyped(src, tag int, buf []byte, dt *datatype.Type
 	if err != nil {
 		return nil, err
 	}
-	return &TypedTransfer{nc: nc, c: c, seq: nc.takeRecvSeq(c.seqKey())}, nil
+	if src == AnySource {
+		return nil, fmt.Errorf("%w: prepared typed receives take no wildcards", ErrInvalid)
+	}
+	seq, w := nc.placeRecv(c)
+	return &TypedTransfer{nc: nc, c: c, seq: seq, wait: w}, nil
 }
 
 // Run carries the transfer out in the calling goroutine, as SendTypedWith
@@ -586,7 +594,7 @@ func (x *TypedTransfer) Run(ctx context.Context) (Status, error) {
 	if x.send {
 		return x.nc.send(ctx, x.c, x.seq)
 	}
-	return x.nc.recv(ctx, x.c, x.seq)
+	return x.nc.recvPlaced(ctx, x.c, x.seq, x.wait)
 }
 
 // ncComplete completes a typed request from its protocol goroutine.

@@ -287,6 +287,13 @@ type noncontig struct {
 	sendSeq map[seqKey]uint32
 	recvSeq map[seqKey]*recvCounter
 	xids    map[int]uint32
+	// Any-source typed receives (noncontig_any.go), per user tag: the
+	// receives waiting behind one, in post order; how many sequence
+	// numbers handed out still have no RTS receive in UCX; and a channel
+	// closed (and replaced) whenever such a count falls to zero.
+	gates    map[int][]*typedWaiter
+	unposted map[int]int
+	postedCh chan struct{}
 	// sentVerdicts are the crossover verdicts peers' receivers told this
 	// rank as a sender, by peer and the shape of this rank's layout.
 	sentVerdicts map[crossKey]keptVerdict
@@ -322,6 +329,9 @@ func newNoncontig(t *Transport, o NoncontigOptions) *noncontig {
 		sendSeq:       map[seqKey]uint32{},
 		recvSeq:       map[seqKey]*recvCounter{},
 		xids:          map[int]uint32{},
+		gates:         map[int][]*typedWaiter{},
+		unposted:      map[int]int{},
+		postedCh:      make(chan struct{}),
 		sentVerdicts:  map[crossKey]keptVerdict{},
 		shapeVerdicts: map[shapeKey]keptVerdict{},
 		rtts:          make([]atomic.Uint32, t.size),
@@ -360,17 +370,6 @@ func (nc *noncontig) nextSendSeq(k seqKey) uint32 {
 	s := nc.sendSeq[k]
 	nc.sendSeq[k] = (s + 1) & ncSeqMask
 	return s
-}
-
-func (nc *noncontig) takeRecvSeq(k seqKey) uint32 {
-	nc.mu.Lock()
-	defer nc.mu.Unlock()
-	c := nc.recvSeq[k]
-	if c == nil {
-		c = &recvCounter{mask: ncSeqMask}
-		nc.recvSeq[k] = c
-	}
-	return c.take()
 }
 
 // freeRecvSeq gives a cancelled receive's sequence number back; the next

@@ -497,16 +497,25 @@ func (nc *noncontig) recv(ctx context.Context, c typedCall, seq uint32) (Status,
 	bp := nc.rtsBufs.Get().(*[]byte)
 	defer nc.rtsBufs.Put(bp)
 	hbuf := *bp
-	rr := t.ncRecv(c.peer, ncRTSTag(c.space, uint32(c.peer), uint16(c.tag), seq), ucx.Buffer{Ptr: bytesPtr(hbuf), Len: len(hbuf)}, nil)
+	key := c.seqKey()
+	rr := t.ncRecvThen(c.peer, ncRTSTag(c.space, uint32(c.peer), uint16(c.tag), seq), ucx.Buffer{Ptr: bytesPtr(hbuf), Len: len(hbuf)}, nil,
+		func() { nc.rtsPosted(key) })
 	st, err := rr.Wait(ctx)
 	if err != nil {
 		if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
-			nc.freeRecvSeq(c.seqKey(), seq)
+			nc.freeRecvSeq(key, seq)
 		}
 		return Status{}, err
 	}
+	return nc.recvMatched(ctx, c, hbuf[:st.Size])
+}
+
+// recvMatched runs the rest of a typed receive once its RTS, hdr, has
+// arrived from c.peer.
+func (nc *noncontig) recvMatched(ctx context.Context, c typedCall, hdr []byte) (Status, error) {
+	t := nc.t
 	var h rts
-	if err := h.decode(hbuf[:st.Size]); err != nil {
+	if err := h.decode(hdr); err != nil {
 		return Status{}, fmt.Errorf("transport: typed recv rank %d tag %d: %w", c.peer, c.tag, err)
 	}
 	status := Status{Source: c.peer, Tag: c.tag, Size: int(h.bytes)}
@@ -558,7 +567,7 @@ func (nc *noncontig) recv(ctx context.Context, c typedCall, seq uint32) (Status,
 	if h.proposal == datatype.SchemePack {
 		if h.flags&rtsInline != 0 {
 			if h.bytes > 0 {
-				if _, err := c.dt.UnpackRaw(datatype.SliceRegion(c.buf), datatype.SliceRegion(hbuf[rtsHdrLen:rtsHdrLen+h.bytes]), c.base, c.count, 0); err != nil {
+				if _, err := c.dt.UnpackRaw(datatype.SliceRegion(c.buf), datatype.SliceRegion(hdr[rtsHdrLen:rtsHdrLen+h.bytes]), c.base, c.count, 0); err != nil {
 					err = fmt.Errorf("%w: typed recv: unpacking: %v", ErrInvalid, err)
 					_ = reply(idxAck, cts{status: stFailed, rbytes: c.bytes})
 					return status, err

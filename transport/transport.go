@@ -797,6 +797,8 @@ func (t *Transport) handle(evs []ucx.Event) {
 			switch {
 			case r == nil:
 			case r.anyPosted && t.wildMatched(r, e):
+			case r.rtsAny:
+				t.ncAnyFinished(r, e)
 			case r.probe != nil:
 				r.probe(e.Status(), e.Length())
 				t.complete(r)
@@ -840,6 +842,10 @@ type Request struct {
 	// sequence masked; the sender's tag names both when it completes
 	// (wildcard.go).
 	anyPosted bool
+	// rtsAny: an any-source typed receive's RTS receive; wire is the
+	// sender's tag once UCX handed it a message (noncontig_any.go).
+	rtsAny bool
+	wire   uint64
 	ureq      ucx.Request
 	b         ucx.Buffer       // the operation's memory
 	pins      []unsafe.Pointer // what to pin if it goes asynchronous (nil: b.Ptr)
