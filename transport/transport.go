@@ -846,15 +846,15 @@ type Request struct {
 	// sender's tag once UCX handed it a message (noncontig_any.go).
 	rtsAny bool
 	wire   uint64
-	ureq      ucx.Request
-	b         ucx.Buffer       // the operation's memory
-	pins      []unsafe.Pointer // what to pin if it goes asynchronous (nil: b.Ptr)
-	pooled    bool             // a blocking call's request, recycled after Wait
-	pin       runtime.Pinner
-	pinned    bool
-	iov       *ucx.IOV
-	ov        *ovRecv  // overlap engine state (Options.Overlap)
-	amov      *amTrack // an active message's data transfer the engine follows
+	ureq   ucx.Request
+	b      ucx.Buffer       // the operation's memory
+	pins   []unsafe.Pointer // what to pin if it goes asynchronous (nil: b.Ptr)
+	pooled bool             // a blocking call's request, recycled after Wait
+	pin    runtime.Pinner
+	pinned bool
+	iov    *ucx.IOV
+	ov     *ovRecv  // overlap engine state (Options.Overlap)
+	amov   *amTrack // an active message's data transfer the engine follows
 	// dev is the receive buffer as device memory, when UCX writes device
 	// memory directly (queues, channels): copies into it go through gpu.
 	dev gpu.Buffer
