@@ -502,8 +502,9 @@ func (t *Transport) SendTypedWith(ctx context.Context, dst, tag int, buf []byte,
 	return err
 }
 
-// IrecvTyped starts receiving the next typed message from rank src with a
-// user tag into count elements of dt whose origin is buf[0]. The message's
+// IrecvTyped starts receiving the next typed message from rank src (or
+// AnySource: Status.Source names the sender) with a user tag into count
+// elements of dt whose origin is buf[0]. The message's
 // type signature must match (the first elements of) dt's, and its packed
 // size must fit; otherwise both sides fail with a *TypeMismatchError. The
 // request's Status.Size is the number of packed bytes received. Once posted,
@@ -528,8 +529,8 @@ func (t *Transport) IrecvTypedWith(src, tag int, buf []byte, dt *datatype.Type, 
 	return r, nil
 }
 
-// RecvTyped receives the next typed message from rank src with a user tag
-// into count elements of dt whose origin is buf[0].
+// RecvTyped receives the next typed message from rank src (or AnySource)
+// with a user tag into count elements of dt whose origin is buf[0].
 func (t *Transport) RecvTyped(ctx context.Context, src, tag int, buf []byte, dt *datatype.Type, count int) (Status, error) {
 	return t.RecvTypedWith(ctx, src, tag, buf, dt, count, TypedOptions{})
 }
@@ -571,7 +572,8 @@ func (t *Transport) PrepareSendTyped(dst, tag int, buf []byte, dt *datatype.Type
 }
 
 // PrepareRecvTyped is RecvTypedWith split in two: the receive takes its
-// sequence number now; Run receives.
+// sequence number now (or its place behind a pending any-source typed
+// receive of the tag); Run receives. src must be a rank, not AnySource.
 func (t *Transport) PrepareRecvTyped(src, tag int, buf []byte, dt *datatype.Type, count int, o TypedOptions) (*TypedTransfer, error) {
 	nc, c, err := t.typedCall("typed recv", src, tag, buf, dt, count, o)
 	if err != nil {
