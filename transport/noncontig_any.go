@@ -208,8 +208,10 @@ func (nc *noncontig) rtsPostedLocked(k seqKey) {
 		return
 	}
 	delete(nc.unposted, k.tag)
-	close(nc.postedCh)
-	nc.postedCh = make(chan struct{})
+	if nc.postedWanted {
+		close(nc.postedCh)
+		nc.postedCh, nc.postedWanted = make(chan struct{}), false
+	}
 }
 
 // postAnyRTS posts the RTS receive of an any-source typed receive with
@@ -229,7 +231,9 @@ func (nc *noncontig) postAnyRTS(tag int, b ucx.Buffer, posted *<-chan struct{}) 
 		}
 		nc.mu.Lock()
 		waiting := nc.unposted[tag] > 0
-		*posted = nc.postedCh
+		if waiting {
+			*posted, nc.postedWanted = nc.postedCh, true
+		}
 		nc.mu.Unlock()
 		if waiting {
 			t.fail(r, errRTSNotYet)

@@ -106,6 +106,39 @@ func TestTypedAnySourceOrderAndCancel(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// Any-source, exact, any-source: the exact receive's place comes
+	// between the two, even though both go on at the same moment (the
+	// second any-source receive waits until the exact one's RTS receive
+	// is in UCX).
+	for round := range 20 {
+		bufs := [][]byte{make([]byte, 8), make([]byte, 8), make([]byte, 8)}
+		var rs []*Request
+		for i, src := range []int{AnySource, 0, AnySource} {
+			r, err := ts[1].IrecvTyped(src, 44, bufs[i], b, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rs = append(rs, r)
+		}
+		go func() {
+			for _, m := range []string{"m1", "m2", "m3"} {
+				if err := ts[0].SendTyped(ctx, 1, 44, msg(m), b, 1); err != nil {
+					sent <- err
+					return
+				}
+			}
+			sent <- nil
+		}()
+		for i, r := range rs {
+			if _, err := r.Wait(ctx); err != nil || !bytes.Equal(bufs[i], msg(fmt.Sprintf("m%d", i+1))) {
+				t.Fatalf("round %d, receive %d of any, exact, any: %v %q", round, i, err, bufs[i])
+			}
+		}
+		if err := <-sent; err != nil {
+			t.Fatal(err)
+		}
+	}
+
 	// Cancelled while waiting in UCX: the exact receive behind it goes on.
 	cctx, cancel := context.WithCancel(ctx)
 	gave := make(chan error, 1)

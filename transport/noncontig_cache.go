@@ -290,10 +290,12 @@ type noncontig struct {
 	// Any-source typed receives (noncontig_any.go), per user tag: the
 	// receives waiting behind one, in post order; how many sequence
 	// numbers handed out still have no RTS receive in UCX; and a channel
-	// closed (and replaced) whenever such a count falls to zero.
-	gates    map[int][]*typedWaiter
-	unposted map[int]int
-	postedCh chan struct{}
+	// closed (and replaced) when such a count falls to zero while an
+	// any-source receive waits for that (postedWanted).
+	gates        map[int][]*typedWaiter
+	unposted     map[int]int
+	postedCh     chan struct{}
+	postedWanted bool
 	// sentVerdicts are the crossover verdicts peers' receivers told this
 	// rank as a sender, by peer and the shape of this rank's layout.
 	sentVerdicts map[crossKey]keptVerdict
