@@ -15,44 +15,21 @@ func BenchmarkPingPong8(b *testing.B) {
 		name string
 		src  int
 	}{{"exact", 0}, {"any-source", AnySource}} {
-		b.Run(c.name, func(b *testing.B) { pingPong8(b, c.src) })
-	}
-}
-
-func pingPong8(b *testing.B, src1 int) {
-	ctx := context.Background()
-	ts, stop, err := StartLocal(ctx, 2, Options{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer stop()
-	done := make(chan error, 1)
-	buf1 := make([]byte, 8)
-	go func() {
-		for i := 0; i < b.N; i++ {
-			if _, err := ts[1].Recv(ctx, src1, 1, buf1); err != nil {
-				done <- err
-				return
-			}
-			if err := ts[1].Send(ctx, 0, 1, buf1); err != nil {
-				done <- err
-				return
-			}
-		}
-		done <- nil
-	}()
-	buf := make([]byte, 8)
-	b.ResetTimer()
-	for i := 0; i < b.N; i++ {
-		if err := ts[0].Send(ctx, 1, 1, buf); err != nil {
-			b.Fatal(err)
-		}
-		if _, err := ts[0].Recv(ctx, 1, 1, buf); err != nil {
-			b.Fatal(err)
-		}
-	}
-	if err := <-done; err != nil {
-		b.Fatal(err)
+		b.Run(c.name, func(b *testing.B) {
+			buf0, buf1 := make([]byte, 8), make([]byte, 8)
+			pingPong(b, func(ctx context.Context, t *Transport) error {
+				if err := t.Send(ctx, 1, 1, buf0); err != nil {
+					return err
+				}
+				_, err := t.Recv(ctx, 1, 1, buf0)
+				return err
+			}, func(ctx context.Context, t *Transport) error {
+				if _, err := t.Recv(ctx, c.src, 1, buf1); err != nil {
+					return err
+				}
+				return t.Send(ctx, 0, 1, buf1)
+			})
+		})
 	}
 }
 
@@ -60,47 +37,54 @@ func pingPong8(b *testing.B, src1 int) {
 // blocks of 64 B) between two in-process ranks, rank 1 receiving from rank
 // 0 or with AnySource.
 func BenchmarkTypedPingPong(b *testing.B) {
+	vec, err := datatype.Vector(64, 8, 16, datatype.Float64)
+	if err != nil {
+		b.Fatal(err)
+	}
 	for _, c := range []struct {
 		name string
 		src  int
 	}{{"exact", 0}, {"any-source", AnySource}} {
-		b.Run(c.name, func(b *testing.B) { typedPingPong(b, c.src) })
+		b.Run(c.name, func(b *testing.B) {
+			buf0, buf1 := make([]byte, vec.Extent()), make([]byte, vec.Extent())
+			pingPong(b, func(ctx context.Context, t *Transport) error {
+				if err := t.SendTyped(ctx, 1, 1, buf0, vec, 1); err != nil {
+					return err
+				}
+				_, err := t.RecvTyped(ctx, 1, 1, buf0, vec, 1)
+				return err
+			}, func(ctx context.Context, t *Transport) error {
+				if _, err := t.RecvTyped(ctx, c.src, 1, buf1, vec, 1); err != nil {
+					return err
+				}
+				return t.SendTyped(ctx, 0, 1, buf1, vec, 1)
+			})
+		})
 	}
 }
 
-func typedPingPong(b *testing.B, src1 int) {
+// pingPong runs b.N round trips between two in-process ranks: rank 0 calls
+// there (send, then receive the reply), rank 1 calls back on a goroutine.
+func pingPong(b *testing.B, there, back func(ctx context.Context, t *Transport) error) {
 	ctx := context.Background()
 	ts, stop, err := StartLocal(ctx, 2, Options{})
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer stop()
-	vec, err := datatype.Vector(64, 8, 16, datatype.Float64)
-	if err != nil {
-		b.Fatal(err)
-	}
 	done := make(chan error, 1)
-	buf1 := make([]byte, vec.Extent())
 	go func() {
 		for i := 0; i < b.N; i++ {
-			if _, err := ts[1].RecvTyped(ctx, src1, 1, buf1, vec, 1); err != nil {
-				done <- err
-				return
-			}
-			if err := ts[1].SendTyped(ctx, 0, 1, buf1, vec, 1); err != nil {
+			if err := back(ctx, ts[1]); err != nil {
 				done <- err
 				return
 			}
 		}
 		done <- nil
 	}()
-	buf := make([]byte, vec.Extent())
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		if err := ts[0].SendTyped(ctx, 1, 1, buf, vec, 1); err != nil {
-			b.Fatal(err)
-		}
-		if _, err := ts[0].RecvTyped(ctx, 1, 1, buf, vec, 1); err != nil {
+		if err := there(ctx, ts[0]); err != nil {
 			b.Fatal(err)
 		}
 	}
