@@ -108,8 +108,9 @@ func (t *Transport) wildHold(r *Request) bool {
 
 // wildAdvance starts the receives waiting for tag from the head of its
 // list: exact ones as they are, an any-source one once a message for it
-// has arrived. It stops at an any-source receive with nothing to take.
-// The worker lock is held.
+// has arrived. It stops at an any-source receive with nothing to take,
+// which goes to UCX with the source masked if it can (wildPost) and stays
+// at the head until it matches. The worker lock is held.
 func (t *Transport) wildAdvance(tag int) {
 	q := t.wild.held[tag]
 	for len(q) > 0 {
