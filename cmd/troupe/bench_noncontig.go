@@ -157,6 +157,7 @@ type noncontigFlags struct {
 	aa        bool   // measure pack a second time (A/A)
 	procs     string // GOMAXPROCS of each rank, as troupe run --procs ("": Go's default)
 	burst     int    // --actor: messages each side sends before waiting for the other's
+	anySource bool   // typed receives name transport.AnySource
 }
 
 // ncSchemeOrder is the column order of the table.
@@ -248,6 +249,7 @@ each way's best batch is reported.`,
 	fl.DurationVar(&f.budget, "point-time", 20*time.Second, "no further round of a point starts after this much time on it")
 	fl.StringSliceVar(&f.layouts, "layout", nil, "only these layouts (vec_<block>x<count> or DDTBench names)")
 	fl.BoolVar(&f.noVec, "no-vectors", false, "skip the vector sweep")
+	fl.BoolVar(&f.anySource, "any-source", false, "receive every typed message with transport.AnySource (not with --actor)")
 	fl.BoolVar(&f.noApp, "no-apps", false, "skip the DDTBench layouts")
 	fl.BoolVar(&f.actor, "actor", false, "ping-pong actor messages with a Typed field instead: packed into the active message (am) or by the typed-transfer protocol per scheme")
 	fl.IntVar(&f.burst, "burst", 1, "with --actor: each side sends this many messages in a row, then waits for as many from the other (latency per message, one way)")
@@ -258,6 +260,9 @@ each way's best batch is reported.`,
 			}
 			if f.actor && (f.aa || f.stat != "best") {
 				return fmt.Errorf("--aa and --stat median measure typed transfers, not --actor")
+			}
+			if f.actor && f.anySource {
+				return fmt.Errorf("--any-source measures typed receives, not --actor")
 			}
 			if f.burst < 1 || (f.burst > 1 && !f.actor) {
 				return fmt.Errorf("--burst %d: a count of at least 1, above 1 only with --actor", f.burst)
@@ -400,6 +405,9 @@ func runNoncontigJob(ctx context.Context, f noncontigFlags) ([]ncPoint, error) {
 	if f.actor {
 		args = append(args, "--actor")
 	}
+	if f.anySource {
+		args = append(args, "--any-source")
+	}
 	procs, err := parseProcs(f.procs)
 	if err != nil {
 		return nil, fmt.Errorf("bench noncontig: %w", err)
@@ -438,7 +446,10 @@ func noncontigRank(ctx context.Context, f noncontigFlags) error {
 		return err
 	}
 	defer closeOut()
-	peer := 1 - t.Rank()
+	peer, from := 1-t.Rank(), 1-t.Rank()
+	if f.anySource {
+		from = transport.AnySource
+	}
 	schemes, names := slices.Clone(ncSchemeOrder), make([]string, 0, len(ncSchemeOrder)+1)
 	for _, s := range schemes {
 		names = append(names, s.String())
@@ -461,10 +472,10 @@ func noncontigRank(ctx context.Context, f noncontigFlags) error {
 				if err := t.SendTypedWith(ctx, peer, tag, buf, c.dt, 1, o); err != nil {
 					return err
 				}
-				_, err := t.RecvTypedWith(ctx, peer, tag, buf, c.dt, 1, o)
+				_, err := t.RecvTypedWith(ctx, from, tag, buf, c.dt, 1, o)
 				return err
 			}
-			if _, err := t.RecvTypedWith(ctx, peer, tag, buf, c.dt, 1, o); err != nil {
+			if _, err := t.RecvTypedWith(ctx, from, tag, buf, c.dt, 1, o); err != nil {
 				return err
 			}
 			return t.SendTypedWith(ctx, peer, tag, buf, c.dt, 1, o)
@@ -634,6 +645,9 @@ func printNoncontig(out io.Writer, f noncontigFlags, pts []ncPoint) error {
 		}
 	}
 	what, cols := "typed", []string{"pack", "sgl", "zcopy", "adaptive"}
+	if f.anySource {
+		what = "typed (any-source receives)"
+	}
 	how := "best of each scheme's interleaved batches (batches: how many each)"
 	if f.stat == "median" {
 		how = "median of each scheme's ping-pongs, taken in interleaved batches (batches: how many each)"

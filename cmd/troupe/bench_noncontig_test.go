@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -193,12 +194,19 @@ func TestAdaptiveUsed(t *testing.T) {
 }
 
 // A real two-rank job of the typed benchmark (UCX between two processes of
-// this test binary): every scheme is measured, and the adaptive row counts
-// exactly its timed transfers, two per ping-pong on rank 0.
+// this test binary), with exact and with any-source receives: every scheme
+// is measured, and the adaptive row counts exactly its timed transfers, two
+// per ping-pong on rank 0.
 func TestNoncontigJob(t *testing.T) {
 	t.Setenv(envTestMain, "1")
+	for _, anySource := range []bool{false, true} {
+		t.Run(fmt.Sprintf("any-source=%v", anySource), func(t *testing.T) { noncontigJob(t, anySource) })
+	}
+}
+
+func noncontigJob(t *testing.T, anySource bool) {
 	f := noncontigFlags{tls: "shm", scale: 0.1, rounds: 1, maxRounds: 1, budget: time.Minute,
-		layouts: []string{"vec_64x16", "vec_4096x16"}, stat: "best", procs: "split"}
+		layouts: []string{"vec_64x16", "vec_4096x16"}, stat: "best", procs: "split", anySource: anySource}
 	pts, err := runNoncontigJob(t.Context(), f)
 	if err != nil {
 		t.Fatal(err)
