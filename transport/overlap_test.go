@@ -140,11 +140,7 @@ func (p *recordingPolicy) progressEvents() int {
 func TestOverlapSmallMessagesAndPrefetchHold(t *testing.T) {
 	ctx := testCtx(t)
 	pol := &recordingPolicy{}
-	ts, stop, err := StartLocal(ctx, 2, Options{Overlap: pol})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(stop)
+	ts := localJobWith(t, 2, Options{Overlap: pol})
 	small := make([]byte, 8)
 	for i := 0; i < 200; i++ {
 		me := i % 2

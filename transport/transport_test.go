@@ -11,9 +11,16 @@ import (
 
 func localJob(t *testing.T, n int, mode ProgressMode) []*Transport {
 	t.Helper()
+	return localJobWith(t, n, Options{Progress: mode})
+}
+
+// localJobWith starts n in-process ranks with opts, closed when the test
+// ends.
+func localJobWith(t *testing.T, n int, opts Options) []*Transport {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	ts, stop, err := StartLocal(ctx, n, Options{Progress: mode})
+	ts, stop, err := StartLocal(ctx, n, opts)
 	if err != nil {
 		t.Fatal(err)
 	}

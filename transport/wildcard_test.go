@@ -264,11 +264,7 @@ func TestCancelledSequencesReusedInOrder(t *testing.T) {
 func TestAnySourcePrefetched(t *testing.T) {
 	ctx := testCtx(t)
 	pol := &recordingPolicy{}
-	ts, stop, err := StartLocal(ctx, 2, Options{Overlap: pol})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(stop)
+	ts := localJobWith(t, 2, Options{Overlap: pol})
 	want := pattern(1<<20, 3)
 	sr, err := ts[0].Isend(1, 11, want)
 	if err != nil {
@@ -387,11 +383,7 @@ func TestAnySourceTakesFreedSequence(t *testing.T) {
 // not go to UCX, where it would match the exact receive's message.
 func TestAnySourceBehindEngineReceive(t *testing.T) {
 	ctx := testCtx(t)
-	ts, stop, err := StartLocal(ctx, 2, Options{Overlap: &recordingPolicy{}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(stop)
+	ts := localJobWith(t, 2, Options{Overlap: &recordingPolicy{}})
 	const size = 1 << 20
 	eb, wb := make([]byte, size), make([]byte, size)
 	e, err := ts[1].Irecv(0, 14, eb)
