@@ -306,8 +306,7 @@ func waitRequest(ctx context.Context, r *Request) (Status, error) {
 		return r.status, r.err
 	}
 	done := r.Done()
-	t.parked.Add(1)
-	t.wake()
+	t.park()
 	defer t.parked.Add(-1)
 	select {
 	case <-done:

@@ -528,6 +528,16 @@ func sleepThread(d time.Duration) {
 	_ = unix.Nanosleep(&ts, nil)
 }
 
+// park tells the progress goroutine that a goroutine parks until a request
+// completes: it takes over the worker at once, keeps polling while
+// somebody is parked (parkedSpin), and ends a nap in which it stood aside
+// for a spinning waiter (the waiter parking may be that waiter).
+func (t *Transport) park() {
+	t.parked.Add(1)
+	t.aside.wake()
+	t.wake()
+}
+
 // wake makes sure the progress goroutine is not asleep.
 func (t *Transport) wake() {
 	select {
@@ -990,12 +1000,16 @@ func (t *Transport) spinWait(done func() bool) bool {
 // spinDone ends a spinWait. The last spinner out calls back a progress
 // goroutine that stands aside for it: otherwise nobody would progress the
 // worker until its millisecond timer fired (late, in an idle process), and
-// a message arriving meanwhile would wait for it.
+// a message arriving meanwhile would wait for it. From the 50 us nap of
+// the in-flight case it is called back only by a waiter that spun for
+// longSpin or more (long) and leaves nobody to progress: somebody is
+// parked, or nothing is in flight (a receive still posted means the
+// caller is in a loop of Waits and will be back).
 func (t *Transport) spinDone(long bool) {
 	if t.spinners.Add(-1) != 0 {
 		return
 	}
-	if long && t.aside.napping() && !t.inFlight() {
+	if long && t.aside.napping() && (t.parked.Load() > 0 || !t.inFlight()) {
 		t.aside.wake()
 	}
 	if t.asideLong.Load() {
@@ -1026,9 +1040,8 @@ func (t *Transport) Await(ctx context.Context, done <-chan struct{}) error {
 	if t.awaitSpin(done) {
 		return nil
 	}
-	t.parked.Add(1)
+	t.park()
 	defer t.parked.Add(-1)
-	t.wake()
 	select {
 	case <-done:
 		return nil
@@ -1046,9 +1059,8 @@ func (t *Transport) AwaitFor(done <-chan struct{}, d time.Duration) bool {
 	if t.awaitSpin(done) {
 		return true
 	}
-	t.parked.Add(1)
+	t.park()
 	defer t.parked.Add(-1)
-	t.wake()
 	timer := time.NewTimer(d - time.Since(start))
 	defer timer.Stop()
 	select {
@@ -1080,8 +1092,7 @@ func (t *Transport) awaitSpin(done <-chan struct{}) bool {
 // parked Wait. Waking a sleeping progress goroutine costs tens to hundreds
 // of microseconds on a virtual machine (docs/gpu.md).
 func (t *Transport) ExpectReply() (done func()) {
-	t.parked.Add(1)
-	t.wake()
+	t.park()
 	var once sync.Once
 	return func() { once.Do(func() { t.parked.Add(-1) }) }
 }
@@ -1099,8 +1110,7 @@ func (r *Request) Wait(ctx context.Context) (Status, error) {
 		return r.status, r.err
 	}
 	done := r.Done()
-	t.parked.Add(1)
-	t.wake() // the progress goroutine takes over while this goroutine parks
+	t.park() // the progress goroutine takes over while this goroutine parks
 	select {
 	case <-done:
 		t.parked.Add(-1)

@@ -41,8 +41,7 @@ func WaitAny(ctx context.Context, reqs []*Request) (int, Status, error) {
 		// Park until a request's Done channel or ctx's closes; every
 		// transport involved keeps progressing meanwhile.
 		for _, t := range ts {
-			t.parked.Add(1)
-			t.wake()
+			t.park()
 		}
 		cases := make([]reflect.SelectCase, 0, len(reqs)+1)
 		cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(ctx.Done())})
