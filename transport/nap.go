@@ -23,13 +23,22 @@ const (
 	futexWakePrivate = 128 | 1 // FUTEX_WAKE | FUTEX_PRIVATE_FLAG
 )
 
-// sleep blocks the calling thread for up to d, or until wake.
+// sleep blocks the calling thread for d, or until wake.
 func (n *nap) sleep(d time.Duration) {
 	n.state.Store(1)
-	ts := unix.NsecToTimespec(d.Nanoseconds())
-	// EAGAIN (woken before the wait began), EINTR and ETIMEDOUT all mean
-	// the nap is over.
-	_, _, _ = unix.Syscall6(unix.SYS_FUTEX, uintptr(unsafe.Pointer(&n.state)), futexWaitPrivate, 1, uintptr(unsafe.Pointer(&ts)), 0, 0)
+	end := time.Now().Add(d)
+	for {
+		ts := unix.NsecToTimespec(d.Nanoseconds())
+		// 0 (woken), EAGAIN (woken before the wait began) and ETIMEDOUT
+		// end the nap; a signal (EINTR) only interrupts it.
+		_, _, errno := unix.Syscall6(unix.SYS_FUTEX, uintptr(unsafe.Pointer(&n.state)), futexWaitPrivate, 1, uintptr(unsafe.Pointer(&ts)), 0, 0)
+		if errno != unix.EINTR || n.state.Load() != 1 {
+			break
+		}
+		if d = time.Until(end); d <= 0 {
+			break
+		}
+	}
 	n.state.Store(0)
 }
 
