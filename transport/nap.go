@@ -12,8 +12,9 @@ import (
 // short. The progress goroutine naps while it stands aside for a waiter
 // that progresses the worker itself (loop: a Go timer that short would
 // fire a millisecond late); a waiter that leaves after spinning a while
-// ends the nap (spinDone), so that nothing arriving next waits for the
-// rest of it. It is a futex on state, which is 1 while a thread naps.
+// (spinDone) or a goroutine that parks (Transport.park) ends the nap, so
+// that nothing arriving next waits for the rest of it. It is a futex on
+// state, which is 1 while a thread naps.
 type nap struct {
 	state atomic.Int32
 }
