@@ -72,7 +72,10 @@ func warmAgent(sys *gpu.System) error {
 	if err != nil {
 		return err
 	}
-	for deadline := time.Now().Add(30 * time.Second); sys.AgentStats().Copies == 0; {
+	// A copy of this call's must be the agent's: one made earlier (the
+	// agent may have returned since, when memory was freed) proves nothing.
+	start := sys.AgentStats().Copies
+	for deadline := time.Now().Add(30 * time.Second); sys.AgentStats().Copies == start; {
 		if err := gpu.Copy(h, d); err != nil {
 			return err
 		}
