@@ -184,6 +184,53 @@ func ExampleTransport_SendTyped() {
 	// Output: [2 6 10 14]
 }
 
+// A receiver that does not know how much data a typed message carries
+// probes it first (MPI_Mprobe), counts the elements (MPI_Get_count), sizes
+// its buffer and receives the probed message (MPI_Mrecv), which no other
+// receive can take meanwhile.
+func ExampleTransport_MprobeTyped() {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ts, stop, err := transport.StartLocal(ctx, 2, transport.Options{})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer stop()
+
+	// Every other element of ten float64: five of them.
+	data := []float64{0, 1, 2, 3, 4, 5, 6, 7, 8, 9}
+	evens, err := datatype.Vector(5, 1, 2, datatype.Float64)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	sent := make(chan error, 1)
+	go func() { sent <- ts[0].SendTyped(ctx, 1, 4, float64Bytes(data), evens, 1) }()
+
+	m, err := ts[1].MprobeTyped(ctx, transport.AnySource, 4)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	n, ok := m.Count(datatype.Float64)
+	if !ok {
+		fmt.Println("not a whole number of float64")
+		return
+	}
+	got := make([]float64, n)
+	if _, err := m.Recv(ctx, float64Bytes(got), datatype.Float64, n); err != nil {
+		fmt.Println(err)
+		return
+	}
+	if err := <-sent; err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Printf("%d elements from rank %d: %v\n", n, m.Status().Source, got)
+	// Output: 5 elements from rank 0: [0 2 4 6 8]
+}
+
 // A channel pairs the n-th Send of one end with the n-th Recv of the other,
 // with no metadata message; Send and Recv return futures.
 func ExampleTransport_Channel() {

@@ -61,18 +61,33 @@ func (nc *noncontig) placeRecv(c typedCall) (uint32, *typedWaiter) {
 
 // recvPlaced runs a typed receive placed by placeRecv.
 func (nc *noncontig) recvPlaced(ctx context.Context, c typedCall, seq uint32, w *typedWaiter) (Status, error) {
+	bp := nc.rtsBufs.Get().(*[]byte)
+	defer nc.rtsBufs.Put(bp)
+	peer, n, err := nc.matchRTS(ctx, c, seq, w, *bp)
+	if err != nil {
+		return Status{}, err
+	}
+	c.peer = peer
+	return nc.recvMatched(ctx, c, (*bp)[:n])
+}
+
+// matchRTS receives the RTS of a typed receive placed by placeRecv into
+// hbuf, and reports the sender and the RTS's length: the first half of a
+// typed receive, which a matched typed probe stops after (typedprobe.go).
+func (nc *noncontig) matchRTS(ctx context.Context, c typedCall, seq uint32, w *typedWaiter, hbuf []byte) (peer, n int, err error) {
 	switch {
 	case w == nil:
 	case w.any:
-		return nc.recvAny(ctx, c, w)
+		return nc.matchAnyRTS(ctx, c, w, hbuf)
 	default:
 		if err := nc.await(ctx, w.ready); err != nil {
 			nc.leave(c.tag, w)
-			return Status{}, err
+			return 0, 0, err
 		}
 		seq = w.seq
 	}
-	return nc.recv(ctx, c, seq)
+	n, err = nc.matchExactRTS(ctx, c, seq, hbuf)
+	return c.peer, n, err
 }
 
 // await waits for ch, ctx or the transport's end.
@@ -87,17 +102,15 @@ func (nc *noncontig) await(ctx context.Context, ch <-chan struct{}) error {
 	}
 }
 
-// recvAny runs an any-source typed receive: it waits to head its tag's
-// gate, posts the masked RTS receive once no sequence number of the tag is
-// still to be posted, and runs the transfer with the rank that matched.
-func (nc *noncontig) recvAny(ctx context.Context, c typedCall, w *typedWaiter) (Status, error) {
+// matchAnyRTS is matchRTS for an any-source typed receive: it waits to
+// head its tag's gate, posts the masked RTS receive once no sequence
+// number of the tag is still to be posted, and reports the rank that
+// matched.
+func (nc *noncontig) matchAnyRTS(ctx context.Context, c typedCall, w *typedWaiter, hbuf []byte) (peer, n int, err error) {
 	if err := nc.await(ctx, w.ready); err != nil {
 		nc.leave(c.tag, w)
-		return Status{}, err
+		return 0, 0, err
 	}
-	bp := nc.rtsBufs.Get().(*[]byte)
-	defer nc.rtsBufs.Put(bp)
-	hbuf := *bp
 	for {
 		var posted <-chan struct{}
 		r := nc.postAnyRTS(c.tag, bufOf(hbuf), &posted)
@@ -105,7 +118,7 @@ func (nc *noncontig) recvAny(ctx context.Context, c typedCall, w *typedWaiter) (
 		if errors.Is(err, errRTSNotYet) {
 			if err := nc.await(ctx, posted); err != nil {
 				nc.leave(c.tag, w)
-				return Status{}, err
+				return 0, 0, err
 			}
 			continue
 		}
@@ -114,22 +127,18 @@ func (nc *noncontig) recvAny(ctx context.Context, c typedCall, w *typedWaiter) (
 			// UCX handed it an RTS (even one too long, which is lost):
 			// the receive owns that sequence number.
 			src, _, seq := splitRTSTag(r.wire)
-			k := seqKey{src, c.tag}
-			if nc.recvSeq[k] == nil {
-				nc.recvSeq[k] = &recvCounter{mask: ncSeqMask}
-			}
-			if !nc.recvSeq[k].claim(seq) {
+			if !nc.recvCounter(seqKey{src, c.tag}).claim(seq) {
 				nc.t.log.Error("any-source typed receive matched an RTS that was not its sender's next",
 					zap.Int("source", src), zap.Int("tag", c.tag), zap.Uint32("seq", seq))
 			}
-			c.peer = src
+			peer = src
 		}
 		nc.advanceGate(c.tag)
 		nc.mu.Unlock()
 		if err != nil {
-			return Status{}, err
+			return 0, 0, err
 		}
-		return nc.recvMatched(ctx, c, hbuf[:st.Size])
+		return peer, st.Size, nil
 	}
 }
 
@@ -181,15 +190,20 @@ func (nc *noncontig) advanceGate(tag int) {
 // MPI-style space it counts as unposted until its RTS receive is in UCX.
 // nc.mu is held.
 func (nc *noncontig) takeRecvSeqLocked(k seqKey) uint32 {
+	if k.tag >= 0 {
+		nc.unposted[k.tag]++
+	}
+	return nc.recvCounter(k).take()
+}
+
+// recvCounter returns k's receive counter, creating it; nc.mu is held.
+func (nc *noncontig) recvCounter(k seqKey) *recvCounter {
 	c := nc.recvSeq[k]
 	if c == nil {
 		c = &recvCounter{mask: ncSeqMask}
 		nc.recvSeq[k] = c
 	}
-	if k.tag >= 0 {
-		nc.unposted[k.tag]++
-	}
-	return c.take()
+	return c
 }
 
 // rtsPosted records that the RTS receive of a sequence number of k is in

@@ -491,12 +491,11 @@ func (t *Transport) ncPuts(peer int, buf []byte, origin uintptr, moves []datatyp
 	return rs
 }
 
-// recv runs the receiver's side of one typed transfer.
-func (nc *noncontig) recv(ctx context.Context, c typedCall, seq uint32) (Status, error) {
+// matchExactRTS receives the RTS of sequence number seq of c's (source,
+// tag) into hbuf and reports its length. A receive cancelled through ctx
+// gives the number back.
+func (nc *noncontig) matchExactRTS(ctx context.Context, c typedCall, seq uint32, hbuf []byte) (int, error) {
 	t := nc.t
-	bp := nc.rtsBufs.Get().(*[]byte)
-	defer nc.rtsBufs.Put(bp)
-	hbuf := *bp
 	key := c.seqKey()
 	rr := t.ncRecvThen(c.peer, ncRTSTag(c.space, uint32(c.peer), uint16(c.tag), seq), ucx.Buffer{Ptr: bytesPtr(hbuf), Len: len(hbuf)}, nil,
 		func() { nc.rtsPosted(key) })
@@ -505,9 +504,9 @@ func (nc *noncontig) recv(ctx context.Context, c typedCall, seq uint32) (Status,
 		if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
 			nc.freeRecvSeq(key, seq)
 		}
-		return Status{}, err
+		return 0, err
 	}
-	return nc.recvMatched(ctx, c, hbuf[:st.Size])
+	return st.Size, nil
 }
 
 // recvMatched runs the rest of a typed receive once its RTS, hdr, has

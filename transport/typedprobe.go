@@ -1,0 +1,217 @@
+package transport
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync/atomic"
+
+	"github.com/troupe-hpc/troupe/datatype"
+)
+
+// Matched probes of typed messages (MPI_Mprobe, MPI_Improbe, MPI_Get_count
+// and MPI_Mrecv with derived datatypes).
+//
+// A typed message is announced by its sender's RTS (noncontig_proto.go), a
+// tagged message of the typed space that Iprobe and Improbe, which look at
+// the plain tagged space, do not see. A matched typed probe is the first
+// half of a typed receive: it takes its place in its tag's order as a
+// typed receive posted now would (a sequence number, or a place behind a
+// pending any-source typed receive), receives the RTS, and stops. The RTS
+// tells the sender and the packed size, so the caller can size its buffer
+// and count (TypedMessage.Count); TypedMessage.Recv runs the second half,
+// the transfer, with whatever layout the caller gives, checked against the
+// sender's type signature as any typed receive is.
+
+// TypedMessage is a typed message a matched typed probe (MprobeTyped,
+// ImprobeTyped) has taken: no other receive can match it, and its own Recv
+// or Irecv receives it. Receive every TypedMessage once: its sender waits
+// until it is received (the transfer needs the receiver's answer).
+type TypedMessage struct {
+	nc    *noncontig
+	st    Status
+	hdr   []byte // the sender's RTS
+	taken atomic.Bool
+}
+
+// Status is the message's source and tag; Size is its packed size in
+// bytes (count times the size of the sender's datatype).
+func (m *TypedMessage) Status() Status { return m.st }
+
+// Count is MPI_Get_count: how many elements of dt the message holds, and
+// false when its size is not a whole number of dt's (MPI_UNDEFINED) or dt
+// is nil or empty. It does not compare type signatures; Recv does.
+func (m *TypedMessage) Count(dt *datatype.Type) (int, bool) {
+	if dt == nil || dt.Size() <= 0 || int64(m.st.Size)%dt.Size() != 0 {
+		return 0, false
+	}
+	return int(int64(m.st.Size) / dt.Size()), true
+}
+
+// MprobeTyped waits until a typed message from src (or AnySource) with tag
+// has arrived and takes it (MPI_Mprobe for messages sent with SendTyped).
+// It matches in order with the typed receives of the tag, as a typed
+// receive posted now would. When ctx ends first it returns ctx's error and
+// gives its place back.
+func (t *Transport) MprobeTyped(ctx context.Context, src, tag int) (*TypedMessage, error) {
+	nc, c, err := t.typedProbeCall(src, tag)
+	if err != nil {
+		return nil, err
+	}
+	seq, w := nc.placeRecv(c)
+	bp := nc.rtsBufs.Get().(*[]byte)
+	defer nc.rtsBufs.Put(bp)
+	peer, n, err := nc.matchRTS(ctx, c, seq, w, *bp)
+	if err != nil {
+		return nil, err
+	}
+	return nc.typedMessage(peer, tag, (*bp)[:n])
+}
+
+// ImprobeTyped is MprobeTyped that does not wait (MPI_Improbe): it returns
+// nil and false when no typed message from src (or AnySource) with tag has
+// arrived, or while typed receives of the tag posted earlier wait behind an
+// any-source one (they come first).
+func (t *Transport) ImprobeTyped(src, tag int) (*TypedMessage, bool, error) {
+	nc, c, err := t.typedProbeCall(src, tag)
+	if err != nil {
+		return nil, false, err
+	}
+	if t.opts.Progress == ProgressDirect {
+		t.progressOnce()
+	}
+	var (
+		found bool
+		seq   uint32
+	)
+	t.exec(func() {
+		if t.closed {
+			err = ErrClosed
+			return
+		}
+		nc.mu.Lock()
+		defer nc.mu.Unlock()
+		if len(nc.gates[tag]) > 0 || src == AnySource && nc.unposted[tag] > 0 {
+			// Receives placed earlier come first; an any-source look is
+			// sound only once every number handed out has its RTS
+			// receive in UCX (noncontig_any.go).
+			return
+		}
+		want, mask := ncRTSTag(KindTyped, 0, uint16(tag), 0), FullMask&^(uint64(ncRankMask)<<(UserTagBits+ncSeqBits)|ncSeqMask)
+		if src != AnySource {
+			want, mask = ncRTSTag(KindTyped, uint32(src), uint16(tag), nc.recvCounter(seqKey{src, tag}).peek()), FullMask
+		}
+		_, info, ok := t.w.TagProbe(want, mask, false)
+		if !ok {
+			if src != AnySource {
+				if p := t.peers[src]; p != nil && p.lost != nil {
+					err = &PeerLostError{Rank: src, Op: "typed probe", Reason: p.lost.Reason}
+				}
+			}
+			return
+		}
+		from, _, s := splitRTSTag(info.Tag)
+		k := seqKey{from, tag}
+		if nc.recvCounter(k).peek() != s {
+			// Not its sender's next: a receive placed earlier owns it
+			// and is about to post its RTS receive.
+			return
+		}
+		c.peer = from
+		seq, found = nc.takeRecvSeqLocked(k), true
+	})
+	if err != nil || !found {
+		return nil, false, err
+	}
+	bp := nc.rtsBufs.Get().(*[]byte)
+	defer nc.rtsBufs.Put(bp)
+	// The RTS has arrived: its receive completes at once (or, for a large
+	// inline RTS, as soon as the sender, which waits for the answer,
+	// moves it).
+	n, err := nc.matchExactRTS(context.Background(), c, seq, *bp)
+	if err != nil {
+		return nil, false, err
+	}
+	m, err := nc.typedMessage(c.peer, tag, (*bp)[:n])
+	return m, err == nil, err
+}
+
+// typedProbeCall checks a typed probe's arguments and returns the
+// transport's typed state and the probe as a receive of no data.
+func (t *Transport) typedProbeCall(src, tag int) (*noncontig, typedCall, error) {
+	c := typedCall{peer: src, tag: tag, space: KindTyped}
+	if err := t.checkRecvSource(src, tag, "typed probe"); err != nil {
+		return nil, c, err
+	}
+	nc, err := t.noncontig()
+	return nc, c, err
+}
+
+// typedMessage makes the TypedMessage of an RTS received from peer.
+func (nc *noncontig) typedMessage(peer, tag int, hdr []byte) (*TypedMessage, error) {
+	var h rts
+	if err := h.decode(hdr); err != nil {
+		// The sender waits for an answer it will not get, as after any
+		// malformed RTS (recvMatched).
+		return nil, fmt.Errorf("transport: typed probe rank %d tag %d: %w", peer, tag, err)
+	}
+	return &TypedMessage{nc: nc, st: Status{Source: peer, Tag: tag, Size: int(h.bytes)}, hdr: slices.Clone(hdr)}, nil
+}
+
+// Recv receives the message into count elements of dt whose origin is
+// buf[0] and waits (MPI_Mrecv). The message's type signature must match
+// (the first elements of) dt's and its size must fit; otherwise both sides
+// fail with a *TypeMismatchError. Invalid arguments fail with ErrInvalid
+// and leave the message to be received.
+func (m *TypedMessage) Recv(ctx context.Context, buf []byte, dt *datatype.Type, count int) (Status, error) {
+	return m.RecvWith(ctx, buf, dt, count, TypedOptions{})
+}
+
+// RecvWith is Recv with a scheme and origin of its own (TypedOptions;
+// Runtime is not allowed: the message belongs to the MPI-style space).
+func (m *TypedMessage) RecvWith(ctx context.Context, buf []byte, dt *datatype.Type, count int, o TypedOptions) (Status, error) {
+	nc, c, err := m.call(buf, dt, count, o)
+	if err != nil {
+		return Status{}, err
+	}
+	return nc.recvMatched(ctx, c, m.hdr)
+}
+
+// Irecv starts receiving the message as Recv does (MPI_Imrecv); the
+// request completes when the data has landed.
+func (m *TypedMessage) Irecv(buf []byte, dt *datatype.Type, count int) (*Request, error) {
+	return m.IrecvWith(buf, dt, count, TypedOptions{})
+}
+
+// IrecvWith is Irecv with a scheme and origin of its own.
+func (m *TypedMessage) IrecvWith(buf []byte, dt *datatype.Type, count int, o TypedOptions) (*Request, error) {
+	nc, c, err := m.call(buf, dt, count, o)
+	if err != nil {
+		return nil, err
+	}
+	t := nc.t
+	r := t.newRequest("typed recv", c.peer, c.tag, len(buf))
+	go func() {
+		st, err := nc.recvMatched(context.Background(), c, m.hdr)
+		t.ncComplete(r, st, err)
+	}()
+	return r, nil
+}
+
+// call checks a receive of m and takes m for it.
+func (m *TypedMessage) call(buf []byte, dt *datatype.Type, count int, o TypedOptions) (*noncontig, typedCall, error) {
+	if m == nil {
+		return nil, typedCall{}, fmt.Errorf("%w: typed recv: nil TypedMessage", ErrInvalid)
+	}
+	if o.Runtime {
+		return nil, typedCall{}, fmt.Errorf("%w: typed recv: a probed message is not in the runtimes' space", ErrInvalid)
+	}
+	nc, c, err := m.nc.t.typedCall("typed recv", m.st.Source, m.st.Tag, buf, dt, count, o)
+	if err != nil {
+		return nil, c, err
+	}
+	if !m.taken.CompareAndSwap(false, true) {
+		return nil, c, fmt.Errorf("%w: typed recv: the probed message was already received", ErrInvalid)
+	}
+	return nc, c, nil
+}

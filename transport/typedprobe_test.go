@@ -1,0 +1,266 @@
+package transport
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/troupe-hpc/troupe/datatype"
+)
+
+// probeVector is the vector the typed probe tests send: 64 blocks of 1 KiB
+// at a stride of 2 KiB (64 KiB of data, more than an RTS carries inline).
+func probeVector(t *testing.T) *datatype.Type {
+	t.Helper()
+	vec, err := datatype.Vector(64, 128, 256, datatype.Float64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return vec
+}
+
+// improbeTypedUntil calls ImprobeTyped until it finds a message (no
+// sleeping: each call progresses the worker), failing t when ctx ends.
+func improbeTypedUntil(ctx context.Context, t *testing.T, tr *Transport, src, tag int) *TypedMessage {
+	t.Helper()
+	for {
+		m, ok, err := tr.ImprobeTyped(src, tag)
+		if err != nil {
+			t.Fatalf("ImprobeTyped(%d, %d): %v", src, tag, err)
+		}
+		if ok {
+			return m
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("ImprobeTyped(%d, %d) found nothing: %v", src, tag, ctx.Err())
+		}
+		runtime.Gosched()
+	}
+}
+
+// A matched typed probe reports the sender, tag and packed size of a typed
+// message, small (its data inline in the RTS) or large; Count divides it
+// by a datatype as MPI_Get_count does; the message is then received with
+// a layout of its own (here contiguous, sized from the count) and only
+// once.
+func TestTypedMprobe(t *testing.T) {
+	forModes(t, func(t *testing.T, mode ProgressMode) {
+		ts := localJob(t, 2, mode)
+		ctx := testCtx(t)
+		vec := probeVector(t)
+		small, err := datatype.Vector(4, 2, 4, datatype.Int16) // 16 bytes inline
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range []struct {
+			name string
+			dt   *datatype.Type
+			elem *datatype.Type
+		}{{"inline", small, datatype.Int16}, {"rendezvous", vec, datatype.Float64}} {
+			span := int(c.dt.Extent())
+			src := pattern(span, 3)
+			sent := sendTypedAsync(ctx, ts[0], 1, 5, src, c.dt, TypedOptions{})
+			m, err := ts[1].MprobeTyped(ctx, 0, 5)
+			if err != nil {
+				t.Fatalf("%s: MprobeTyped: %v", c.name, err)
+			}
+			size := int(c.dt.Size())
+			if st := m.Status(); st != (Status{Source: 0, Tag: 5, Size: size}) {
+				t.Fatalf("%s: probed status %+v, want size %d from rank 0 tag 5", c.name, st, size)
+			}
+			n, ok := m.Count(c.elem)
+			if !ok || n*int(c.elem.Size()) != size {
+				t.Fatalf("%s: Count(%v) = %d, %v", c.name, c.elem, n, ok)
+			}
+			odd, _ := datatype.Contiguous(3, datatype.Byte)
+			if _, ok := m.Count(odd); ok != (size%3 == 0) {
+				t.Fatalf("%s: Count of a 3-byte type: ok %v for %d bytes", c.name, ok, size)
+			}
+			if _, ok := m.Count(nil); ok {
+				t.Fatalf("%s: Count(nil) ok", c.name)
+			}
+			// Invalid arguments leave the message to be received.
+			if _, err := m.Recv(ctx, nil, nil, 1); !errors.Is(err, ErrInvalid) {
+				t.Fatalf("%s: Recv with a nil datatype: %v", c.name, err)
+			}
+			dst := make([]byte, size)
+			st, err := m.Recv(ctx, dst, c.elem, n)
+			if err != nil || st.Size != size || st.Source != 0 {
+				t.Fatalf("%s: Recv: %+v %v", c.name, st, err)
+			}
+			want := src[:0:0]
+			for i := 0; i < span; i++ {
+				if c.dt == vec && i%2048 < 1024 || c.dt == small && i%8 < 4 {
+					want = append(want, src[i])
+				}
+			}
+			if !bytes.Equal(dst, want) {
+				t.Fatalf("%s: received bytes differ from the sender's packed data", c.name)
+			}
+			if err := <-sent; err != nil {
+				t.Fatalf("%s: typed send: %v", c.name, err)
+			}
+			if _, err := m.Recv(ctx, dst, c.elem, n); !errors.Is(err, ErrInvalid) {
+				t.Fatalf("%s: second Recv: %v, want ErrInvalid", c.name, err)
+			}
+		}
+	})
+}
+
+// ImprobeTyped finds nothing before a typed message is sent, and each
+// message once after; with AnySource it finds the messages of two ranks,
+// one each, and Irecv receives them into the sender's layout.
+func TestTypedImprobe(t *testing.T) {
+	ts := localJob(t, 3, ProgressDirect)
+	ctx := testCtx(t)
+	vec := probeVector(t)
+	span := int(vec.Extent())
+	if m, ok, err := ts[0].ImprobeTyped(1, 6); m != nil || ok || err != nil {
+		t.Fatalf("ImprobeTyped with nothing sent: %v %v %v", m, ok, err)
+	}
+	if m, ok, err := ts[0].ImprobeTyped(AnySource, 6); m != nil || ok || err != nil {
+		t.Fatalf("ImprobeTyped(AnySource) with nothing sent: %v %v %v", m, ok, err)
+	}
+	// A plain message with the tag is not a typed one.
+	if err := ts[1].Send(ctx, 0, 6, []byte("plain")); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok, err := ts[0].ImprobeTyped(1, 6); ok || err != nil {
+		t.Fatalf("ImprobeTyped found a plain message: %v %v", ok, err)
+	}
+	if _, err := ts[0].Recv(ctx, 1, 6, make([]byte, 5)); err != nil {
+		t.Fatal(err)
+	}
+
+	srcs := map[int][]byte{}
+	var sends []<-chan error
+	for r := 1; r <= 2; r++ {
+		srcs[r] = pattern(span, 20+r)
+		sends = append(sends, sendTypedAsync(ctx, ts[r], 0, 6, srcs[r], vec, TypedOptions{}))
+	}
+	seen := map[int]bool{}
+	for i := 0; i < 2; i++ {
+		m := improbeTypedUntil(ctx, t, ts[0], AnySource, 6)
+		st := m.Status()
+		if srcs[st.Source] == nil || seen[st.Source] || st.Size != 64<<10 {
+			t.Fatalf("probe %d: status %+v (seen %v)", i, st, seen)
+		}
+		seen[st.Source] = true
+		dst := bytes.Repeat([]byte{0xee}, span)
+		r, err := m.Irecv(dst, vec, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st, err := r.Wait(ctx); err != nil || st.Size != 64<<10 {
+			t.Fatalf("Irecv of a probed message from rank %d: %+v %v", m.Status().Source, st, err)
+		}
+		if d := vectorDiff(dst, srcs[st.Source]); d != "" {
+			t.Fatalf("message from rank %d: %s", st.Source, d)
+		}
+	}
+	for _, c := range sends {
+		if err := <-c; err != nil {
+			t.Fatalf("typed send: %v", err)
+		}
+	}
+	if _, ok, err := ts[0].ImprobeTyped(AnySource, 6); ok || err != nil {
+		t.Fatalf("ImprobeTyped after both were taken: %v %v", ok, err)
+	}
+}
+
+// A probed message is out of the matching order: a typed receive posted
+// after the probe gets the sender's next message, even while the probed
+// one is still to be received. A probe whose context ends gives its place
+// back, exact or any-source, and the receive after it gets the message.
+func TestTypedProbeOrderAndCancel(t *testing.T) {
+	ts := localJob(t, 2, ProgressDirect)
+	ctx := testCtx(t)
+	b, err := datatype.Contiguous(8, datatype.Byte)
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg := func(s string) []byte { return []byte(fmt.Sprintf("%-8s", s)) }
+	var sends []*Request
+	for _, s := range []string{"first", "second"} {
+		r, err := ts[0].IsendTyped(1, 8, msg(s), b, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sends = append(sends, r)
+	}
+	m, err := ts[1].MprobeTyped(ctx, 0, 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	later := make([]byte, 8)
+	if _, err := ts[1].RecvTyped(ctx, 0, 8, later, b, 1); err != nil || !bytes.Equal(later, msg("second")) {
+		t.Fatalf("typed receive after the probe: %v %q, want the second message", err, later)
+	}
+	got := make([]byte, 8)
+	if _, err := m.Recv(ctx, got, b, 1); err != nil || !bytes.Equal(got, msg("first")) {
+		t.Fatalf("probed message: %v %q, want the first", err, got)
+	}
+	for _, r := range sends {
+		if _, err := r.Wait(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	for _, src := range []int{0, AnySource} {
+		short, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
+		_, err := ts[1].MprobeTyped(short, src, 9)
+		cancel()
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("MprobeTyped(%d) with nothing sent: %v, want the context's error", src, err)
+		}
+		sent := sendTypedAsync(ctx, ts[0], 1, 9, msg("after"), b, TypedOptions{})
+		if _, err := ts[1].RecvTyped(ctx, 0, 9, got, b, 1); err != nil || !bytes.Equal(got, msg("after")) {
+			t.Fatalf("typed receive after a cancelled probe (%d): %v %q", src, err, got)
+		}
+		if err := <-sent; err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// A probed message received with another type signature fails on both
+// sides, as any typed receive does.
+func TestTypedProbeMismatch(t *testing.T) {
+	ts := localJob(t, 2, ProgressDirect)
+	ctx := testCtx(t)
+	vec := probeVector(t)
+	sent := sendTypedAsync(ctx, ts[0], 1, 10, pattern(int(vec.Extent()), 1), vec, TypedOptions{})
+	m, err := ts[1].MprobeTyped(ctx, 0, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, ok := m.Count(datatype.Int32)
+	if !ok {
+		t.Fatalf("Count(Int32) of %d bytes not ok", m.Status().Size)
+	}
+	_, rerr := m.Recv(ctx, make([]byte, m.Status().Size), datatype.Int32, n)
+	serr := <-sent
+	var me *TypeMismatchError
+	if !errors.As(rerr, &me) || !errors.Is(serr, ErrTypeMismatch) {
+		t.Fatalf("float64 data received as int32: recv %v, send %v", rerr, serr)
+	}
+}
+
+// Wildcards and bad arguments are refused with ErrInvalid.
+func TestTypedProbeRefused(t *testing.T) {
+	ts := localJob(t, 2, ProgressDirect)
+	ctx := testCtx(t)
+	if _, _, err := ts[0].ImprobeTyped(1, AnyTag); !errors.Is(err, ErrAnyTag) {
+		t.Fatalf("AnyTag: %v", err)
+	}
+	if _, err := ts[0].MprobeTyped(ctx, 7, 1); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("rank out of range: %v", err)
+	}
+	if _, _, err := ts[0].ImprobeTyped(1, -3); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("negative tag: %v", err)
+	}
+}
