@@ -26,6 +26,9 @@ func anySource(ctx context.Context, r *rank) error {
 	if err := anySourceTyped(ctx, r); err != nil {
 		return fmt.Errorf("typed: %w", err)
 	}
+	if err := typedProbes(ctx, r); err != nil {
+		return fmt.Errorf("typed probes: %w", err)
+	}
 	t := r.t
 	if r.id() > 1 {
 		return nil
@@ -142,6 +145,76 @@ func anySourceTyped(ctx context.Context, r *rank) error {
 		}
 	}
 	r.logf("%d typed messages from ranks 1 and 2 through any-source typed receives", 2*typedAnyN)
+	return nil
+}
+
+// typedProbes: ranks 1 and 2 each send typedProbeN typed messages of 1 to
+// 3 vectors (16 blocks of 1 KiB, 2 KiB apart: 16 to 48 KiB of data, inline
+// in the RTS or not) to rank 0, which does not know the counts: it probes
+// each message with a matched typed probe from any rank (blocking and
+// non-blocking in turn), counts its float64s, and receives it into a
+// contiguous buffer of that size, checking each sender's messages came
+// whole and in order.
+func typedProbes(ctx context.Context, r *rank) error {
+	const typedProbeN = 6
+	vec, err := datatype.Vector(16, 128, 256, datatype.Float64)
+	if err != nil {
+		return err
+	}
+	t := r.t
+	span := int(vec.Extent())
+	count := func(i int) int { return 1 + i%3 }
+	if r.id() != 0 {
+		for i := 0; i < typedProbeN; i++ {
+			n := count(i + r.id())
+			if err := t.SendTyped(ctx, 0, 11, pattern(n*span, uint32(r.id()*100+i)), vec, n); err != nil {
+				return fmt.Errorf("typed send %d: %w", i, err)
+			}
+		}
+		return nil
+	}
+	next := map[int]int{}
+	for got := 0; got < 2*typedProbeN; got++ {
+		var m *transport.TypedMessage
+		if got%2 == 0 {
+			if m, err = t.MprobeTyped(ctx, transport.AnySource, 11); err != nil {
+				return fmt.Errorf("MprobeTyped %d: %w", got, err)
+			}
+		} else {
+			for m == nil {
+				var ok bool
+				if m, ok, err = t.ImprobeTyped(transport.AnySource, 11); err != nil {
+					return fmt.Errorf("ImprobeTyped %d: %w", got, err)
+				}
+				if !ok && ctx.Err() != nil {
+					return fmt.Errorf("ImprobeTyped %d found nothing: %w", got, ctx.Err())
+				}
+			}
+		}
+		st := m.Status()
+		i := next[st.Source]
+		if st.Source < 1 || st.Source > 2 || i >= typedProbeN {
+			return fmt.Errorf("probe %d: status %+v: no such message", got, st)
+		}
+		n := count(i + st.Source)
+		elems, ok := m.Count(datatype.Float64)
+		if !ok || elems != n*16*128 {
+			return fmt.Errorf("probe %d: rank %d's message %d: Count = %d, %v; want %d", got, st.Source, i, elems, ok, n*16*128)
+		}
+		buf := make([]byte, 8*elems)
+		if _, err := m.Recv(ctx, buf, datatype.Float64, elems); err != nil {
+			return fmt.Errorf("probed message %d: %w", got, err)
+		}
+		want := make([]byte, len(buf))
+		if _, err := vec.Pack(want, pattern(n*span, uint32(st.Source*100+i)), 0, int64(n)); err != nil {
+			return err
+		}
+		if d := diff(buf, want); d != "" {
+			return fmt.Errorf("probed message %d: rank %d's message %d: %s (out of order or damaged)", got, st.Source, i, d)
+		}
+		next[st.Source]++
+	}
+	r.logf("%d typed messages of unknown size from ranks 1 and 2 through matched typed probes", 2*typedProbeN)
 	return nil
 }
 
@@ -346,7 +419,7 @@ func TestAnySource(t *testing.T) {
 			t.Setenv(transport.OverlapEnv, engine)
 			forTLS(t, func(t *testing.T, c cfg) {
 				res := runJob(t, "anysource", 3, c)
-				for _, line := range []string{"through any-source receives, in order per sender", "receives matched in the order posted", "received through matched probes", "a window of 16 any-source receives", "5 windows of 64 any-source receives", "through any-source typed receives"} {
+				for _, line := range []string{"through any-source receives, in order per sender", "receives matched in the order posted", "received through matched probes", "a window of 16 any-source receives", "5 windows of 64 any-source receives", "through any-source typed receives", "through matched typed probes"} {
 					if !strings.Contains(res.stdout, line) {
 						t.Fatalf("rank 0 did not report %q:\n%s", line, res.dump())
 					}

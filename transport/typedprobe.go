@@ -80,49 +80,11 @@ func (t *Transport) ImprobeTyped(src, tag int) (*TypedMessage, bool, error) {
 	if t.opts.Progress == ProgressDirect {
 		t.progressOnce()
 	}
-	var (
-		found bool
-		seq   uint32
-	)
-	t.exec(func() {
-		if t.closed {
-			err = ErrClosed
-			return
-		}
-		nc.mu.Lock()
-		defer nc.mu.Unlock()
-		if len(nc.gates[tag]) > 0 || src == AnySource && nc.unposted[tag] > 0 {
-			// Receives placed earlier come first; an any-source look is
-			// sound only once every number handed out has its RTS
-			// receive in UCX (noncontig_any.go).
-			return
-		}
-		want, mask := ncRTSTag(KindTyped, 0, uint16(tag), 0), FullMask&^(uint64(ncRankMask)<<(UserTagBits+ncSeqBits)|ncSeqMask)
-		if src != AnySource {
-			want, mask = ncRTSTag(KindTyped, uint32(src), uint16(tag), nc.recvCounter(seqKey{src, tag}).peek()), FullMask
-		}
-		_, info, ok := t.w.TagProbe(want, mask, false)
-		if !ok {
-			if src != AnySource {
-				if p := t.peers[src]; p != nil && p.lost != nil {
-					err = &PeerLostError{Rank: src, Op: "typed probe", Reason: p.lost.Reason}
-				}
-			}
-			return
-		}
-		from, _, s := splitRTSTag(info.Tag)
-		k := seqKey{from, tag}
-		if nc.recvCounter(k).peek() != s {
-			// Not its sender's next: a receive placed earlier owns it
-			// and is about to post its RTS receive.
-			return
-		}
-		c.peer = from
-		seq, found = nc.takeRecvSeqLocked(k), true
-	})
+	peer, seq, found, err := nc.arrivedRTS(src, tag)
 	if err != nil || !found {
 		return nil, false, err
 	}
+	c.peer = peer
 	bp := nc.rtsBufs.Get().(*[]byte)
 	defer nc.rtsBufs.Put(bp)
 	// The RTS has arrived: its receive completes at once (or, for a large
@@ -134,6 +96,48 @@ func (t *Transport) ImprobeTyped(src, tag int) (*TypedMessage, bool, error) {
 	}
 	m, err := nc.typedMessage(c.peer, tag, (*bp)[:n])
 	return m, err == nil, err
+}
+
+// arrivedRTS looks for the RTS of the next typed message from src (or any
+// rank) with tag in UCX's queue and, when it is there, takes its sequence
+// number and reports its sender. It takes the worker lock itself, as
+// Improbe does (exec would only queue the look in queue mode).
+func (nc *noncontig) arrivedRTS(src, tag int) (peer int, seq uint32, found bool, err error) {
+	t := nc.t
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return 0, 0, false, ErrClosed
+	}
+	nc.mu.Lock()
+	defer nc.mu.Unlock()
+	if len(nc.gates[tag]) > 0 || src == AnySource && nc.unposted[tag] > 0 {
+		// Receives placed earlier come first; an any-source look is sound
+		// only once every number handed out has its RTS receive in UCX
+		// (noncontig_any.go).
+		return 0, 0, false, nil
+	}
+	want, mask := ncRTSTag(KindTyped, 0, uint16(tag), 0), FullMask&^(uint64(ncRankMask)<<(UserTagBits+ncSeqBits)|ncSeqMask)
+	if src != AnySource {
+		want, mask = ncRTSTag(KindTyped, uint32(src), uint16(tag), nc.recvCounter(seqKey{src, tag}).peek()), FullMask
+	}
+	_, info, ok := t.w.TagProbe(want, mask, false)
+	if !ok {
+		if src != AnySource {
+			if p := t.peers[src]; p != nil && p.lost != nil {
+				return 0, 0, false, &PeerLostError{Rank: src, Op: "typed probe", Reason: p.lost.Reason}
+			}
+		}
+		return 0, 0, false, nil
+	}
+	from, _, s := splitRTSTag(info.Tag)
+	k := seqKey{from, tag}
+	if nc.recvCounter(k).peek() != s {
+		// Not its sender's next: a receive placed earlier owns it and is
+		// about to post its RTS receive.
+		return 0, 0, false, nil
+	}
+	return from, nc.takeRecvSeqLocked(k), true, nil
 }
 
 // typedProbeCall checks a typed probe's arguments and returns the

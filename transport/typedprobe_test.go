@@ -115,7 +115,11 @@ func TestTypedMprobe(t *testing.T) {
 // message once after; with AnySource it finds the messages of two ranks,
 // one each, and Irecv receives them into the sender's layout.
 func TestTypedImprobe(t *testing.T) {
-	ts := localJob(t, 3, ProgressDirect)
+	forModes(t, testTypedImprobe)
+}
+
+func testTypedImprobe(t *testing.T, mode ProgressMode) {
+	ts := localJob(t, 3, mode)
 	ctx := testCtx(t)
 	vec := probeVector(t)
 	span := int(vec.Extent())
