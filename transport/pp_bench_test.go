@@ -35,18 +35,32 @@ func BenchmarkPingPong8(b *testing.B) {
 
 // BenchmarkTypedPingPong measures a typed round trip (a vector of 64
 // blocks of 64 B) between two in-process ranks, rank 1 receiving from rank
-// 0 or with AnySource.
+// 0 or with AnySource, with a typed receive or with a matched typed probe
+// and the probed message's receive.
 func BenchmarkTypedPingPong(b *testing.B) {
 	vec, err := datatype.Vector(64, 8, 16, datatype.Float64)
 	if err != nil {
 		b.Fatal(err)
 	}
 	for _, c := range []struct {
-		name string
-		src  int
-	}{{"exact", 0}, {"any-source", AnySource}} {
+		name  string
+		src   int
+		probe bool
+	}{{"exact", 0, false}, {"any-source", AnySource, false}, {"mprobe", 0, true}, {"mprobe-any-source", AnySource, true}} {
 		b.Run(c.name, func(b *testing.B) {
 			buf0, buf1 := make([]byte, vec.Extent()), make([]byte, vec.Extent())
+			recv := func(ctx context.Context, t *Transport) error {
+				if !c.probe {
+					_, err := t.RecvTyped(ctx, c.src, 1, buf1, vec, 1)
+					return err
+				}
+				m, err := t.MprobeTyped(ctx, c.src, 1)
+				if err != nil {
+					return err
+				}
+				_, err = m.Recv(ctx, buf1, vec, 1)
+				return err
+			}
 			pingPong(b, func(ctx context.Context, t *Transport) error {
 				if err := t.SendTyped(ctx, 1, 1, buf0, vec, 1); err != nil {
 					return err
@@ -54,7 +68,7 @@ func BenchmarkTypedPingPong(b *testing.B) {
 				_, err := t.RecvTyped(ctx, 1, 1, buf0, vec, 1)
 				return err
 			}, func(ctx context.Context, t *Transport) error {
-				if _, err := t.RecvTyped(ctx, c.src, 1, buf1, vec, 1); err != nil {
+				if err := recv(ctx, t); err != nil {
 					return err
 				}
 				return t.SendTyped(ctx, 0, 1, buf1, vec, 1)
