@@ -558,6 +558,8 @@ type TypedTransfer struct {
 	seq  uint32
 	send bool
 	wait *typedWaiter // a receive placed behind an any-source one (noncontig_any.go)
+	rts  *Request     // a receive with its number: its RTS receive, posted when prepared
+	hbuf *[]byte      // where that RTS lands (nc.rtsBufs)
 	ran  atomic.Bool
 }
 
@@ -572,8 +574,10 @@ func (t *Transport) PrepareSendTyped(dst, tag int, buf []byte, dt *datatype.Type
 }
 
 // PrepareRecvTyped is RecvTypedWith split in two: the receive takes its
-// sequence number now (or its place behind a pending any-source typed
-// receive of the tag); Run receives. src must be a rank, not AnySource.
+// sequence number now and posts the receive of the sender's RTS (or takes
+// its place behind a pending any-source typed receive of the tag, and
+// posts when that one has matched); Run receives. src must be a rank, not
+// AnySource.
 func (t *Transport) PrepareRecvTyped(src, tag int, buf []byte, dt *datatype.Type, count int, o TypedOptions) (*TypedTransfer, error) {
 	nc, c, err := t.typedCall("typed recv", src, tag, buf, dt, count, o)
 	if err != nil {
@@ -583,12 +587,22 @@ func (t *Transport) PrepareRecvTyped(src, tag int, buf []byte, dt *datatype.Type
 		return nil, fmt.Errorf("%w: prepared typed receives take no wildcards", ErrInvalid)
 	}
 	seq, w := nc.placeRecv(c)
-	return &TypedTransfer{nc: nc, c: c, seq: seq, wait: w}, nil
+	x := &TypedTransfer{nc: nc, c: c, seq: seq, wait: w}
+	if w == nil {
+		// Posted now, the RTS receive is in UCX before any any-source
+		// typed receive of the tag placed after it: those need not wait
+		// for Run (noncontig_any.go).
+		x.hbuf = nc.rtsBufs.Get().(*[]byte)
+		x.rts = nc.postExactRTS(c, seq, *x.hbuf)
+	}
+	return x, nil
 }
 
 // Run carries the transfer out in the calling goroutine, as SendTypedWith
-// or RecvTypedWith would; it may be called once. Until Run, the peer's
-// transfers with later sequence numbers wait for this one.
+// or RecvTypedWith would; it may be called once. Until Run, the message
+// the transfer sends or receives waits (a prepared receive's RTS may have
+// landed; its sender waits for the answer); transfers with other sequence
+// numbers go on.
 func (x *TypedTransfer) Run(ctx context.Context) (Status, error) {
 	if x.ran.Swap(true) {
 		return Status{}, fmt.Errorf("%w: typed transfer run twice", ErrInvalid)
@@ -596,7 +610,15 @@ func (x *TypedTransfer) Run(ctx context.Context) (Status, error) {
 	if x.send {
 		return x.nc.send(ctx, x.c, x.seq)
 	}
-	return x.nc.recvPlaced(ctx, x.c, x.seq, x.wait)
+	if x.rts == nil {
+		return x.nc.recvPlaced(ctx, x.c, x.seq, x.wait)
+	}
+	defer x.nc.rtsBufs.Put(x.hbuf)
+	n, err := x.nc.awaitExactRTS(ctx, x.c, x.seq, x.rts)
+	if err != nil {
+		return Status{}, err
+	}
+	return x.nc.recvMatched(ctx, x.c, (*x.hbuf)[:n])
 }
 
 // ncComplete completes a typed request from its protocol goroutine.

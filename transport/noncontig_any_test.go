@@ -194,3 +194,48 @@ func TestTypedWildcardsRefused(t *testing.T) {
 		t.Fatalf("typed send to AnySource: %v", err)
 	}
 }
+
+// A prepared typed receive that has not run holds no any-source typed
+// receive of its tag back: its RTS receive is in UCX from the start, so
+// an any-source receive placed after it gets the sender's second message
+// while the first waits for Run.
+func TestPreparedTypedRecvDoesNotHoldBackAnySource(t *testing.T) {
+	forModes(t, func(t *testing.T, mode ProgressMode) {
+		ts := localJob(t, 2, mode)
+		ctx := testCtx(t)
+		b, err := datatype.Contiguous(8, datatype.Byte)
+		if err != nil {
+			t.Fatal(err)
+		}
+		msg := func(s string) []byte { return []byte(fmt.Sprintf("%-8s", s)) }
+		first := make([]byte, 8)
+		x, err := ts[1].PrepareRecvTyped(0, 12, first, b, 1, TypedOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		second := make([]byte, 8)
+		ar, err := ts[1].IrecvTyped(AnySource, 12, second, b, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var sends []*Request
+		for _, s := range []string{"first", "second"} {
+			r, err := ts[0].IsendTyped(1, 12, msg(s), b, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			sends = append(sends, r)
+		}
+		if st, err := ar.Wait(ctx); err != nil || st.Source != 0 || !bytes.Equal(second, msg("second")) {
+			t.Fatalf("any-source receive placed after an unrun prepared one: %+v %v %q", st, err, second)
+		}
+		if _, err := x.Run(ctx); err != nil || !bytes.Equal(first, msg("first")) {
+			t.Fatalf("prepared receive: %v %q", err, first)
+		}
+		for _, r := range sends {
+			if _, err := r.Wait(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+	})
+}
