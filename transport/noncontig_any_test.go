@@ -19,6 +19,18 @@ func sendTypedAsync(ctx context.Context, tr *Transport, dst, tag int, buf []byte
 	return done
 }
 
+// eightByteMessages returns a type of 8 bytes and a function that makes an
+// 8-byte message of a word (padded with spaces), for typed tests that tell
+// messages apart by content.
+func eightByteMessages(t *testing.T) (*datatype.Type, func(string) []byte) {
+	t.Helper()
+	b, err := datatype.Contiguous(8, datatype.Byte)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b, func(s string) []byte { return []byte(fmt.Sprintf("%-8s", s)) }
+}
+
 // Any-source typed receives posted before two ranks send get one message
 // each, under every scheme: the status names the sender, the bytes are its
 // vector's, and the gaps of the receive layout stay untouched.
@@ -71,11 +83,7 @@ func TestTypedAnySource(t *testing.T) {
 func TestTypedAnySourceOrderAndCancel(t *testing.T) {
 	ts := localJob(t, 2, ProgressDirect)
 	ctx := testCtx(t)
-	b, err := datatype.Contiguous(8, datatype.Byte)
-	if err != nil {
-		t.Fatal(err)
-	}
-	msg := func(s string) []byte { return []byte(fmt.Sprintf("%-8s", s)) }
+	b, msg := eightByteMessages(t)
 
 	wb, eb := make([]byte, 8), make([]byte, 8)
 	w, err := ts[1].IrecvTyped(AnySource, 42, wb, b, 1)
@@ -203,11 +211,7 @@ func TestPreparedTypedRecvDoesNotHoldBackAnySource(t *testing.T) {
 	forModes(t, func(t *testing.T, mode ProgressMode) {
 		ts := localJob(t, 2, mode)
 		ctx := testCtx(t)
-		b, err := datatype.Contiguous(8, datatype.Byte)
-		if err != nil {
-			t.Fatal(err)
-		}
-		msg := func(s string) []byte { return []byte(fmt.Sprintf("%-8s", s)) }
+		b, msg := eightByteMessages(t)
 		first := make([]byte, 8)
 		x, err := ts[1].PrepareRecvTyped(0, 12, first, b, 1, TypedOptions{})
 		if err != nil {

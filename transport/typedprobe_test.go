@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"fmt"
 	"runtime"
 	"testing"
 	"time"
@@ -183,11 +182,7 @@ func testTypedImprobe(t *testing.T, mode ProgressMode) {
 func TestTypedProbeOrderAndCancel(t *testing.T) {
 	ts := localJob(t, 2, ProgressDirect)
 	ctx := testCtx(t)
-	b, err := datatype.Contiguous(8, datatype.Byte)
-	if err != nil {
-		t.Fatal(err)
-	}
-	msg := func(s string) []byte { return []byte(fmt.Sprintf("%-8s", s)) }
+	b, msg := eightByteMessages(t)
 	var sends []*Request
 	for _, s := range []string{"first", "second"} {
 		r, err := ts[0].IsendTyped(1, 8, msg(s), b, 1)
