@@ -575,9 +575,10 @@ func (t *Transport) PrepareSendTyped(dst, tag int, buf []byte, dt *datatype.Type
 
 // PrepareRecvTyped is RecvTypedWith split in two: the receive takes its
 // sequence number now and, in the MPI-style space, posts the receive of
-// the sender's RTS (or takes its place behind a pending any-source typed
-// receive of the tag, and posts when that one has matched); Run receives.
-// src must be a rank, not AnySource.
+// the sender's RTS; Run receives. Placed behind a pending any-source typed
+// receive of the tag, it takes its number when that one has matched and
+// posts in Run, holding back the any-source typed receives placed after
+// it until then. src must be a rank, not AnySource.
 func (t *Transport) PrepareRecvTyped(src, tag int, buf []byte, dt *datatype.Type, count int, o TypedOptions) (*TypedTransfer, error) {
 	nc, c, err := t.typedCall("typed recv", src, tag, buf, dt, count, o)
 	if err != nil {
