@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"time"
 
@@ -34,6 +35,7 @@ type gpuBenchFlags struct {
 	maxSize int
 	scale   float64
 	window  int
+	stat    string // latency statistic: "mean" (OSU's) or "median"
 }
 
 func newGPUBenchCmd() *cobra.Command {
@@ -49,7 +51,9 @@ synchronize, tagged send; receive into pinned memory, copy to the device,
 synchronize), and through the GPU Messaging API (actor messages with a
 gpu.Buffer field, landing where the receiver's PostReceiveDevice hook
 says; latency is half an echoed round trip, bandwidth a window of messages
-acknowledged by one actor message).`,
+acknowledged by one actor message). --stat median reports the median round
+trip's half instead of the mean's: on a shared machine a few round trips
+that wait for the scheduler can move the mean by several times.`,
 		Args: cobra.NoArgs,
 	}
 	fl := cmd.Flags()
@@ -60,8 +64,12 @@ acknowledged by one actor message).`,
 	fl.IntVar(&f.maxSize, "max", 4<<20, "largest message size in bytes")
 	fl.Float64Var(&f.scale, "scale", 1, "iteration count multiplier")
 	fl.IntVar(&f.window, "window", 16, "messages in flight for bandwidth")
+	fl.StringVar(&f.stat, "stat", "mean", "latency statistic: mean (of the round trips, as OSU) or median")
 	setBenchRun(cmd, func(ctx context.Context) error { return gpuBenchRank(ctx, f) },
 		func(ctx context.Context, out io.Writer) error {
+			if f.stat != "mean" && f.stat != "median" {
+				return fmt.Errorf("--stat %q: want mean or median", f.stat)
+			}
 			pts, err := runGPUBenchJob(ctx, f)
 			if err != nil {
 				return err
@@ -107,7 +115,7 @@ func printGPUPoints(out io.Writer, f gpuBenchFlags, pts []gpuPoint) error {
 			r.st = p
 		}
 	}
-	fmt.Fprintf(out, "# troupe bench gpu: device buffers, 2 ranks, gpu backend %s, UCX_TLS=%s, window %d\n", backend, bootstrap.UCXTLS(f.tls), f.window)
+	fmt.Fprintf(out, "# troupe bench gpu: device buffers, 2 ranks, gpu backend %s, UCX_TLS=%s, window %d, latency: %s round trip / 2\n", backend, bootstrap.UCXTLS(f.tls), f.window, f.stat)
 	fmt.Fprintf(out, "%-8s %12s %12s %12s %14s %14s %14s\n", "# size", "msg lat(us)", "chan lat(us)", "stag lat(us)", "msg bw(MB/s)", "chan bw(MB/s)", "stag bw(MB/s)")
 	for _, s := range sizes {
 		r := rows[s]
@@ -129,7 +137,7 @@ func printGPUPoints(out io.Writer, f gpuBenchFlags, pts []gpuPoint) error {
 func runGPUBenchJob(ctx context.Context, f gpuBenchFlags) ([]gpuPoint, error) {
 	return runBenchJob[gpuPoint](ctx, 2, f.tls, 0, []string{"bench", "gpu", "--as-rank",
 		"--min", strconv.Itoa(f.minSize), "--max", strconv.Itoa(f.maxSize),
-		"--scale", strconv.FormatFloat(f.scale, 'g', -1, 64), "--window", strconv.Itoa(f.window)},
+		"--scale", strconv.FormatFloat(f.scale, 'g', -1, 64), "--window", strconv.Itoa(f.window), "--stat", f.stat},
 		[]string{gpu.EnvBackend + "=" + f.backend})
 }
 
@@ -264,15 +272,15 @@ func (b *gpuBench) measure(ctx context.Context, api string, size int) (latUs, bw
 	if _, err := b.pingpong(ctx, api, size, warm); err != nil {
 		return 0, 0, err
 	}
-	d, err := b.pingpong(ctx, api, size, lat)
+	rts, err := b.pingpong(ctx, api, size, lat)
 	if err != nil {
 		return 0, 0, err
 	}
-	latUs = float64(d.Nanoseconds()) / 1e3 / float64(2*lat)
+	latUs = oneWayUs(rts, b.f.stat)
 	if _, err := b.stream1(ctx, api, size, 1); err != nil {
 		return 0, 0, err
 	}
-	d, err = b.stream1(ctx, api, size, bw)
+	d, err := b.stream1(ctx, api, size, bw)
 	if err != nil {
 		return 0, 0, err
 	}
@@ -363,26 +371,50 @@ func (b *gpuBench) unstage(i int, dst gpu.Buffer) error {
 	return b.stream.Synchronize()
 }
 
-func (b *gpuBench) pingpong(ctx context.Context, api string, size, iters int) (time.Duration, error) {
-	start := time.Now()
-	for i := 0; i < iters; i++ {
+// pingpong runs iters round trips and returns each one's time (rank 0's
+// measure; rank 1 answers).
+func (b *gpuBench) pingpong(ctx context.Context, api string, size, iters int) ([]time.Duration, error) {
+	rts := make([]time.Duration, iters)
+	for i := range rts {
+		start := time.Now()
 		if b.t.Rank() == 0 {
 			if err := b.send(ctx, api, 0, size); err != nil {
-				return 0, err
+				return nil, err
 			}
 			if err := b.recv(ctx, api, 0, size); err != nil {
-				return 0, err
+				return nil, err
 			}
 		} else {
 			if err := b.recv(ctx, api, 0, size); err != nil {
-				return 0, err
+				return nil, err
 			}
 			if err := b.send(ctx, api, 0, size); err != nil {
-				return 0, err
+				return nil, err
 			}
 		}
+		rts[i] = time.Since(start)
 	}
-	return time.Since(start), nil
+	return rts, nil
+}
+
+// oneWayUs is half the mean or the median (stat) of round trips rts, in
+// microseconds.
+func oneWayUs(rts []time.Duration, stat string) float64 {
+	if len(rts) == 0 {
+		return 0
+	}
+	var rt time.Duration
+	if stat == "median" {
+		s := slices.Clone(rts)
+		slices.Sort(s)
+		rt = s[len(s)/2]
+	} else {
+		for _, d := range rts {
+			rt += d
+		}
+		rt /= time.Duration(len(rts))
+	}
+	return float64(rt.Nanoseconds()) / 1e3 / 2
 }
 
 // stream1 runs iters windows: rank 0 sends a window of messages, rank 1

@@ -112,21 +112,23 @@ func (b *gpuBench) measureMessaging(ctx context.Context, size int) (latUs, bwMBp
 	// Request and the channel requests' Wait do (transport.Await receives
 	// from got; a value it takes is the arrival waited for).
 	wait := func() error { return b.t.Await(ctx, b.msg.got) }
-	pingpong := func(n int) (time.Duration, error) {
+	pingpong := func(n int) ([]time.Duration, error) {
 		src, err := b.dev[0].Slice(0, size)
 		if err != nil {
-			return 0, err
+			return nil, err
 		}
-		start := time.Now()
-		for i := 0; i < n; i++ {
+		rts := make([]time.Duration, n)
+		for i := range rts {
+			start := time.Now()
 			if err := b.rt.Send(b.msg.peer, &gpuBenchMsg{Seq: i, Echo: true, Buf: src}); err != nil {
-				return 0, err
+				return nil, err
 			}
 			if err := wait(); err != nil {
-				return 0, err
+				return nil, err
 			}
+			rts[i] = time.Since(start)
 		}
-		return time.Since(start), nil
+		return rts, nil
 	}
 	cs := make([]*actor.Completion, b.f.window)
 	stream := func(n int) (time.Duration, error) {
@@ -159,15 +161,16 @@ func (b *gpuBench) measureMessaging(ctx context.Context, size int) (latUs, bwMBp
 	if _, err := pingpong(max(lat/10, 2)); err != nil {
 		return 0, 0, err
 	}
-	d, err := pingpong(lat)
+	rts, err := pingpong(lat)
 	if err != nil {
 		return 0, 0, err
 	}
-	latUs = float64(d.Nanoseconds()) / 1e3 / float64(2*lat)
+	latUs = oneWayUs(rts, b.f.stat)
 	if _, err := stream(1); err != nil {
 		return 0, 0, err
 	}
-	if d, err = stream(bw); err != nil {
+	d, err := stream(bw)
+	if err != nil {
 		return 0, 0, err
 	}
 	return latUs, float64(size) * float64(bw*b.f.window) / d.Seconds() / 1e6, nil
