@@ -151,10 +151,11 @@ func anySourceTyped(ctx context.Context, r *rank) error {
 // typedProbes: ranks 1 and 2 each send typedProbeN typed messages of 1 to
 // 3 vectors (16 blocks of 1 KiB, 2 KiB apart: 16 to 48 KiB of data, inline
 // in the RTS or not) to rank 0, which does not know the counts: it probes
-// each message with a matched typed probe from any rank (blocking and
-// non-blocking in turn), counts its float64s, and receives it into a
-// contiguous buffer of that size, checking each sender's messages came
-// whole and in order.
+// each message from any rank (a blocking and a non-blocking matched typed
+// probe, and a plain typed probe followed by a receive from the rank it
+// names, in turn), counts its float64s, and receives it into a contiguous
+// buffer of that size, checking each sender's messages came whole and in
+// order.
 func typedProbes(ctx context.Context, r *rank) error {
 	const typedProbeN = 6
 	vec, err := datatype.Vector(16, 128, 256, datatype.Float64)
@@ -176,11 +177,13 @@ func typedProbes(ctx context.Context, r *rank) error {
 	next := map[int]int{}
 	for got := 0; got < 2*typedProbeN; got++ {
 		var m *transport.TypedMessage
-		if got%2 == 0 {
+		var st transport.Status
+		switch got % 3 {
+		case 0:
 			if m, err = t.MprobeTyped(ctx, transport.AnySource, 11); err != nil {
 				return fmt.Errorf("MprobeTyped %d: %w", got, err)
 			}
-		} else {
+		case 1:
 			for m == nil {
 				var ok bool
 				if m, ok, err = t.ImprobeTyped(transport.AnySource, 11); err != nil {
@@ -190,19 +193,36 @@ func typedProbes(ctx context.Context, r *rank) error {
 					return fmt.Errorf("ImprobeTyped %d found nothing: %w", got, ctx.Err())
 				}
 			}
+		default:
+			// Probe without taking, then receive from the rank it names.
+			if st, err = t.ProbeTyped(ctx, transport.AnySource, 11); err != nil {
+				return fmt.Errorf("ProbeTyped %d: %w", got, err)
+			}
 		}
-		st := m.Status()
+		if m != nil {
+			st = m.Status()
+		}
 		i := next[st.Source]
 		if st.Source < 1 || st.Source > 2 || i >= typedProbeN {
 			return fmt.Errorf("probe %d: status %+v: no such message", got, st)
 		}
 		n := count(i + st.Source)
-		elems, ok := m.Count(datatype.Float64)
-		if !ok || elems != n*16*128 {
-			return fmt.Errorf("probe %d: rank %d's message %d: Count = %d, %v; want %d", got, st.Source, i, elems, ok, n*16*128)
+		elems := st.Size / 8
+		if st.Size%8 != 0 || elems != n*16*128 {
+			return fmt.Errorf("probe %d: rank %d's message %d: %d bytes, want %d float64s", got, st.Source, i, st.Size, n*16*128)
+		}
+		if m != nil {
+			if c, ok := m.Count(datatype.Float64); !ok || c != elems {
+				return fmt.Errorf("probe %d: Count = %d, %v; want %d", got, c, ok, elems)
+			}
 		}
 		buf := make([]byte, 8*elems)
-		if _, err := m.Recv(ctx, buf, datatype.Float64, elems); err != nil {
+		if m != nil {
+			_, err = m.Recv(ctx, buf, datatype.Float64, elems)
+		} else {
+			_, err = t.RecvTyped(ctx, st.Source, 11, buf, datatype.Float64, elems)
+		}
+		if err != nil {
 			return fmt.Errorf("probed message %d: %w", got, err)
 		}
 		want := make([]byte, len(buf))
@@ -214,7 +234,7 @@ func typedProbes(ctx context.Context, r *rank) error {
 		}
 		next[st.Source]++
 	}
-	r.logf("%d typed messages of unknown size from ranks 1 and 2 through matched typed probes", 2*typedProbeN)
+	r.logf("%d typed messages of unknown size from ranks 1 and 2 through matched typed probes and typed probes", 2*typedProbeN)
 	return nil
 }
 

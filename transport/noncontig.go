@@ -521,9 +521,9 @@ func (t *Transport) IrecvTypedWith(src, tag int, buf []byte, dt *datatype.Type, 
 		return nil, err
 	}
 	r := t.newRequest("typed recv", src, tag, len(buf))
-	seq, w := nc.placeRecv(c)
+	seq, w, p := nc.placeRecv(c)
 	go func() {
-		st, err := nc.recvPlaced(context.Background(), c, seq, w)
+		st, err := nc.recvPlaced(context.Background(), c, seq, w, p)
 		t.ncComplete(r, st, err)
 	}()
 	return r, nil
@@ -543,8 +543,8 @@ func (t *Transport) RecvTypedWith(ctx context.Context, src, tag int, buf []byte,
 	if err != nil {
 		return Status{}, err
 	}
-	seq, w := nc.placeRecv(c)
-	return nc.recvPlaced(ctx, c, seq, w)
+	seq, w, p := nc.placeRecv(c)
+	return nc.recvPlaced(ctx, c, seq, w, p)
 }
 
 // TypedTransfer is a typed send or receive that has taken its place in its
@@ -560,7 +560,10 @@ type TypedTransfer struct {
 	wait *typedWaiter // a receive placed behind an any-source one (noncontig_any.go)
 	rts  *Request     // a receive with its number: its RTS receive, posted when prepared
 	hbuf *[]byte      // where that RTS lands (nc.rtsBufs)
-	ran  atomic.Bool
+	// parked: a receive placed on a message IprobeTyped parked
+	// (typedprobe.go).
+	parked *parkedRTS
+	ran    atomic.Bool
 }
 
 // PrepareSendTyped is SendTypedWith split in two: the send takes its
@@ -587,9 +590,9 @@ func (t *Transport) PrepareRecvTyped(src, tag int, buf []byte, dt *datatype.Type
 	if src == AnySource {
 		return nil, fmt.Errorf("%w: prepared typed receives take no wildcards", ErrInvalid)
 	}
-	seq, w := nc.placeRecv(c)
-	x := &TypedTransfer{nc: nc, c: c, seq: seq, wait: w}
-	if w == nil && c.space == KindTyped {
+	seq, w, p := nc.placeRecv(c)
+	x := &TypedTransfer{nc: nc, c: c, seq: seq, wait: w, parked: p}
+	if w == nil && p == nil && c.space == KindTyped {
 		// Posted now, the RTS receive is in UCX before any any-source
 		// typed receive of the tag placed after it: those need not wait
 		// for Run (noncontig_any.go). The runtimes' space has no
@@ -618,7 +621,7 @@ func (x *TypedTransfer) Run(ctx context.Context) (Status, error) {
 		return x.nc.send(ctx, x.c, x.seq)
 	}
 	if x.rts == nil {
-		return x.nc.recvPlaced(ctx, x.c, x.seq, x.wait)
+		return x.nc.recvPlaced(ctx, x.c, x.seq, x.wait, x.parked)
 	}
 	defer x.nc.rtsBufs.Put(x.hbuf)
 	n, err := x.nc.awaitExactRTS(ctx, x.c, x.seq, x.rts)

@@ -42,25 +42,38 @@ type typedWaiter struct {
 // still to be posted; it tries again once they are.
 var errRTSNotYet = errors.New("transport: typed receives of the tag are still being posted")
 
-// placeRecv takes a typed receive's place in its tag's order: a sequence
-// number at once, or a place in the gate behind a pending any-source
-// receive (then the number comes with the waiter's release).
-func (nc *noncontig) placeRecv(c typedCall) (uint32, *typedWaiter) {
+// placeRecv takes a typed receive's place in its tag's order: a message
+// IprobeTyped parked that it may take (p), else a sequence number at once,
+// or a place in the gate behind a pending any-source receive (then the
+// number comes with the waiter's release).
+func (nc *noncontig) placeRecv(c typedCall) (seq uint32, w *typedWaiter, p *parkedRTS) {
 	nc.mu.Lock()
 	defer nc.mu.Unlock()
+	if c.space == KindTyped {
+		if p := nc.takeParkedLocked(c.peer, c.tag); p != nil {
+			return 0, nil, p
+		}
+	}
 	if c.space == KindTyped && (c.peer == AnySource || len(nc.gates[c.tag]) > 0) {
 		w := &typedWaiter{any: c.peer == AnySource, peer: c.peer, ready: make(chan struct{})}
 		if len(nc.gates[c.tag]) == 0 {
 			close(w.ready) // an any-source receive at the head goes on at once
 		}
 		nc.gates[c.tag] = append(nc.gates[c.tag], w)
-		return 0, w
+		return 0, w, nil
 	}
-	return nc.takeRecvSeqLocked(c.seqKey()), nil
+	return nc.takeRecvSeqLocked(c.seqKey()), nil, nil
 }
 
 // recvPlaced runs a typed receive placed by placeRecv.
-func (nc *noncontig) recvPlaced(ctx context.Context, c typedCall, seq uint32, w *typedWaiter) (Status, error) {
+func (nc *noncontig) recvPlaced(ctx context.Context, c typedCall, seq uint32, w *typedWaiter, p *parkedRTS) (Status, error) {
+	if p != nil {
+		if err := p.wait(ctx, nc); err != nil {
+			return Status{}, err
+		}
+		c.peer = p.src
+		return nc.recvMatched(ctx, c, p.hdr)
+	}
 	bp := nc.rtsBufs.Get().(*[]byte)
 	defer nc.rtsBufs.Put(bp)
 	peer, n, err := nc.matchRTS(ctx, c, seq, w, *bp)

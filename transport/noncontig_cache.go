@@ -296,6 +296,10 @@ type noncontig struct {
 	unposted     map[int]int
 	postedCh     chan struct{}
 	postedWanted bool
+	// parked: typed messages IprobeTyped found, per user tag in the order
+	// found, each waiting for the next typed receive that may take it
+	// (typedprobe.go).
+	parked map[int][]*parkedRTS
 	// sentVerdicts are the crossover verdicts peers' receivers told this
 	// rank as a sender, by peer and the shape of this rank's layout.
 	sentVerdicts map[crossKey]keptVerdict
@@ -334,6 +338,7 @@ func newNoncontig(t *Transport, o NoncontigOptions) *noncontig {
 		gates:         map[int][]*typedWaiter{},
 		unposted:      map[int]int{},
 		postedCh:      make(chan struct{}),
+		parked:        map[int][]*parkedRTS{},
 		sentVerdicts:  map[crossKey]keptVerdict{},
 		shapeVerdicts: map[shapeKey]keptVerdict{},
 		rtts:          make([]atomic.Uint32, t.size),

@@ -58,7 +58,13 @@ func (t *Transport) MprobeTyped(ctx context.Context, src, tag int) (*TypedMessag
 	if err != nil {
 		return nil, err
 	}
-	seq, w := nc.placeRecv(c)
+	seq, w, p := nc.placeRecv(c)
+	if p != nil {
+		if err := p.wait(ctx, nc); err != nil {
+			return nil, err
+		}
+		return nc.typedMessage(p.src, tag, p.hdr)
+	}
 	bp := nc.rtsBufs.Get().(*[]byte)
 	defer nc.rtsBufs.Put(bp)
 	peer, n, err := nc.matchRTS(ctx, c, seq, w, *bp)
@@ -73,41 +79,162 @@ func (t *Transport) MprobeTyped(ctx context.Context, src, tag int) (*TypedMessag
 // arrived, or while typed receives of the tag posted earlier wait behind an
 // any-source one (they come first).
 func (t *Transport) ImprobeTyped(src, tag int) (*TypedMessage, bool, error) {
-	nc, c, err := t.typedProbeCall(src, tag)
+	nc, _, err := t.typedProbeCall(src, tag)
 	if err != nil {
 		return nil, false, err
 	}
 	if t.opts.Progress == ProgressDirect {
 		t.progressOnce()
 	}
-	peer, seq, found, err := nc.arrivedRTS(src, tag)
-	if err != nil || !found {
+	nc.mu.Lock()
+	p := nc.takeParkedLocked(src, tag)
+	nc.mu.Unlock()
+	if p == nil {
+		var found bool
+		if p, found, err = nc.arrivedRTS(src, tag, false); err != nil || !found {
+			return nil, false, err
+		}
+	}
+	if err := p.wait(context.Background(), nc); err != nil {
 		return nil, false, err
 	}
-	c.peer = peer
-	bp := nc.rtsBufs.Get().(*[]byte)
-	defer nc.rtsBufs.Put(bp)
-	// The RTS has arrived: its receive completes at once (or, for a large
-	// inline RTS, as soon as the sender, which waits for the answer,
-	// moves it).
-	n, err := nc.matchExactRTS(context.Background(), c, seq, *bp)
-	if err != nil {
-		return nil, false, err
-	}
-	m, err := nc.typedMessage(c.peer, tag, (*bp)[:n])
+	m, err := nc.typedMessage(p.src, tag, p.hdr)
 	return m, err == nil, err
+}
+
+// IprobeTyped reports whether a typed message from src (or AnySource) with
+// tag has arrived, and its Status (Size: its packed bytes), without
+// receiving it (MPI_Iprobe for messages sent with SendTyped): the next
+// typed receive, or matched typed probe, that may take it gets it. A
+// message reported once is reported again until received. It finds
+// nothing while typed receives of the tag posted earlier wait behind an
+// any-source one (they come first). Probing and receiving one (source,
+// tag) from several goroutines at once is racy, as with Iprobe: use
+// MprobeTyped there.
+func (t *Transport) IprobeTyped(src, tag int) (Status, bool, error) {
+	nc, _, err := t.typedProbeCall(src, tag)
+	if err != nil {
+		return Status{}, false, err
+	}
+	if t.opts.Progress == ProgressDirect {
+		t.progressOnce()
+	}
+	nc.mu.Lock()
+	p := nc.findParkedLocked(src, tag)
+	nc.mu.Unlock()
+	if p == nil {
+		var found bool
+		if p, found, err = nc.arrivedRTS(src, tag, true); err != nil || !found {
+			return Status{}, false, err
+		}
+	}
+	if err := p.wait(context.Background(), nc); err != nil {
+		return Status{}, false, err
+	}
+	return p.st, true, nil
+}
+
+// ProbeTyped waits until a typed message from src (or AnySource) with tag
+// has arrived and reports it as IprobeTyped does (MPI_Probe).
+func (t *Transport) ProbeTyped(ctx context.Context, src, tag int) (Status, error) {
+	var st Status
+	err := t.probeWait(ctx, func() (ok bool, err error) {
+		st, ok, err = t.IprobeTyped(src, tag)
+		return ok, err
+	})
+	return st, err
+}
+
+// parkedRTS is a typed message whose sequence number a probe has taken
+// and whose RTS it receives: ready is closed once hdr (the RTS) and st,
+// or err, are set. IprobeTyped leaves it in nc.parked for the next receive
+// that may take it.
+type parkedRTS struct {
+	src   int
+	ready chan struct{}
+	hdr   []byte
+	st    Status
+	err   error
+}
+
+// wait waits until p's RTS has been received and returns its error.
+func (p *parkedRTS) wait(ctx context.Context, nc *noncontig) error {
+	if err := nc.await(ctx, p.ready); err != nil {
+		return err
+	}
+	return p.err
+}
+
+// findParkedLocked returns the first parked message with tag from src (or
+// any rank), or nil; nc.mu is held.
+func (nc *noncontig) findParkedLocked(src, tag int) *parkedRTS {
+	for _, p := range nc.parked[tag] {
+		if src == AnySource || p.src == src {
+			return p
+		}
+	}
+	return nil
+}
+
+// takeParkedLocked removes and returns what findParkedLocked finds; nc.mu
+// is held.
+func (nc *noncontig) takeParkedLocked(src, tag int) *parkedRTS {
+	q := nc.parked[tag]
+	for i, p := range q {
+		if src == AnySource || p.src == src {
+			if q = slices.Delete(q, i, i+1); len(q) == 0 {
+				delete(nc.parked, tag)
+			} else {
+				nc.parked[tag] = q
+			}
+			return p
+		}
+	}
+	return nil
 }
 
 // arrivedRTS looks for the RTS of the next typed message from src (or any
 // rank) with tag in UCX's queue and, when it is there, takes its sequence
-// number and reports its sender. It takes the worker lock itself, as
-// Improbe does (exec would only queue the look in queue mode).
-func (nc *noncontig) arrivedRTS(src, tag int) (peer int, seq uint32, found bool, err error) {
+// number and starts receiving the RTS into the returned parkedRTS, which
+// park puts in nc.parked in the same step (no receive can take a later
+// number in between). It takes the worker lock itself, as Improbe does
+// (exec would only queue the look in queue mode).
+func (nc *noncontig) arrivedRTS(src, tag int, park bool) (*parkedRTS, bool, error) {
+	p := &parkedRTS{ready: make(chan struct{})}
+	seq, found, err := nc.lookRTS(src, tag, p, park)
+	if err != nil || !found {
+		return nil, false, err
+	}
+	from := p.src
+	c := typedCall{peer: from, tag: tag, space: KindTyped}
+	bp := nc.rtsBufs.Get().(*[]byte)
+	rr := nc.postExactRTS(c, seq, *bp)
+	go func() {
+		// The RTS has arrived: its receive completes at once (or, for a
+		// large inline RTS, as soon as the sender, which waits for the
+		// answer, moves it).
+		defer close(p.ready)
+		defer nc.rtsBufs.Put(bp)
+		n, err := nc.awaitExactRTS(context.Background(), c, seq, rr)
+		if err != nil {
+			p.err = err
+			return
+		}
+		p.hdr = slices.Clone((*bp)[:n])
+		p.st, p.err = rtsStatus(from, tag, p.hdr)
+	}()
+	return p, true, nil
+}
+
+// lookRTS is arrivedRTS's look, under the worker lock and nc.mu: it
+// sets p.src to the sender, parks p if park, and returns the sequence
+// number it took.
+func (nc *noncontig) lookRTS(src, tag int, p *parkedRTS, park bool) (seq uint32, found bool, err error) {
 	t := nc.t
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed {
-		return 0, 0, false, ErrClosed
+		return 0, false, ErrClosed
 	}
 	nc.mu.Lock()
 	defer nc.mu.Unlock()
@@ -115,7 +242,7 @@ func (nc *noncontig) arrivedRTS(src, tag int) (peer int, seq uint32, found bool,
 		// Receives placed earlier come first; an any-source look is sound
 		// only once every number handed out has its RTS receive in UCX
 		// (noncontig_any.go).
-		return 0, 0, false, nil
+		return 0, false, nil
 	}
 	want, mask := ncRTSTag(KindTyped, 0, uint16(tag), 0), FullMask&^(uint64(ncRankMask)<<(UserTagBits+ncSeqBits)|ncSeqMask)
 	if src != AnySource {
@@ -124,20 +251,24 @@ func (nc *noncontig) arrivedRTS(src, tag int) (peer int, seq uint32, found bool,
 	_, info, ok := t.w.TagProbe(want, mask, false)
 	if !ok {
 		if src != AnySource {
-			if p := t.peers[src]; p != nil && p.lost != nil {
-				return 0, 0, false, &PeerLostError{Rank: src, Op: "typed probe", Reason: p.lost.Reason}
+			if pe := t.peers[src]; pe != nil && pe.lost != nil {
+				return 0, false, &PeerLostError{Rank: src, Op: "typed probe", Reason: pe.lost.Reason}
 			}
 		}
-		return 0, 0, false, nil
+		return 0, false, nil
 	}
 	from, _, s := splitRTSTag(info.Tag)
 	k := seqKey{from, tag}
 	if nc.recvCounter(k).peek() != s {
 		// Not its sender's next: a receive placed earlier owns it and is
 		// about to post its RTS receive.
-		return 0, 0, false, nil
+		return 0, false, nil
 	}
-	return from, nc.takeRecvSeqLocked(k), true, nil
+	p.src = from
+	if park {
+		nc.parked[tag] = append(nc.parked[tag], p)
+	}
+	return nc.takeRecvSeqLocked(k), true, nil
 }
 
 // typedProbeCall checks a typed probe's arguments and returns the
@@ -153,13 +284,23 @@ func (t *Transport) typedProbeCall(src, tag int) (*noncontig, typedCall, error) 
 
 // typedMessage makes the TypedMessage of an RTS received from peer.
 func (nc *noncontig) typedMessage(peer, tag int, hdr []byte) (*TypedMessage, error) {
+	st, err := rtsStatus(peer, tag, hdr)
+	if err != nil {
+		return nil, err
+	}
+	return &TypedMessage{nc: nc, st: st, hdr: slices.Clone(hdr)}, nil
+}
+
+// rtsStatus is the Status of the typed message whose RTS, hdr, came from
+// peer: Size is its packed bytes.
+func rtsStatus(peer, tag int, hdr []byte) (Status, error) {
 	var h rts
 	if err := h.decode(hdr); err != nil {
 		// The sender waits for an answer it will not get, as after any
 		// malformed RTS (recvMatched).
-		return nil, fmt.Errorf("transport: typed probe rank %d tag %d: %w", peer, tag, err)
+		return Status{}, fmt.Errorf("transport: typed probe rank %d tag %d: %w", peer, tag, err)
 	}
-	return &TypedMessage{nc: nc, st: Status{Source: peer, Tag: tag, Size: int(h.bytes)}, hdr: slices.Clone(hdr)}, nil
+	return Status{Source: peer, Tag: tag, Size: int(h.bytes)}, nil
 }
 
 // Recv receives the message into count elements of dt whose origin is

@@ -263,3 +263,120 @@ func TestTypedProbeRefused(t *testing.T) {
 		t.Fatalf("negative tag: %v", err)
 	}
 }
+
+// IprobeTyped reports a typed message's sender and packed size without
+// receiving it, and the same message again until it is received; the next
+// typed receive takes it whatever form it has (exact or any-source
+// receive, matched probe, prepared receive), and the messages of a sender
+// still arrive in the order sent.
+func TestTypedIprobe(t *testing.T) {
+	forModes(t, func(t *testing.T, mode ProgressMode) {
+		ts := localJob(t, 2, mode)
+		ctx := testCtx(t)
+		vec := probeVector(t)
+		span, size := int(vec.Extent()), int(vec.Size())
+		if _, ok, err := ts[1].IprobeTyped(0, 13); ok || err != nil {
+			t.Fatalf("IprobeTyped with nothing sent: %v %v", ok, err)
+		}
+		// Four messages of 1, 2, 3 and 4 vectors, each through another kind
+		// of receive after a probe.
+		var sends []*Request
+		srcs := make([][]byte, 4)
+		for i := range srcs {
+			srcs[i] = pattern((i+1)*span, 60+i)
+			r, err := ts[0].IsendTyped(1, 13, srcs[i], vec, i+1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			sends = append(sends, r)
+		}
+		packed := func(b []byte, n int) []byte {
+			t.Helper()
+			out := make([]byte, n*size)
+			if _, err := vec.Pack(out, b, 0, int64(n)); err != nil {
+				t.Fatal(err)
+			}
+			return out
+		}
+		check := func(i int, got []byte) {
+			t.Helper()
+			if !bytes.Equal(packed(got, i+1), packed(srcs[i], i+1)) {
+				t.Fatalf("message %d: received data differs from the sender's", i)
+			}
+		}
+		probe := func(i, src int) {
+			t.Helper()
+			var st Status
+			for {
+				var ok bool
+				var err error
+				if st, ok, err = ts[1].IprobeTyped(src, 13); err != nil {
+					t.Fatalf("IprobeTyped(%d): %v", src, err)
+				} else if ok {
+					break
+				}
+				if ctx.Err() != nil {
+					t.Fatalf("IprobeTyped(%d) found nothing: %v", src, ctx.Err())
+				}
+				runtime.Gosched()
+			}
+			if st != (Status{Source: 0, Tag: 13, Size: (i + 1) * size}) {
+				t.Fatalf("probe of message %d: %+v", i, st)
+			}
+			if again, ok, err := ts[1].IprobeTyped(AnySource, 13); !ok || err != nil || again != st {
+				t.Fatalf("second probe of message %d: %+v %v %v", i, again, ok, err)
+			}
+		}
+		dst := func(i int) []byte { return bytes.Repeat([]byte{0xee}, (i+1)*span) }
+
+		probe(0, 0)
+		got := dst(0)
+		if st, err := ts[1].RecvTyped(ctx, 0, 13, got, vec, 1); err != nil || st.Size != size {
+			t.Fatalf("receive after the probe: %+v %v", st, err)
+		}
+		check(0, got)
+
+		if st, err := ts[1].ProbeTyped(ctx, AnySource, 13); err != nil || st.Size != 2*size {
+			t.Fatalf("ProbeTyped: %+v %v", st, err)
+		}
+		got = dst(1)
+		r, err := ts[1].IrecvTyped(AnySource, 13, got, vec, 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := r.Wait(ctx); err != nil {
+			t.Fatal(err)
+		}
+		check(1, got)
+
+		probe(2, 0)
+		m, err := ts[1].MprobeTyped(ctx, AnySource, 13)
+		if err != nil || m.Status().Size != 3*size {
+			t.Fatalf("MprobeTyped after IprobeTyped: %v %v", m, err)
+		}
+		got = dst(2)
+		if _, err := m.Recv(ctx, got, vec, 3); err != nil {
+			t.Fatal(err)
+		}
+		check(2, got)
+
+		probe(3, AnySource)
+		got = dst(3)
+		x, err := ts[1].PrepareRecvTyped(0, 13, got, vec, 4, TypedOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := x.Run(ctx); err != nil {
+			t.Fatal(err)
+		}
+		check(3, got)
+		for _, r := range sends {
+			if _, err := r.Wait(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, ok, err := ts[1].IprobeTyped(AnySource, 13); ok || err != nil {
+			t.Fatalf("IprobeTyped after all were received: %v %v", ok, err)
+		}
+	})
+}
