@@ -567,7 +567,9 @@ type TypedTransfer struct {
 }
 
 // PrepareSendTyped is SendTypedWith split in two: the send takes its
-// sequence number now; Run sends.
+// sequence number now; Run sends. In the MPI-style space the typed sends
+// to one (rank, tag) post their RTS messages in sequence order
+// (rtsturn.go), so until Run the later ones wait to post.
 func (t *Transport) PrepareSendTyped(dst, tag int, buf []byte, dt *datatype.Type, count int, o TypedOptions) (*TypedTransfer, error) {
 	nc, c, err := t.typedCall("typed send", dst, tag, buf, dt, count, o)
 	if err != nil {

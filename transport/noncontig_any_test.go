@@ -243,3 +243,43 @@ func TestPreparedTypedRecvDoesNotHoldBackAnySource(t *testing.T) {
 		}
 	})
 }
+
+// Several typed sends to one rank and tag in flight at once (IsendTyped
+// runs each protocol in a goroutine of its own) still reach any-source
+// typed receives in the order they were started: their RTS messages leave
+// in sequence order. Before, the second message's RTS could overtake the
+// first's, and an any-source receive took it out of turn.
+func TestTypedAnySourceConcurrentSends(t *testing.T) {
+	forModes(t, func(t *testing.T, mode ProgressMode) {
+		ts := localJob(t, 2, mode)
+		ctx := testCtx(t)
+		vec := probeVector(t)
+		span := int(vec.Extent())
+		for round := 0; round < 10; round++ {
+			var srcs [][]byte
+			var sends []*Request
+			for i := 0; i < 4; i++ {
+				srcs = append(srcs, pattern(span, 10*round+i))
+				r, err := ts[0].IsendTyped(1, 3, srcs[i], vec, 1)
+				if err != nil {
+					t.Fatal(err)
+				}
+				sends = append(sends, r)
+			}
+			for i := range srcs {
+				got := bytes.Repeat([]byte{0xee}, span)
+				if _, err := ts[1].RecvTyped(ctx, AnySource, 3, got, vec, 1); err != nil {
+					t.Fatalf("round %d, receive %d: %v", round, i, err)
+				}
+				if d := vectorDiff(got, srcs[i]); d != "" {
+					t.Fatalf("round %d, receive %d (out of order?): %s", round, i, d)
+				}
+			}
+			for _, r := range sends {
+				if _, err := r.Wait(ctx); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+	})
+}

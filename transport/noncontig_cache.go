@@ -300,6 +300,9 @@ type noncontig struct {
 	// found, each waiting for the next typed receive that may take it
 	// (typedprobe.go).
 	parked map[int][]*parkedRTS
+	// turns order the RTS posts of the MPI-style space's typed sends per
+	// (peer, tag) (rtsturn.go).
+	turns map[seqKey]*rtsTurn
 	// sentVerdicts are the crossover verdicts peers' receivers told this
 	// rank as a sender, by peer and the shape of this rank's layout.
 	sentVerdicts map[crossKey]keptVerdict
@@ -339,6 +342,7 @@ func newNoncontig(t *Transport, o NoncontigOptions) *noncontig {
 		unposted:      map[int]int{},
 		postedCh:      make(chan struct{}),
 		parked:        map[int][]*parkedRTS{},
+		turns:         map[seqKey]*rtsTurn{},
 		sentVerdicts:  map[crossKey]keptVerdict{},
 		shapeVerdicts: map[shapeKey]keptVerdict{},
 		rtts:          make([]atomic.Uint32, t.size),

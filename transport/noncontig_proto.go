@@ -73,6 +73,12 @@ func (nc *noncontig) mismatch(op string, c typedCall, code uint8, sbytes, rbytes
 // send runs the sender's side of one typed transfer.
 func (nc *noncontig) send(ctx context.Context, c typedCall, seq uint32) (Status, error) {
 	t := nc.t
+	turn := c.space == KindTyped // this send's RTS turn is still to end (rtsturn.go)
+	defer func() {
+		if turn {
+			nc.endRTSTurn(c.seqKey(), seq)
+		}
+	}()
 	sig, err := c.dt.SignatureHash(c.count)
 	if err != nil {
 		return Status{}, fmt.Errorf("%w: typed send: %v", ErrInvalid, err)
@@ -117,9 +123,19 @@ func (nc *noncontig) send(ctx context.Context, c typedCall, seq uint32) (Status,
 		replyIdx = idxAck
 	}
 	reply := make([]byte, ctsLen)
+	if turn {
+		if err := nc.awaitRTSTurn(ctx, c.seqKey(), seq); err != nil {
+			turn = false // given up
+			return Status{}, err
+		}
+	}
 	rr := t.ncRecv(c.peer, ncXferTag(dirReply, uint32(c.peer), h.xid, replyIdx), bufOf(reply), nil)
 	sent := time.Now()
 	sr := t.ncSend(c.peer, ncRTSTag(c.space, me, uint16(c.tag), seq), bufOf(msg), nil)
+	if turn {
+		nc.endRTSTurn(c.seqKey(), seq)
+		turn = false
+	}
 	final := proposal
 	if proposal == datatype.SchemePack {
 		if inline {

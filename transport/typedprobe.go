@@ -79,23 +79,8 @@ func (t *Transport) MprobeTyped(ctx context.Context, src, tag int) (*TypedMessag
 // arrived, or while typed receives of the tag posted earlier wait behind an
 // any-source one (they come first).
 func (t *Transport) ImprobeTyped(src, tag int) (*TypedMessage, bool, error) {
-	nc, _, err := t.typedProbeCall(src, tag)
-	if err != nil {
-		return nil, false, err
-	}
-	if t.opts.Progress == ProgressDirect {
-		t.progressOnce()
-	}
-	nc.mu.Lock()
-	p := nc.takeParkedLocked(src, tag)
-	nc.mu.Unlock()
-	if p == nil {
-		var found bool
-		if p, found, err = nc.arrivedRTS(src, tag, false); err != nil || !found {
-			return nil, false, err
-		}
-	}
-	if err := p.wait(context.Background(), nc); err != nil {
+	nc, p, found, err := t.probeRTS(src, tag, true)
+	if err != nil || !found {
 		return nil, false, err
 	}
 	m, err := nc.typedMessage(p.src, tag, p.hdr)
@@ -112,26 +97,40 @@ func (t *Transport) ImprobeTyped(src, tag int) (*TypedMessage, bool, error) {
 // tag) from several goroutines at once is racy, as with Iprobe: use
 // MprobeTyped there.
 func (t *Transport) IprobeTyped(src, tag int) (Status, bool, error) {
+	_, p, found, err := t.probeRTS(src, tag, false)
+	if err != nil || !found {
+		return Status{}, false, err
+	}
+	return p.st, true, nil
+}
+
+// probeRTS finds the next typed message from src (or any rank) with tag
+// for a probe and waits for its RTS: a parked one (taken out of nc.parked
+// when take), else one that arrived in UCX's queue (parked unless take).
+func (t *Transport) probeRTS(src, tag int, take bool) (*noncontig, *parkedRTS, bool, error) {
 	nc, _, err := t.typedProbeCall(src, tag)
 	if err != nil {
-		return Status{}, false, err
+		return nil, nil, false, err
 	}
 	if t.opts.Progress == ProgressDirect {
 		t.progressOnce()
 	}
 	nc.mu.Lock()
 	p := nc.findParkedLocked(src, tag)
+	if p != nil && take {
+		nc.takeParkedLocked(src, tag)
+	}
 	nc.mu.Unlock()
 	if p == nil {
 		var found bool
-		if p, found, err = nc.arrivedRTS(src, tag, true); err != nil || !found {
-			return Status{}, false, err
+		if p, found, err = nc.arrivedRTS(src, tag, !take); err != nil || !found {
+			return nil, nil, false, err
 		}
 	}
 	if err := p.wait(context.Background(), nc); err != nil {
-		return Status{}, false, err
+		return nil, nil, false, err
 	}
-	return p.st, true, nil
+	return nc, p, true, nil
 }
 
 // ProbeTyped waits until a typed message from src (or AnySource) with tag
