@@ -1381,7 +1381,19 @@ func (t *Transport) Close() error {
 		}
 		p.rkeys = nil
 		delete(t.epOwner, p.ep.Handle())
-		if req, err := t.w.CloseEndpoint(p.ep, false); err == nil && req.Pending() {
+		// Flush what was posted, unless sends to the peer are still in
+		// flight: a rendezvous send its peer has not taken would outlive
+		// the flush, and UCX aborts the process when the worker is
+		// destroyed with it (an assertion in ucp_ep_destroy_base). Those
+		// are discarded instead; Close fails them below.
+		force := false
+		for r := range p.pending {
+			if !r.recv {
+				force = true
+				r.failErr = fmt.Errorf("transport: %s rank %d: %w", r.op, r.peer, ErrClosed)
+			}
+		}
+		if req, err := t.w.CloseEndpoint(p.ep, force); err == nil && req.Pending() {
 			t.ops[req] = nil
 			closing = append(closing, req)
 		}

@@ -380,3 +380,51 @@ func TestTypedIprobe(t *testing.T) {
 		}
 	})
 }
+
+// Closing ranks while sends are in flight that their peers never took
+// (typed sends streaming their data, a plain rendezvous send) ends every
+// request with an error and returns. It used to end the process instead:
+// the endpoints were closed in flush mode, the rendezvous sends outlived
+// the flush, and UCX aborted in ucp_worker_destroy (an assertion that the
+// endpoint had no protocol requests left).
+func TestCloseWithSendsInFlight(t *testing.T) {
+	vec := probeVector(t)
+	for round := 0; round < 5; round++ {
+		ctx := testCtx(t)
+		ts, stop, err := StartLocal(ctx, 2, Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var sends []*Request
+		for i := 0; i < 4; i++ {
+			r, err := ts[0].IsendTyped(1, 13, make([]byte, (i+1)*int(vec.Extent())), vec, i+1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			sends = append(sends, r)
+		}
+		r, err := ts[0].Isend(1, 14, make([]byte, 4<<20))
+		if err != nil {
+			t.Fatal(err)
+		}
+		sends = append(sends, r)
+		// The first typed message's RTS has arrived: its data is on the way.
+		for {
+			if _, ok, err := ts[1].IprobeTyped(0, 13); err != nil {
+				t.Fatal(err)
+			} else if ok {
+				break
+			}
+			if ctx.Err() != nil {
+				t.Fatal(ctx.Err())
+			}
+			runtime.Gosched()
+		}
+		stop()
+		for i, r := range sends {
+			if _, err := r.Wait(ctx); !errors.Is(err, ErrClosed) && !errors.Is(err, ErrPeerLost) {
+				t.Fatalf("round %d: send %d after Close: %v, want ErrClosed (or ErrPeerLost)", round, i, err)
+			}
+		}
+	}
+}
