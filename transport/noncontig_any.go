@@ -50,7 +50,7 @@ func (nc *noncontig) placeRecv(c typedCall) (seq uint32, w *typedWaiter, p *park
 	nc.mu.Lock()
 	defer nc.mu.Unlock()
 	if c.space == KindTyped {
-		if p := nc.takeParkedLocked(c.peer, c.tag); p != nil {
+		if p := nc.parkedLocked(c.peer, c.tag, true); p != nil {
 			return 0, nil, p
 		}
 	}

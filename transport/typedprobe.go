@@ -116,10 +116,7 @@ func (t *Transport) probeRTS(src, tag int, take bool) (*noncontig, *parkedRTS, b
 		t.progressOnce()
 	}
 	nc.mu.Lock()
-	p := nc.findParkedLocked(src, tag)
-	if p != nil && take {
-		nc.takeParkedLocked(src, tag)
-	}
+	p := nc.parkedLocked(src, tag, take)
 	nc.mu.Unlock()
 	if p == nil {
 		var found bool
@@ -164,30 +161,22 @@ func (p *parkedRTS) wait(ctx context.Context, nc *noncontig) error {
 	return p.err
 }
 
-// findParkedLocked returns the first parked message with tag from src (or
-// any rank), or nil; nc.mu is held.
-func (nc *noncontig) findParkedLocked(src, tag int) *parkedRTS {
-	for _, p := range nc.parked[tag] {
-		if src == AnySource || p.src == src {
-			return p
-		}
-	}
-	return nil
-}
-
-// takeParkedLocked removes and returns what findParkedLocked finds; nc.mu
-// is held.
-func (nc *noncontig) takeParkedLocked(src, tag int) *parkedRTS {
+// parkedLocked returns the first parked message with tag from src (or any
+// rank), or nil, and with take removes it from nc.parked; nc.mu is held.
+func (nc *noncontig) parkedLocked(src, tag int, take bool) *parkedRTS {
 	q := nc.parked[tag]
 	for i, p := range q {
-		if src == AnySource || p.src == src {
+		if src != AnySource && p.src != src {
+			continue
+		}
+		if take {
 			if q = slices.Delete(q, i, i+1); len(q) == 0 {
 				delete(nc.parked, tag)
 			} else {
 				nc.parked[tag] = q
 			}
-			return p
 		}
+		return p
 	}
 	return nil
 }
