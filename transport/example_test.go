@@ -323,3 +323,43 @@ func ExampleTransport_Put() {
 func float64Bytes(f []float64) []byte {
 	return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(f))), 8*len(f))
 }
+
+// Sendrecv exchanges messages with both neighbours of a ring in one call,
+// as MPI_Sendrecv does: every rank sends to its right and receives from
+// its left, without the deadlock a blocking send then receive risks.
+func ExampleTransport_Sendrecv() {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	const n = 3
+	ts, stop, err := transport.StartLocal(ctx, n, transport.Options{})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer stop()
+
+	got := make([][]byte, n)
+	errs := make(chan error, n)
+	for r := range n {
+		go func() {
+			got[r] = make([]byte, 16)
+			msg := fmt.Sprintf("from rank %d", r)
+			st, err := ts[r].Sendrecv(ctx, (r+1)%n, 0, []byte(msg), (r+n-1)%n, 0, got[r])
+			got[r] = got[r][:st.Size]
+			errs <- err
+		}()
+	}
+	for range n {
+		if err := <-errs; err != nil {
+			fmt.Println(err)
+			return
+		}
+	}
+	for r := range n {
+		fmt.Printf("rank %d: %s\n", r, got[r])
+	}
+	// Output:
+	// rank 0: from rank 2
+	// rank 1: from rank 0
+	// rank 2: from rank 1
+}

@@ -269,6 +269,34 @@ func (t *Transport) Recv(ctx context.Context, src, tag int, buf []byte) (Status,
 	return st, err
 }
 
+// Sendrecv sends sendBuf to rank dst with sendTag and receives a message
+// from src (which may be AnySource) with recvTag into recvBuf, both in
+// flight at once (MPI_Sendrecv), so that ranks exchanging with each other,
+// in pairs or around a ring, cannot deadlock on the order of their calls.
+// It returns the receive's Status once both have completed. If ctx ends
+// first, the receive is cancelled as Recv's would be and the send goes on,
+// as Send's does: sendBuf stays in use until it is done. Its error joins
+// the receive's and the send's.
+func (t *Transport) Sendrecv(ctx context.Context, dst, sendTag int, sendBuf []byte, src, recvTag int, recvBuf []byte) (Status, error) {
+	if err := t.checkSend(dst, sendTag); err != nil {
+		return Status{}, err
+	}
+	rr, err := t.Irecv(src, recvTag, recvBuf)
+	if err != nil {
+		return Status{}, err
+	}
+	sr, err := t.Isend(dst, sendTag, sendBuf)
+	if err != nil {
+		cancelled, cancel := context.WithCancel(ctx)
+		cancel()
+		_, _ = rr.Wait(cancelled) // withdraws the receive
+		return Status{}, err
+	}
+	st, rerr := rr.Wait(ctx)
+	_, serr := sr.Wait(ctx)
+	return st, errors.Join(rerr, serr)
+}
+
 // RecvIOV receives one message scattered over bufs.
 func (t *Transport) RecvIOV(ctx context.Context, src, tag int, bufs [][]byte) (Status, error) {
 	r, err := t.IrecvIOV(src, tag, bufs)

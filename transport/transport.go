@@ -922,29 +922,36 @@ func (r *Request) recycle() {
 // Test reports whether the request has completed, without blocking; it makes
 // one progress pass first in direct mode.
 func (r *Request) Test() (bool, Status, error) {
-	switch {
-	case r.fin.Load():
-	case r.t.opts.Progress == ProgressDirect:
-		if r.t.ov != nil {
-			r.t.mu.Lock()
-			if !r.t.closed {
-				r.t.ovEnter()
-			}
-			r.t.mu.Unlock()
-		}
-		r.t.progressOnce()
-	case r.t.ov != nil:
-		// Queue mode: the progress goroutine starts what the engine left
-		// for the receiver's next call (ovPoll); a poller must not be left
-		// waiting for a transfer nobody starts.
-		if r.t.entered.CompareAndSwap(false, true) {
-			r.t.wake()
-		}
+	if !r.fin.Load() {
+		r.t.testPass()
 	}
 	if !r.fin.Load() {
 		return false, Status{}, nil
 	}
 	return true, r.status, r.err
+}
+
+// testPass is the progress a Test call makes: one pass of the worker in
+// direct mode; in queue mode, with the overlap engine on, a nudge to the
+// progress goroutine to start what the engine left for the receiver's next
+// call (ovPoll), so that a poller is not left waiting for a transfer nobody
+// starts.
+func (t *Transport) testPass() {
+	switch {
+	case t.opts.Progress == ProgressDirect:
+		if t.ov != nil {
+			t.mu.Lock()
+			if !t.closed {
+				t.ovEnter()
+			}
+			t.mu.Unlock()
+		}
+		t.progressOnce()
+	case t.ov != nil:
+		if t.entered.CompareAndSwap(false, true) {
+			t.wake()
+		}
+	}
 }
 
 // Finished reports whether the request has completed, and its error, without

@@ -27,12 +27,7 @@ func WaitAny(ctx context.Context, reqs []*Request) (int, Status, error) {
 		}
 		return -1
 	}
-	var ts []*Transport
-	for _, r := range reqs {
-		if r != nil && !slices.Contains(ts, r.t) {
-			ts = append(ts, r.t)
-		}
-	}
+	ts := transportsOf(reqs)
 	if len(ts) == 0 {
 		return -1, Status{}, nil
 	}
@@ -80,4 +75,97 @@ func WaitAll(ctx context.Context, reqs []*Request) ([]Status, error) {
 		}
 	}
 	return sts, errors.Join(errs...)
+}
+
+// WaitSome blocks until at least one of reqs has completed (MPI_Waitsome)
+// and returns the indices of every completed one, in order, with their
+// statuses; nil entries are skipped, so set the handled ones to nil before
+// calling it again. Its error joins the errors of the completed requests
+// that failed, each naming its index. With no request left it returns nil
+// at once. If ctx ends first, it returns ctx's error and cancels nothing,
+// as WaitAny does.
+func WaitSome(ctx context.Context, reqs []*Request) ([]int, []Status, error) {
+	if i, _, err := WaitAny(ctx, reqs); i < 0 {
+		return nil, nil, err
+	}
+	return completed(reqs)
+}
+
+// TestAny reports, without blocking, one completed request of reqs
+// (MPI_Testany): the lowest index of a completed one and its result, or -1
+// when none has completed or every entry is nil. Like Test, it first makes
+// one progress pass of each transport involved in direct mode.
+func TestAny(reqs []*Request) (int, Status, error) {
+	testPasses(reqs)
+	for i, r := range reqs {
+		if r != nil && r.fin.Load() {
+			return i, r.status, r.err
+		}
+	}
+	return -1, Status{}, nil
+}
+
+// TestAll reports, without blocking, whether every request in reqs has
+// completed (MPI_Testall; nil entries are skipped). Only then does it
+// return their statuses in order, with an error joining the failed ones'
+// errors, each naming its index. Like Test, it first makes one progress
+// pass of each transport involved in direct mode.
+func TestAll(reqs []*Request) (bool, []Status, error) {
+	testPasses(reqs)
+	for _, r := range reqs {
+		if r != nil && !r.fin.Load() {
+			return false, nil, nil
+		}
+	}
+	idx, done, err := completed(reqs)
+	sts := make([]Status, len(reqs))
+	for k, i := range idx {
+		sts[i] = done[k]
+	}
+	return true, sts, err
+}
+
+// completed returns the indices and statuses of the completed requests of
+// reqs, with an error joining the failed ones' errors.
+func completed(reqs []*Request) ([]int, []Status, error) {
+	var (
+		idx  []int
+		sts  []Status
+		errs []error
+	)
+	for i, r := range reqs {
+		if r == nil || !r.fin.Load() {
+			continue
+		}
+		idx = append(idx, i)
+		sts = append(sts, r.status)
+		if r.err != nil {
+			errs = append(errs, fmt.Errorf("request %d: %w", i, r.err))
+		}
+	}
+	return idx, sts, errors.Join(errs...)
+}
+
+// testPasses makes Test's progress pass once for each transport of reqs,
+// unless every request has completed already.
+func testPasses(reqs []*Request) {
+	for _, r := range reqs {
+		if r != nil && !r.fin.Load() {
+			for _, t := range transportsOf(reqs) {
+				t.testPass()
+			}
+			return
+		}
+	}
+}
+
+// transportsOf lists the transports of the requests in reqs, each once.
+func transportsOf(reqs []*Request) []*Transport {
+	var ts []*Transport
+	for _, r := range reqs {
+		if r != nil && !slices.Contains(ts, r.t) {
+			ts = append(ts, r.t)
+		}
+	}
+	return ts
 }

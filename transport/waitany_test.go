@@ -1,9 +1,12 @@
 package transport
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -106,4 +109,142 @@ func TestWaitAnyContext(t *testing.T) {
 	if _, err := WaitAll(ctx, []*Request{nil, small}); !errors.Is(err, ErrTruncated) || !strings.Contains(err.Error(), "request 1") {
 		t.Fatalf("WaitAll with a truncated receive: %v", err)
 	}
+}
+
+// TestAny and TestAll report nothing until requests complete and do not
+// block; WaitSome returns every request completed so far, lowest index
+// first, then the others on the next call; failed requests are named.
+func TestWaitSomeTestAnyAll(t *testing.T) {
+	forModes(t, func(t *testing.T, mode ProgressMode) {
+		ts := localJob(t, 2, mode)
+		ctx := testCtx(t)
+		reqs := make([]*Request, 4)
+		bufs := make([][]byte, 4)
+		for i := range reqs {
+			bufs[i] = make([]byte, 2)
+			var err error
+			if reqs[i], err = ts[1].Irecv(0, 40+i, bufs[i]); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if i, _, err := TestAny(reqs); i != -1 || err != nil {
+			t.Fatalf("TestAny before any send: %d %v", i, err)
+		}
+		if ok, sts, err := TestAll(reqs); ok || sts != nil || err != nil {
+			t.Fatalf("TestAll before any send: %v %v %v", ok, sts, err)
+		}
+		// Tags 43 and 41; 42 gets a message too long for its buffer.
+		for _, m := range []struct {
+			tag  int
+			data string
+		}{{43, "c"}, {41, "a"}, {42, "too long"}} {
+			if err := ts[0].Send(ctx, 1, m.tag, []byte(m.data)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// The three messages have been sent, but a receive completes in
+		// a progress pass: wait for the last one sent, then all three are
+		// done.
+		if _, err := reqs[2].Wait(ctx); err == nil {
+			t.Fatal("a 8-byte message into a 2-byte buffer did not fail")
+		}
+		for _, i := range []int{1, 3} {
+			if _, err := reqs[i].Wait(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		i, st, err := TestAny(reqs)
+		if i != 1 || st.Tag != 41 || err != nil {
+			t.Fatalf("TestAny: %d %+v %v, want index 1", i, st, err)
+		}
+		idx, sts, err := WaitSome(ctx, reqs)
+		if !slices.Equal(idx, []int{1, 2, 3}) || len(sts) != 3 || sts[0].Tag != 41 || sts[2].Tag != 43 || string(bufs[3][:sts[2].Size]) != "c" {
+			t.Fatalf("WaitSome: %v %+v, want indices 1 2 3", idx, sts)
+		}
+		if err == nil || !strings.Contains(err.Error(), "request 2:") {
+			t.Fatalf("WaitSome's error %v does not name request 2", err)
+		}
+		if ok, _, _ := TestAll(reqs); ok {
+			t.Fatal("TestAll with request 0 still pending reported true")
+		}
+		reqs[1], reqs[2], reqs[3] = nil, nil, nil
+		if err := ts[0].Send(ctx, 1, 40, []byte("z")); err != nil {
+			t.Fatal(err)
+		}
+		idx, sts, err = WaitSome(ctx, reqs)
+		if !slices.Equal(idx, []int{0}) || sts[0].Tag != 40 || err != nil {
+			t.Fatalf("WaitSome for the last one: %v %+v %v", idx, sts, err)
+		}
+		ok, all, err := TestAll(reqs)
+		if !ok || len(all) != 4 || all[0].Tag != 40 || all[1] != (Status{}) || err != nil {
+			t.Fatalf("TestAll once all completed: %v %+v %v", ok, all, err)
+		}
+		reqs[0] = nil
+		if idx, _, err := WaitSome(ctx, reqs); idx != nil || err != nil {
+			t.Fatalf("WaitSome of no requests: %v %v", idx, err)
+		}
+	})
+}
+
+// Three ranks pass messages around a ring with Sendrecv, every rank
+// sending to its right and receiving from its left at once (in MPI, a
+// blocking send then receive in this order may deadlock); one round
+// receives from AnySource. A bad destination fails before anything
+// is posted and the rank goes on.
+func TestSendrecvRing(t *testing.T) {
+	forModes(t, func(t *testing.T, mode ProgressMode) {
+		const n = 3
+		ts := localJob(t, n, mode)
+		ctx := testCtx(t)
+		for _, size := range []int{8, 256 << 10} {
+			for _, anySource := range []bool{false, true} {
+				errs := make(chan error, n)
+				for r := range n {
+					go func() {
+						right, left := (r+1)%n, (r+n-1)%n
+						src := left
+						if anySource {
+							src = AnySource
+						}
+						got := make([]byte, size)
+						st, err := ts[r].Sendrecv(ctx, right, 7, pattern(size, r), src, 7, got)
+						switch {
+						case err != nil:
+						case st.Source != left || st.Size != size:
+							err = fmt.Errorf("rank %d: status %+v, want source %d size %d", r, st, left, size)
+						case !bytes.Equal(got, pattern(size, left)):
+							err = fmt.Errorf("rank %d: wrong bytes from rank %d", r, left)
+						}
+						errs <- err
+					}()
+				}
+				for range n {
+					if err := <-errs; err != nil {
+						t.Fatalf("size %d any source %v: %v", size, anySource, err)
+					}
+				}
+			}
+		}
+		if _, err := ts[0].Sendrecv(ctx, n, 7, []byte("x"), 1, 7, make([]byte, 1)); !errors.Is(err, ErrInvalid) {
+			t.Fatalf("Sendrecv to rank %d of %d: %v", n, n, err)
+		}
+		// Nothing was left posted: the next exchange on the same tag
+		// between ranks 0 and 1 pairs as it should.
+		errs := make(chan error, 2)
+		for r := range 2 {
+			go func() {
+				got := make([]byte, 1)
+				_, err := ts[r].Sendrecv(ctx, 1-r, 7, []byte{byte(r)}, 1-r, 7, got)
+				if err == nil && got[0] != byte(1-r) {
+					err = fmt.Errorf("rank %d got %d", r, got[0])
+				}
+				errs <- err
+			}()
+		}
+		for range 2 {
+			if err := <-errs; err != nil {
+				t.Fatal(err)
+			}
+		}
+	})
 }
