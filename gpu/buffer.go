@@ -256,6 +256,9 @@ type kindCache struct {
 	max          int
 	m            map[uintptr]kindEntry
 	hits, misses uint64
+	// gen counts invalidations, so that an answer worked out while an
+	// Alloc or Free ran is not stored (putIf).
+	gen uint64
 }
 
 type kindEntry struct {
@@ -277,7 +280,11 @@ func (c *kindCache) get(p uintptr) (kindEntry, bool) {
 	return e, ok
 }
 
-func (c *kindCache) put(p uintptr, e kindEntry) {
+// putIf stores e for p unless the cache was invalidated since gen was read.
+func (c *kindCache) putIf(gen uint64, p uintptr, e kindEntry) {
+	if gen != c.gen {
+		return
+	}
 	if len(c.m) >= c.max {
 		clear(c.m)
 	}
@@ -286,6 +293,7 @@ func (c *kindCache) put(p uintptr, e kindEntry) {
 
 // invalidate drops cached entries for addresses in [base, base+n).
 func (c *kindCache) invalidate(base uintptr, n int) {
+	c.gen++
 	for p := range c.m {
 		if p-base < uintptr(n) {
 			delete(c.m, p)
@@ -293,7 +301,10 @@ func (c *kindCache) invalidate(base uintptr, n int) {
 	}
 }
 
-func (c *kindCache) clear() { clear(c.m) }
+func (c *kindCache) clear() {
+	c.gen++
+	clear(c.m)
+}
 
 // unsafePtr points at the first byte of b.
 func unsafePtr(b []byte) unsafe.Pointer { return unsafe.Pointer(unsafe.SliceData(b)) }

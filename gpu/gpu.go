@@ -166,6 +166,10 @@ type System struct {
 	devices []*Device
 
 	closed atomic.Bool
+	// life admits the creation of streams, events and allocations
+	// (enter); Close waits for those admitted, so that everything it must
+	// release is registered by the time it looks, and admits none after.
+	life sync.RWMutex
 
 	mu      sync.Mutex
 	reg     registry
@@ -293,15 +297,32 @@ func (s *System) check() error {
 	return nil
 }
 
+// enter admits the creation of a stream, an event or an allocation, which
+// must be registered before the returned function is called; it fails once
+// the system is closed.
+func (s *System) enter() (leave func(), err error) {
+	if err := s.check(); err != nil {
+		return nil, err
+	}
+	s.life.RLock()
+	if s.closed.Load() {
+		s.life.RUnlock()
+		return nil, ErrClosed
+	}
+	return s.life.RUnlock, nil
+}
+
 // Close destroys all streams and events (aborting work that has not run:
 // stream waits are released, their streams report ErrClosed), waits for the
 // backend's goroutines to exit and releases all memory allocated through the
 // system. Buffers of the system must not be used afterwards (operations on
 // them report ErrClosed).
 func (s *System) Close() error {
-	if !s.closed.CompareAndSwap(false, true) {
+	if s == nil || !s.closed.CompareAndSwap(false, true) {
 		return nil
 	}
+	s.life.Lock() // creations admitted before closed was set are done
+	s.life.Unlock()
 	var errs []error
 	for _, d := range s.devices {
 		if err := d.agent.stop(); err != nil {
@@ -403,9 +424,11 @@ func (d *Device) Alloc(n int) (Buffer, error) { return d.alloc(n, KindDevice) }
 func (d *Device) AllocManaged(n int) (Buffer, error) { return d.alloc(n, KindManaged) }
 
 func (d *Device) alloc(n int, k Kind) (Buffer, error) {
-	if err := d.sys.check(); err != nil {
+	leave, err := d.sys.enter()
+	if err != nil {
 		return Buffer{}, err
 	}
+	defer leave()
 	if n <= 0 {
 		return Buffer{}, fmt.Errorf("gpu: alloc %d bytes: %w", n, ErrOutOfBounds)
 	}
@@ -422,9 +445,11 @@ func (d *Device) alloc(n int, k Kind) (Buffer, error) {
 // reuses pinned memory a process freed, with its old contents). The memory
 // is host-accessible (Buffer.Bytes) and usable by stream operations.
 func (s *System) AllocHost(n int) (Buffer, error) {
-	if err := s.check(); err != nil {
+	leave, err := s.enter()
+	if err != nil {
 		return Buffer{}, err
 	}
+	defer leave()
 	if n <= 0 {
 		return Buffer{}, fmt.Errorf("gpu: alloc host %d bytes: %w", n, ErrOutOfBounds)
 	}
@@ -503,11 +528,10 @@ func (s *System) KindOf(ptr uintptr) (Kind, *Device) {
 		s.mu.Unlock()
 		return e.kind, e.dev
 	}
-	s.mu.Unlock()
-	kind, dev := KindHost, (*Device)(nil)
-	s.mu.Lock()
+	gen := s.kcache.gen
 	a := s.reg.find(ptr)
 	s.mu.Unlock()
+	kind, dev := KindHost, (*Device)(nil)
 	if a != nil {
 		kind, dev = a.kind, a.dev
 	} else if k, ord, ok := s.be.pointerKind(ptr); ok {
@@ -517,7 +541,7 @@ func (s *System) KindOf(ptr uintptr) (Kind, *Device) {
 		}
 	}
 	s.mu.Lock()
-	s.kcache.put(ptr, kindEntry{kind: kind, dev: dev})
+	s.kcache.putIf(gen, ptr, kindEntry{kind: kind, dev: dev})
 	s.mu.Unlock()
 	return kind, dev
 }

@@ -282,6 +282,9 @@ func (vb *valueBus) wait(p *uint64, v uint64, c Cond, abort, done <-chan struct{
 type hostOp struct {
 	run  func(abort <-chan struct{}) error
 	held []*allocation
+	// mark, set for an event's record instead of run, is called with the
+	// stream's sticky error, if any, when the work before it is done.
+	mark func(streamErr error)
 }
 
 // hostStream runs its operations in order on one goroutine.
@@ -309,13 +312,24 @@ func (s *hostStream) enqueue(run func(abort <-chan struct{}) error, bufs ...Buff
 	if err != nil {
 		return err
 	}
+	return s.push(hostOp{run: run, held: held})
+}
+
+// enqueueMark enqueues an event's record.
+func (s *hostStream) enqueueMark(mark func(streamErr error)) error {
+	return s.push(hostOp{mark: mark})
+}
+
+// push appends op to the stream's queue, or releases what it holds if the
+// stream is destroyed.
+func (s *hostStream) push(op hostOp) error {
 	s.mu.Lock()
 	if s.destroyed {
 		s.mu.Unlock()
-		unhold(held)
+		unhold(op.held)
 		return fmt.Errorf("gpu: stream: %w", ErrDestroyed)
 	}
-	s.q = append(s.q, hostOp{run: run, held: held})
+	s.q = append(s.q, op)
 	s.enq++
 	s.cond.Broadcast()
 	s.mu.Unlock()
@@ -336,9 +350,19 @@ func (s *hostStream) worker() {
 		op := s.q[0]
 		s.q[0] = hostOp{}
 		s.q = s.q[1:]
+		failed := s.err
 		s.mu.Unlock()
 
-		err := op.run(s.h.abortCh)
+		// After a failure the rest of the stream's work is skipped, as
+		// a GPU runs no more work after a faulting kernel; events still
+		// complete, reporting the failure.
+		var err error
+		switch {
+		case op.mark != nil:
+			op.mark(failed)
+		case failed == nil:
+			err = op.run(s.h.abortCh)
+		}
 		unhold(op.held)
 
 		s.mu.Lock()
@@ -374,7 +398,7 @@ func (s *hostStream) waitEvent(e eventImpl) error {
 	}
 	return s.enqueue(func(abort <-chan struct{}) error {
 		select {
-		case <-m:
+		case <-m.done:
 			return nil
 		case <-abort:
 			return fmt.Errorf("gpu: stream wait event: %w", ErrClosed)
@@ -390,26 +414,33 @@ func (s *hostStream) destroy() error {
 	return nil
 }
 
-// hostEvent holds the completion channel of its latest Record.
+// hostEvent holds the mark of its latest Record.
 type hostEvent struct {
 	h   *hostBackend
 	mu  sync.Mutex
-	cur chan struct{}
+	cur *hostMark
+}
+
+// hostMark is the point of a stream an event recorded: done is closed when
+// the work before it has completed, err is then the stream's error.
+type hostMark struct {
+	done chan struct{}
+	err  error
 }
 
 func (h *hostBackend) newEvent(int) (eventImpl, error) { return &hostEvent{h: h}, nil }
 
-func (e *hostEvent) current() chan struct{} {
+func (e *hostEvent) current() *hostMark {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return e.cur
 }
 
 func (e *hostEvent) record(si streamImpl) error {
-	m := make(chan struct{})
-	if err := si.(*hostStream).enqueue(func(<-chan struct{}) error {
-		close(m)
-		return nil
+	m := &hostMark{done: make(chan struct{})}
+	if err := si.(*hostStream).enqueueMark(func(streamErr error) {
+		m.err = streamErr
+		close(m.done)
 	}); err != nil {
 		return err
 	}
@@ -425,8 +456,8 @@ func (e *hostEvent) synchronize() error {
 		return nil
 	}
 	select {
-	case <-m:
-		return nil
+	case <-m.done:
+		return m.err
 	case <-e.h.abortCh:
 		return fmt.Errorf("gpu: event synchronize: %w", ErrClosed)
 	}
@@ -438,8 +469,8 @@ func (e *hostEvent) query() (bool, error) {
 		return true, nil
 	}
 	select {
-	case <-m:
-		return true, nil
+	case <-m.done:
+		return true, m.err
 	default:
 		return false, nil
 	}

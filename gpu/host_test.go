@@ -3,7 +3,9 @@ package gpu
 import (
 	"context"
 	"errors"
+	"runtime"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -313,4 +315,155 @@ func TestDefaultAndStrings(t *testing.T) {
 	assert.Equal(t, "managed", KindManaged.String())
 	assert.True(t, KindPinned.HostAccessible())
 	assert.False(t, KindDevice.HostAccessible())
+}
+
+// A KindOf racing a Free must not leave a cached answer for the freed
+// range: after Free, no address of it is cached as device memory.
+func TestHostKindOfConcurrentFree(t *testing.T) {
+	s := openHost(t)
+	d := s.Devices()[0]
+	const n = 1 << 16 // more addresses than the cache holds: lookups miss
+	for iter := range 300 {
+		b, err := d.Alloc(n)
+		require.NoError(t, err)
+		base := b.Ptr()
+		var stop atomic.Bool
+		looked := make(chan struct{})
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			for i := 0; !stop.Load(); i++ {
+				s.KindOf(base + uintptr(i*7919%n))
+				if i == 0 {
+					close(looked)
+				}
+			}
+		}()
+		<-looked
+		for range iter % 8 {
+			runtime.Gosched()
+		}
+		require.NoError(t, Free(b))
+		stop.Store(true)
+		<-done
+		s.mu.Lock()
+		for p, e := range s.kcache.m {
+			if p-base < n && e.kind != KindHost {
+				s.mu.Unlock()
+				t.Fatalf("round %d: address %#x of a freed allocation cached as %v", iter, p, e.kind)
+			}
+		}
+		s.mu.Unlock()
+	}
+}
+
+// Close while another goroutine creates streams and allocates returns,
+// releases everything (no mapped bytes left), and the creator then gets
+// ErrClosed.
+func TestHostCloseRacesCreation(t *testing.T) {
+	for iter := range 50 {
+		s, err := OpenBackend(BackendHost)
+		require.NoError(t, err)
+		d := s.Devices()[0]
+		created := make(chan struct{})
+		result := make(chan error, 1)
+		go func() {
+			for i := 0; ; i++ {
+				var err error
+				if i%2 == 0 {
+					_, err = d.NewStream()
+				} else {
+					_, err = d.Alloc(4096)
+				}
+				if i == 2 {
+					close(created)
+				}
+				if err != nil {
+					result <- err
+					return
+				}
+			}
+		}()
+		<-created
+		for range iter % 8 {
+			runtime.Gosched()
+		}
+		closed := make(chan error, 1)
+		go func() { closed <- s.Close() }()
+		select {
+		case err := <-closed:
+			require.NoError(t, err)
+		case <-time.After(10 * time.Second):
+			t.Fatalf("round %d: Close did not return while streams were being created", iter)
+		}
+		require.ErrorIs(t, <-result, ErrClosed)
+		if left := s.be.(*hostBackend).allocated.Load(); left != 0 {
+			t.Fatalf("round %d: %d bytes still mapped after Close", iter, left)
+		}
+	}
+}
+
+// Closing a pinned pool wakes a GetWait waiting for a Put.
+func TestHostPoolCloseWakesGetWait(t *testing.T) {
+	s := openHost(t)
+	p, err := s.NewPinnedPool(PoolConfig{MinSize: 4096, MaxSize: 4096, MaxBytes: 4096})
+	require.NoError(t, err)
+	_, err = p.Get(4096)
+	require.NoError(t, err)
+	_, err = p.Get(4096)
+	require.ErrorIs(t, err, ErrPoolExhausted)
+	res := make(chan error, 1)
+	go func() {
+		_, err := p.GetWait(context.Background(), 4096)
+		res <- err
+	}()
+	runtime.Gosched()
+	require.NoError(t, p.Close())
+	select {
+	case err := <-res:
+		require.ErrorIs(t, err, ErrClosed)
+	case <-time.After(10 * time.Second):
+		t.Fatal("GetWait still waiting after the pool was closed")
+	}
+}
+
+// After a failed operation a stream runs nothing more (as a GPU after a
+// faulting kernel): a value written after it stays unwritten, and an event
+// recorded after it completes and reports the error; one recorded before
+// reports none.
+func TestHostStickyErrorSkipsLaterWork(t *testing.T) {
+	s := openHost(t)
+	d := s.Devices()[0]
+	st, err := d.NewStream()
+	require.NoError(t, err)
+	before, err := d.NewEvent()
+	require.NoError(t, err)
+	after, err := d.NewEvent()
+	require.NoError(t, err)
+	flag, err := s.AllocHost(8)
+	require.NoError(t, err)
+	boom := errors.New("kernel fault")
+	require.NoError(t, before.Record(st))
+	require.NoError(t, LaunchHost(st, func([][]byte) error { return boom }))
+	require.NoError(t, WriteValue64(st, flag, 1))
+	require.NoError(t, after.Record(st))
+	require.NoError(t, before.Synchronize())
+	require.ErrorIs(t, after.Synchronize(), boom)
+	done, err := after.Query()
+	require.True(t, done)
+	require.ErrorIs(t, err, boom)
+	require.ErrorIs(t, st.Synchronize(), boom)
+	v, err := ReadValue64(flag)
+	require.NoError(t, err)
+	require.Zero(t, v, "a value write enqueued after the failed kernel ran")
+}
+
+// A zero Stream or Event is refused with ErrDestroyed, not a panic.
+func TestHostZeroStreamAndEvent(t *testing.T) {
+	openHost(t)
+	require.ErrorIs(t, (&Stream{}).Synchronize(), ErrDestroyed)
+	require.ErrorIs(t, (&Stream{}).Destroy(), ErrDestroyed)
+	_, err := (&Event{}).Query()
+	require.ErrorIs(t, err, ErrDestroyed)
+	require.ErrorIs(t, (&Event{}).Destroy(), ErrDestroyed)
 }

@@ -96,6 +96,11 @@ func (d *Device) IPCOpen(h IPCHandle) (Buffer, error) {
 		a.sys, a.dev, a.kind, a.ipc = s, d, KindDevice, true
 		s.mu.Lock()
 		s.ipcStats.Opened++
+		if s.closed.Load() { // Close has run, or will not see this one
+			s.mu.Unlock()
+			_ = s.be.ipcClose(a)
+			return Buffer{}, ErrClosed
+		}
 		if m = s.ipc[h.Handle]; m != nil { // lost a race: keep the first
 			m.refs++
 			s.ipcStats.Hits++

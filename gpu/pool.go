@@ -254,6 +254,9 @@ func (p *PinnedPool) Close() error {
 	p.closed = true
 	for p.dropIdleLocked() {
 	}
+	// Wake the GetWait calls waiting for a Put: they find the pool closed.
+	close(p.changed)
+	p.changed = make(chan struct{})
 	done := p.releaseDone
 	p.mu.Unlock()
 	if done != nil {

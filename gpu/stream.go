@@ -19,9 +19,11 @@ type Stream struct {
 
 // NewStream creates a stream on the device.
 func (d *Device) NewStream() (*Stream, error) {
-	if err := d.sys.check(); err != nil {
+	leave, err := d.sys.enter()
+	if err != nil {
 		return nil, err
 	}
+	defer leave()
 	impl, err := d.sys.be.newStream(d.ord)
 	if err != nil {
 		return nil, err
@@ -37,8 +39,8 @@ func (d *Device) NewStream() (*Stream, error) {
 func (s *Stream) Device() *Device { return s.dev }
 
 func (s *Stream) check() error {
-	if s == nil {
-		return fmt.Errorf("gpu: nil stream: %w", ErrDestroyed)
+	if s == nil || s.dev == nil {
+		return fmt.Errorf("gpu: nil or zero stream: %w", ErrDestroyed)
 	}
 	if err := s.dev.sys.check(); err != nil {
 		return err
@@ -50,7 +52,10 @@ func (s *Stream) check() error {
 }
 
 // Synchronize blocks until all work enqueued so far has completed and
-// returns the first error the stream's work reported (errors are sticky).
+// returns the first error the stream's work reported. Errors are sticky:
+// as after a faulting kernel on a GPU, the work enqueued after a failed
+// operation does not run (events recorded after it complete, reporting
+// the error).
 func (s *Stream) Synchronize() error {
 	if err := s.check(); err != nil {
 		return err
@@ -86,7 +91,7 @@ func (s *Stream) WaitEvent(e *Event) error {
 // Destroy releases the stream. Like cuStreamDestroy it returns at once; work
 // already enqueued still runs. Further use of s reports ErrDestroyed.
 func (s *Stream) Destroy() error {
-	if s == nil || !s.destroyed.CompareAndSwap(false, true) {
+	if s == nil || s.dev == nil || !s.destroyed.CompareAndSwap(false, true) {
 		return fmt.Errorf("gpu: stream: %w", ErrDestroyed)
 	}
 	sys := s.dev.sys
@@ -109,9 +114,11 @@ type Event struct {
 
 // NewEvent creates an event on the device.
 func (d *Device) NewEvent() (*Event, error) {
-	if err := d.sys.check(); err != nil {
+	leave, err := d.sys.enter()
+	if err != nil {
 		return nil, err
 	}
+	defer leave()
 	impl, err := d.sys.be.newEvent(d.ord)
 	if err != nil {
 		return nil, err
@@ -124,8 +131,8 @@ func (d *Device) NewEvent() (*Event, error) {
 }
 
 func (e *Event) check() error {
-	if e == nil {
-		return fmt.Errorf("gpu: nil event: %w", ErrDestroyed)
+	if e == nil || e.dev == nil {
+		return fmt.Errorf("gpu: nil or zero event: %w", ErrDestroyed)
 	}
 	if err := e.dev.sys.check(); err != nil {
 		return err
@@ -151,7 +158,8 @@ func (e *Event) Record(s *Stream) error {
 	return e.impl.record(s.impl)
 }
 
-// Synchronize blocks until the recorded work has completed.
+// Synchronize blocks until the recorded work has completed, and returns
+// the error of the stream's work up to that point if some failed.
 func (e *Event) Synchronize() error {
 	if err := e.check(); err != nil {
 		return err
@@ -159,7 +167,8 @@ func (e *Event) Synchronize() error {
 	return e.impl.synchronize()
 }
 
-// Query reports whether the recorded work has completed, without blocking.
+// Query reports whether the recorded work has completed, without blocking,
+// with the error of that work if some failed.
 func (e *Event) Query() (bool, error) {
 	if err := e.check(); err != nil {
 		return false, err
@@ -169,7 +178,7 @@ func (e *Event) Query() (bool, error) {
 
 // Destroy releases the event.
 func (e *Event) Destroy() error {
-	if e == nil || !e.destroyed.CompareAndSwap(false, true) {
+	if e == nil || e.dev == nil || !e.destroyed.CompareAndSwap(false, true) {
 		return fmt.Errorf("gpu: event: %w", ErrDestroyed)
 	}
 	sys := e.dev.sys
