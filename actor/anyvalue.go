@@ -4,6 +4,8 @@ import (
 	"fmt"
 
 	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/troupe-hpc/troupe/gpu"
 )
 
 // anyValue carries a value of any registered type inside another message:
@@ -74,6 +76,13 @@ func (a *anyValue) DecodeMsgpack(dec *msgpack.Decoder) error {
 	if ct == nil {
 		return &DecodeError{Reason: fmt.Sprintf("nested value of unknown type id 0x%08x", id)}
 	}
-	a.V, err = decodeBody(ct, body, ptr, nil)
+	depth := 0
+	if br, ok := dec.Buffered().(*bodyReader); ok {
+		depth = br.depth
+	}
+	if depth >= maxAnyDepth {
+		return &DecodeError{Reason: fmt.Sprintf("values of type any nested more than %d deep", maxAnyDepth)}
+	}
+	a.V, err = decodeBodyDepth(ct, body, ptr, nil, gpu.Buffer{}, depth+1)
 	return err
 }

@@ -87,7 +87,7 @@ func (rt *Runtime) decodeBoxed(it *inItem, ct *codecType, data []byte) bool {
 	buf = buf[:size:size]
 	copy(buf, data)
 	it.env = env
-	if ct.fast.decodeAt(val, it.e.Body, buf) {
+	if ct.fast.decodeAt(val, it.e.Body, buf, 0) {
 		it.msg, it.ready = ct.boxer.asAny(val, it.e.Flags&flagPointer != 0), true
 		return true
 	}

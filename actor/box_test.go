@@ -87,7 +87,7 @@ func TestBoxedSlowBody(t *testing.T) {
 	// {"Name": "s", "New": 1}
 	body := []byte{0x82, 0xa4, 'N', 'a', 'm', 'e', 0xa1, 's', 0xa3, 'N', 'e', 'w', 0x01}
 	var fast inItem
-	if _, ok := ct.fast.decode(ct, body, true, nil); ok {
+	if _, ok := ct.fast.decode(ct, body, true, nil, 0); ok {
 		t.Fatal("the fast codec read an unknown field: the test no longer reaches msgpack")
 	}
 	fast.e = envelope{Flags: flagBodyHdr | flagPointer, Target: "nobody", Body: body, PayloadLen: 3}

@@ -300,32 +300,95 @@ var decoderPool = sync.Pool{New: func() any { return msgpack.NewDecoder(nil) }}
 // decodeBody decodes a body of type ct after validating it; payload (may be
 // nil) is set into the Payload field.
 func decodeBody(ct *codecType, body []byte, ptr bool, payload []byte) (any, error) {
-	return decodeBodyDevice(ct, body, ptr, payload, gpu.Buffer{})
+	return decodeBodyDepth(ct, body, ptr, payload, gpu.Buffer{}, 0)
 }
 
 // decodeBodyDevice is decodeBody that also sets the gpu.Buffer field to dev.
 func decodeBodyDevice(ct *codecType, body []byte, ptr bool, payload []byte, dev gpu.Buffer) (any, error) {
+	return decodeBodyDepth(ct, body, ptr, payload, dev, 0)
+}
+
+// maxAnyDepth bounds how deep values of type any (anyValue: fields of type
+// any, an array broadcast's value) may nest in one message. Each level is
+// a body of its own, which the msgpack validator's depth limit does not
+// look into; without a bound a message of nested values could exhaust the
+// stack, or cost time quadratic in its size (the fast decoder walks the
+// levels below before it gives one up).
+const maxAnyDepth = 16
+
+// decodeBodyDepth is decodeBodyDevice for a body nested in depth
+// anyValues; it refuses runtime messages that would fail in protoactor
+// (checkRuntimeMessage).
+func decodeBodyDepth(ct *codecType, body []byte, ptr bool, payload []byte, dev gpu.Buffer, depth int) (any, error) {
+	var (
+		msg any
+		ok  bool
+	)
 	if ct.fast != nil && dev.IsZero() {
-		if msg, ok := ct.fast.decode(ct, body, ptr, payload); ok {
-			return msg, nil
+		msg, ok = ct.fast.decode(ct, body, ptr, payload, depth)
+	}
+	if !ok {
+		var err error
+		if msg, err = decodeBodySlow(ct, body, ptr, payload, dev, depth); err != nil {
+			return nil, err
 		}
 	}
-	return decodeBodySlow(ct, body, ptr, payload, dev)
+	if err := checkRuntimeMessage(msg); err != nil {
+		return nil, err
+	}
+	return msg, nil
+}
+
+// checkRuntimeMessage refuses the protoactor system messages that name no
+// actor (a Watch or Unwatch without a watcher, a Terminated without the
+// actor that ended): protoactor would dereference the nil PID, in the
+// rank's message path or in its dead-letter handler.
+func checkRuntimeMessage(msg any) error {
+	var missing string
+	switch m := msg.(type) {
+	case *actor.Watch:
+		if m == nil || m.Watcher == nil {
+			missing = "Watch without a watcher"
+		}
+	case *actor.Unwatch:
+		if m == nil || m.Watcher == nil {
+			missing = "Unwatch without a watcher"
+		}
+	case *actor.Terminated:
+		if m == nil || m.Who == nil {
+			missing = "Terminated without the actor that ended"
+		}
+	}
+	if missing != "" {
+		return &DecodeError{Reason: missing}
+	}
+	return nil
+}
+
+// bodyReader is what msgpack decodes a body from; depth is the number of
+// anyValues the body is nested in, which anyValue.DecodeMsgpack reads back
+// through the decoder (Decoder.Buffered returns the reader when it is a
+// byte scanner, as this one is).
+type bodyReader struct {
+	*bytes.Reader
+	depth int
 }
 
 // decodeBodySlow is decodeBodyDevice by msgpack's reflection, the body
-// validated first.
-func decodeBodySlow(ct *codecType, body []byte, ptr bool, payload []byte, dev gpu.Buffer) (any, error) {
+// validated first. msgpack panics on some bodies that are valid msgpack
+// but do not fit the type (a value that does not implement an interface
+// field, an unhashable map key): that is an error like any other.
+func decodeBodySlow(ct *codecType, body []byte, ptr bool, payload []byte, dev gpu.Buffer, depth int) (any, error) {
 	if err := validateMsgpack(body); err != nil {
 		return nil, fmt.Errorf("actor: body of %s: %w", ct.name, err)
 	}
 	v := reflect.New(ct.typ)
 	dec := decoderPool.Get().(*msgpack.Decoder)
-	dec.Reset(bytes.NewReader(body))
+	dec.Reset(&bodyReader{bytes.NewReader(body), depth})
 	// Decode into the addressable *v, not v: given the unaddressable
 	// pointer itself, msgpack panics on a body that is just nil (0xc0),
 	// as it tries to set the pointer to nil (found by FuzzDecodeBody).
-	err := dec.DecodeValue(v.Elem())
+	err := decodeValue(dec, v.Elem())
 	dec.Reset(nil)
 	decoderPool.Put(dec)
 	if err != nil {
@@ -341,6 +404,17 @@ func decodeBodySlow(ct *codecType, body []byte, ptr bool, payload []byte, dev gp
 		return v.Interface(), nil
 	}
 	return v.Elem().Interface(), nil
+}
+
+// decodeValue is dec.DecodeValue(v) with msgpack's panics turned into
+// errors.
+func decodeValue(dec *msgpack.Decoder, v reflect.Value) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("msgpack: %v", p)
+		}
+	}()
+	return dec.DecodeValue(v)
 }
 
 // UndeliverableError is the response a Request gets when its message could

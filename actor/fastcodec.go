@@ -428,9 +428,10 @@ type sliceHeader struct {
 // fastReader reads what appendBody writes. Any surprise sets bad; the
 // caller then leaves the body to msgpack.
 type fastReader struct {
-	b   []byte
-	off int
-	bad bool
+	b     []byte
+	off   int
+	bad   bool
+	depth int // anyValues the body is nested in (maxAnyDepth)
 }
 
 func (r *fastReader) byte() byte {
@@ -710,11 +711,11 @@ func (r *fastReader) anyValue(a *anyValue) {
 		return
 	}
 	ct := lookupID(id)
-	if ct == nil || ct.fast == nil || ct.payload >= 0 {
-		r.bad = true
+	if ct == nil || ct.fast == nil || ct.payload >= 0 || r.depth >= maxAnyDepth {
+		r.bad = true // msgpack reports it
 		return
 	}
-	v, ok := ct.fast.decode(ct, body, ptr, nil)
+	v, ok := ct.fast.decode(ct, body, ptr, nil, r.depth+1)
 	if !ok {
 		r.bad = true
 		return
@@ -770,9 +771,9 @@ func (r *fastReader) pid(dst **pa.PID) {
 
 // decode decodes body into a new value of ct's type, setting the Payload
 // field to payload when it is not nil, or reports false.
-func (fc *fastCodec) decode(ct *codecType, body []byte, ptr bool, payload []byte) (any, bool) {
+func (fc *fastCodec) decode(ct *codecType, body []byte, ptr bool, payload []byte, depth int) (any, bool) {
 	v := reflect.New(ct.typ)
-	if !fc.decodeAt(v.UnsafePointer(), body, payload) {
+	if !fc.decodeAt(v.UnsafePointer(), body, payload, depth) {
 		return nil, false
 	}
 	if ptr {
@@ -784,8 +785,8 @@ func (fc *fastCodec) decode(ct *codecType, body []byte, ptr bool, payload []byte
 // decodeAt decodes body into the zero value of the codec's type at p,
 // setting the Payload field to payload when it is not nil, or reports
 // false (p then holds a partly decoded value).
-func (fc *fastCodec) decodeAt(p unsafe.Pointer, body []byte, payload []byte) bool {
-	r := &fastReader{b: body}
+func (fc *fastCodec) decodeAt(p unsafe.Pointer, body []byte, payload []byte, depth int) bool {
+	r := &fastReader{b: body, depth: depth}
 	if !fc.isStruct {
 		r.value(&fc.value, p)
 	} else {

@@ -183,11 +183,11 @@ func TestFastCodecSameBytes(t *testing.T) {
 		if !bytes.Equal(fastPay, slowPay) || (fastPay == nil) != (slowPay == nil) {
 			t.Fatalf("payload %x, msgpack's %x", fastPay, slowPay)
 		}
-		want, err := decodeBodySlow(ct, slow, ptr, slowPay, gpu.Buffer{})
+		want, err := decodeBodySlow(ct, slow, ptr, slowPay, gpu.Buffer{}, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
-		got, ok := ct.fast.decode(ct, slow, ptr, slowPay)
+		got, ok := ct.fast.decode(ct, slow, ptr, slowPay, 0)
 		if !ok {
 			t.Fatalf("fast decoder refused its own %x", slow)
 		}
@@ -265,7 +265,7 @@ func TestFastCodecNestedDefers(t *testing.T) {
 		if gerr != nil {
 			continue
 		}
-		if _, ok := ct.fast.decode(ct, got, true, nil); ok {
+		if _, ok := ct.fast.decode(ct, got, true, nil, 0); ok {
 			t.Fatalf("%T nested: the fast decoder took a slow-coded nested body", v)
 		}
 		back, err := decodeBody(ct, got, true, nil)
@@ -282,7 +282,7 @@ func TestFastCodecNestedDefers(t *testing.T) {
 	}
 	copy(body[i:], []byte{0xde, 0xad, 0xbe, 0xef})
 	_, gerr := decodeBody(ct, body, true, nil)
-	_, werr := decodeBodySlow(ct, body, true, nil, gpu.Buffer{})
+	_, werr := decodeBodySlow(ct, body, true, nil, gpu.Buffer{}, 0)
 	if gerr == nil || werr == nil || gerr.Error() != werr.Error() {
 		t.Fatalf("unknown nested type: %v, msgpack alone %v", gerr, werr)
 	}
@@ -310,7 +310,7 @@ func TestFastDecodeDefers(t *testing.T) {
 	} {
 		for _, ptr := range []bool{true, false} {
 			got, gerr := decodeBody(ct, b, ptr, nil)
-			want, werr := decodeBodySlow(ct, b, ptr, nil, gpu.Buffer{})
+			want, werr := decodeBodySlow(ct, b, ptr, nil, gpu.Buffer{}, 0)
 			if (gerr == nil) != (werr == nil) || (gerr != nil && gerr.Error() != werr.Error()) {
 				t.Fatalf("%x: error %v, msgpack alone %v", b, gerr, werr)
 			}
@@ -323,7 +323,7 @@ func TestFastDecodeDefers(t *testing.T) {
 	// it is msgpack's to decode, and the data then wins as before.
 	all := codecOf(t, fastAll{})
 	body := []byte{0x81, 0xa4, 'D', 'a', 't', 'a', 0xc4, 0x01, 0x07}
-	if _, ok := all.fast.decode(all, body, true, Payload{1}); ok {
+	if _, ok := all.fast.decode(all, body, true, Payload{1}, 0); ok {
 		t.Fatal("fast decoder took a body with bytes in the Payload field")
 	}
 	got, err := decodeBody(all, body, true, Payload{1})
@@ -343,11 +343,11 @@ func FuzzFastDecode(f *testing.F) {
 	f.Fuzz(func(t *testing.T, which uint8, b []byte) {
 		ct := types[int(which)%len(types)]
 		ptr := which&0x80 != 0
-		got, ok := ct.fast.decode(ct, b, ptr, nil)
+		got, ok := ct.fast.decode(ct, b, ptr, nil, 0)
 		if !ok {
 			return
 		}
-		want, err := decodeBodySlow(ct, b, ptr, nil, gpu.Buffer{})
+		want, err := decodeBodySlow(ct, b, ptr, nil, gpu.Buffer{}, 0)
 		if err != nil {
 			t.Fatalf("fast decoder accepted %x as %s, msgpack refuses it: %v", b, ct.name, err)
 		}
@@ -402,7 +402,7 @@ func BenchmarkReducePartial(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			if _, err := decodeBodySlow(ct, body, true, nil, gpu.Buffer{}); err != nil {
+			if _, err := decodeBodySlow(ct, body, true, nil, gpu.Buffer{}, 0); err != nil {
 				b.Fatal(err)
 			}
 		}

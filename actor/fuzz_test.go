@@ -163,7 +163,9 @@ var fuzzTypes = []*codecType{}
 
 func init() {
 	MustRegister[fuzzAny]()
-	for _, t := range []any{propMsg{}, ping{}, pa.Terminated{}, pa.Watch{}, UndeliverableError{}, int64(0), "", []float64{}, fuzzAny{}} {
+	MustRegister[hostileReply]()
+	MustRegister[hostileKeys]()
+	for _, t := range []any{propMsg{}, ping{}, pa.Terminated{}, pa.Watch{}, UndeliverableError{}, int64(0), "", []float64{}, fuzzAny{}, hostileReply{}, hostileKeys{}} {
 		ct, _, err := lookupType(t)
 		if err != nil {
 			panic(err)
