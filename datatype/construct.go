@@ -1,16 +1,37 @@
 package datatype
 
+import "fmt"
+
 // Constructors. Every constructor checks its arguments, computes size, bounds
 // and the signature with overflow-checked 64-bit arithmetic, and compiles the
 // new type's program from the programs of its old types. Blocks with a zero
 // block length (and constructors with a zero count) contribute nothing: not
 // data, not bounds. A type with an empty typemap has lb = ub = 0, as in
 // MPICH and Open MPI, unless Resized or Subarray set its bounds explicitly.
+//
+// Resized (and Subarray, which MPI defines through it) puts lb and ub
+// markers in the typemap (MPI-4 section 5.1.7), and every type built from
+// such a type inherits them: where a typemap holds an lb marker, lb is the
+// lowest marker, not the lowest data byte, and likewise for ub. Only a
+// Struct that mixes members with and without markers sees a difference:
+// there the members without markers do not move the bounds the markers set.
 
-// bounds accumulates the MPI lb and ub of a new typemap from its blocks.
+// marks records which bound markers a typemap holds.
+type marks uint8
+
+const (
+	markLB marks = 1 << iota
+	markUB
+)
+
+// bounds accumulates the MPI lb and ub of a new typemap from its blocks:
+// over all blocks, and over those whose old type holds markers.
 type bounds struct {
 	set    bool
 	lb, ub int64
+	marks  marks
+	mlb    int64 // lowest lb of the blocks with an lb marker
+	mub    int64 // highest ub of the blocks with a ub marker
 }
 
 // block adds k consecutive copies of old at byte displacement disp.
@@ -27,6 +48,34 @@ func (b *bounds) block(disp, k int64, old *Type, a *arith) {
 		b.ub = hi
 	}
 	b.set = true
+	if old.marks&markLB != 0 {
+		if b.marks&markLB == 0 || lo < b.mlb {
+			b.mlb = lo
+		}
+		b.marks |= markLB
+	}
+	if old.marks&markUB != 0 {
+		if b.marks&markUB == 0 || hi > b.mub {
+			b.mub = hi
+		}
+		b.marks |= markUB
+	}
+}
+
+// derive makes the type of root with the bounds accumulated in b.
+func (b *bounds) derive(comb Combiner, root *node, parts []sigPart, a *arith) (*Type, error) {
+	lb, ub := b.lb, b.ub
+	if b.marks&markLB != 0 {
+		lb = b.mlb
+	}
+	if b.marks&markUB != 0 {
+		ub = b.mub
+	}
+	t, err := derive(comb, root, lb, ub, parts, a)
+	if t != nil {
+		t.marks = b.marks
+	}
+	return t, err
 }
 
 func derive(comb Combiner, root *node, lb, ub int64, parts []sigPart, a *arith) (*Type, error) {
@@ -65,7 +114,7 @@ func Contiguous(count int64, old *Type) (*Type, error) {
 	var b bounds
 	b.block(0, count, old, &a)
 	root := repeat(old.root, count, old.Extent(), &a)
-	return derive(CombinerContiguous, root, b.lb, b.ub, []sigPart{{count, old}}, &a)
+	return b.derive(CombinerContiguous, root, []sigPart{{count, old}}, &a)
 }
 
 // Vector returns count blocks of blocklen copies of old, the blocks stride
@@ -107,7 +156,11 @@ func hvector(fn string, count, blocklen, stride int64, old *Type) (*Type, error)
 	}
 	blk := repeat(old.root, blocklen, old.Extent(), &a)
 	root := repeat(blk, count, stride, &a)
-	return derive(CombinerHVector, root, b.lb, b.ub, []sigPart{{a.mul(count, blocklen, fn+": elements"), old}}, &a)
+	var n int64 // copies of old in the signature; none count if old is empty
+	if old.elements > 0 {
+		n = a.mul(count, blocklen, fn+": elements")
+	}
+	return b.derive(CombinerHVector, root, []sigPart{{n, old}}, &a)
 }
 
 // Indexed returns blocks of blocklens[i] copies of old at displacements
@@ -147,6 +200,9 @@ func IndexedBlock(blocklen int64, disps []int64, old *Type) (*Type, error) {
 	if err := checkOld("IndexedBlock", old); err != nil {
 		return nil, err
 	}
+	if blocklen < 0 {
+		return nil, invalid("IndexedBlock: negative block length %d", blocklen)
+	}
 	var a arith
 	bd := make([]int64, len(disps))
 	bl := make([]int64, len(disps))
@@ -165,6 +221,9 @@ func IndexedBlock(blocklen int64, disps []int64, old *Type) (*Type, error) {
 func HIndexedBlock(blocklen int64, byteDisps []int64, old *Type) (*Type, error) {
 	if err := checkOld("HIndexedBlock", old); err != nil {
 		return nil, err
+	}
+	if blocklen < 0 {
+		return nil, invalid("HIndexedBlock: negative block length %d", blocklen)
 	}
 	bl := make([]int64, len(byteDisps))
 	for i := range bl {
@@ -186,14 +245,16 @@ func hindexed(fn string, comb Combiner, blocklens, disps []int64, old *Type) (*T
 			continue
 		}
 		b.block(disps[i], bl, old, &a)
-		total = a.add(total, bl, fn+": elements")
+		if old.elements > 0 {
+			total = a.add(total, bl, fn+": elements")
+		}
 		parts = append(parts, entry{disp: disps[i], nd: repeat(old.root, bl, old.Extent(), &a)})
 	}
 	if err := a.err(); err != nil {
 		return nil, err
 	}
 	root := listNode(parts, &a)
-	return derive(comb, root, b.lb, b.ub, []sigPart{{total, old}}, &a)
+	return b.derive(comb, root, []sigPart{{total, old}}, &a)
 }
 
 // Struct returns blocks of blocklens[i] copies of types[i] at byte
@@ -212,7 +273,7 @@ func Struct(blocklens, byteDisps []int64, types []*Type) (*Type, error) {
 	sp := make([]sigPart, 0, len(types))
 	for i, t := range types {
 		if err := usable(t, "Struct: type"); err != nil {
-			return nil, invalid("Struct: type %d: %v", i, err)
+			return nil, fmt.Errorf("%w: Struct: type %d: %w", ErrInvalidArgument, i, err)
 		}
 		if blocklens[i] < 0 {
 			return nil, invalid("Struct: negative block length %d at index %d", blocklens[i], i)
@@ -222,6 +283,9 @@ func Struct(blocklens, byteDisps []int64, types []*Type) (*Type, error) {
 		}
 		b.block(byteDisps[i], blocklens[i], t, &a)
 		parts = append(parts, entry{disp: byteDisps[i], nd: repeat(t.root, blocklens[i], t.Extent(), &a)})
+		if t.elements == 0 {
+			continue // an empty member adds nothing to the signature
+		}
 		if k := len(sp) - 1; k >= 0 && sp[k].t == t {
 			sp[k].k = a.add(sp[k].k, blocklens[i], "Struct: elements")
 		} else {
@@ -232,7 +296,7 @@ func Struct(blocklens, byteDisps []int64, types []*Type) (*Type, error) {
 		return nil, err
 	}
 	root := listNode(parts, &a)
-	return derive(CombinerStruct, root, b.lb, b.ub, sp, &a)
+	return b.derive(CombinerStruct, root, sp, &a)
 }
 
 // Order is the storage order of a Subarray: OrderC (last index fastest) or
@@ -288,6 +352,9 @@ func Subarray(sizes, subsizes, starts []int64, order Order, old *Type) (*Type, e
 	}
 	root = shift(root, off, &a)
 	t, err := derive(CombinerSubarray, root, 0, stride, []sigPart{{elems, old}}, &a)
+	if t != nil {
+		t.marks = markLB | markUB // MPI defines it as a resized type
+	}
 	return t, err
 }
 
@@ -303,7 +370,11 @@ func Resized(old *Type, lb, extent int64) (*Type, error) {
 	}
 	var a arith
 	ub := a.add(lb, extent, "Resized: upper bound")
-	return derive(CombinerResized, old.root, lb, ub, []sigPart{{1, old}}, &a)
+	t, err := derive(CombinerResized, old.root, lb, ub, []sigPart{{1, old}}, &a)
+	if t != nil {
+		t.marks = markLB | markUB
+	}
+	return t, err
 }
 
 // Dup returns a new type with the same typemap and bounds as old
@@ -314,5 +385,9 @@ func Dup(old *Type) (*Type, error) {
 		return nil, err
 	}
 	var a arith
-	return derive(CombinerDup, old.root, old.lb, old.ub, []sigPart{{1, old}}, &a)
+	t, err := derive(CombinerDup, old.root, old.lb, old.ub, []sigPart{{1, old}}, &a)
+	if t != nil {
+		t.marks = old.marks
+	}
+	return t, err
 }

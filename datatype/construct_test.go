@@ -140,6 +140,9 @@ func TestErrors(t *testing.T) {
 		{"stride overflow", second(dt.Vector(2, 1, 1<<62, dt.Float64)), dt.ErrOverflow},
 		{"nested overflow", second(dt.Contiguous(1<<40, m(dt.Contiguous(1<<30, dt.Byte)))), dt.ErrOverflow},
 		{"resized overflow", second(dt.Resized(dt.Int32, 1<<62, 1<<62)), dt.ErrOverflow},
+		{"struct freed member", second(dt.Struct([]int64{1}, []int64{0}, []*dt.Type{freed})), dt.ErrFreed},
+		{"indexed block negative, no blocks", second(dt.IndexedBlock(-1, nil, dt.Int32)), dt.ErrInvalidArgument},
+		{"hindexed block negative, no blocks", second(dt.HIndexedBlock(-1, []int64{}, dt.Int32)), dt.ErrInvalidArgument},
 		{"count overflow", second(dt.Int64.PackedSize(1 << 61)), dt.ErrOverflow},
 	}
 	for _, c := range cases {
@@ -209,4 +212,63 @@ func TestHugeVectorIsCompact(t *testing.T) {
 	require.Equal(t, int64(16), n)
 	require.Equal(t, segs(24*999_999_998, 8, 24*999_999_999, 8), got)
 	require.True(t, it.Done())
+}
+
+// Resized puts lb and ub markers in the typemap (MPI-4 section 5.1.7:
+// "Any previous lb and ub markers are erased, and a new pair ... are put
+// in the positions indicated by the lb and extent arguments"), and where a
+// typemap holds markers, lb is the lowest lb marker and ub the highest ub
+// marker, whatever the data. So in a Struct of a resized type and a plain
+// one, the plain member's data do not move the bounds:
+//
+//	r = Resized(int32, 0, 4)           = {(lb,0), (int32,0), (ub,4)}
+//	Struct({1,1}, {0,-4}, {r, int32})  = {(lb,0), (int32,0), (ub,4), (int32,-4)}: lb 0, ub 4
+//	Struct({1,1}, {0,8}, {r, int32})   = {(lb,0), (int32,0), (ub,4), (int32,8)}:  lb 0, ub 4
+//
+// (true bounds ignore markers: -4..4 and 0..12). Subarray is defined
+// through Resized, so it carries markers too; a Contiguous of such a
+// struct steps by the marked extent.
+func TestBoundMarkers(t *testing.T) {
+	m := must(t)
+	r := m(dt.Resized(dt.Int32, 0, 4))
+	below := m(dt.Struct([]int64{1, 1}, []int64{0, -4}, []*dt.Type{r, dt.Int32}))
+	require.Equal(t, []int64{0, 4, 4, -4, 4}, []int64{below.LB(), below.UB(), below.Extent(), below.TrueLB(), below.TrueUB()})
+	above := m(dt.Struct([]int64{1, 1}, []int64{0, 8}, []*dt.Type{r, dt.Int32}))
+	require.Equal(t, []int64{0, 4, 4, 0, 12}, []int64{above.LB(), above.UB(), above.Extent(), above.TrueLB(), above.TrueUB()})
+	two := m(dt.Contiguous(2, above))
+	tm, err := two.Typemap(1)
+	require.NoError(t, err)
+	require.Equal(t, segs(0, 4, 8, 4), tm[:2], "second copy steps by the marked extent 4")
+	require.Equal(t, []int64{0, 8}, []int64{two.LB(), two.UB()})
+	// A subarray (4 int32, the middle two) next to a plain int32 at -8.
+	sub := m(dt.Subarray([]int64{4}, []int64{2}, []int64{1}, dt.OrderC, dt.Int32))
+	mixed := m(dt.Struct([]int64{1, 1}, []int64{0, -8}, []*dt.Type{sub, dt.Int32}))
+	require.Equal(t, []int64{0, 16, -8, 12}, []int64{mixed.LB(), mixed.UB(), mixed.TrueLB(), mixed.TrueUB()})
+	// Without markers the members' data set the bounds as before.
+	plain := m(dt.Struct([]int64{1, 1}, []int64{0, -4}, []*dt.Type{dt.Int32, dt.Int32}))
+	require.Equal(t, []int64{-4, 4}, []int64{plain.LB(), plain.UB()})
+	// Dup keeps the markers.
+	dup := m(dt.Dup(r))
+	require.Equal(t, []int64{0, 4}, []int64{m(dt.Struct([]int64{1, 1}, []int64{0, 8}, []*dt.Type{dup, dt.Int32})).LB(),
+		m(dt.Struct([]int64{1, 1}, []int64{0, 8}, []*dt.Type{dup, dt.Int32})).UB()})
+}
+
+// Any number of copies of an empty type is an empty type: no size,
+// extent or displacement overflows, so no constructor reports ErrOverflow
+// (they once multiplied the counts for the signature regardless).
+func TestEmptyTypeHugeCounts(t *testing.T) {
+	m := must(t)
+	empty := m(dt.Contiguous(0, dt.Int32))
+	for name, x := range map[string]*dt.Type{
+		"Contiguous": m(dt.Contiguous(1<<62, empty)),
+		"Vector":     m(dt.Vector(1<<62, 2, 1, empty)),
+		"HIndexed":   m(dt.HIndexed([]int64{1 << 62, 1 << 62}, []int64{0, 0}, empty)),
+		"Struct":     m(dt.Struct([]int64{1 << 62, 1 << 62}, []int64{0, 0}, []*dt.Type{empty, empty})),
+	} {
+		require.Equal(t, []int64{0, 0, 0, 0}, []int64{x.Size(), x.LB(), x.UB(), x.Elements()}, name)
+	}
+	// A resized empty type has an extent: copies of it do overflow.
+	wide := m(dt.Resized(empty, 0, 8))
+	_, err := dt.Contiguous(1<<62, wide)
+	require.ErrorIs(t, err, dt.ErrOverflow)
 }

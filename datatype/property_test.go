@@ -3,6 +3,7 @@ package datatype_test
 import (
 	"bytes"
 	"fmt"
+	"slices"
 	"sort"
 	"testing"
 
@@ -12,44 +13,87 @@ import (
 )
 
 // The reference model: a type as its fully expanded typemap (one entry per
-// basic element, in order) plus its MPI bounds, computed directly from the
-// MPI-4 definitions (lb = min over entries of disp + lb(old copy), ub = max of
-// disp + ub(old copy), empty typemap -> 0, 0) by enumerating every copy.
+// basic element, in order) with its lb and ub markers, and its MPI bounds
+// computed from them as MPI-4 section 5.1.7 defines: lb is the lowest lb
+// marker if the typemap holds one, else the lowest data displacement; ub
+// the highest ub marker if it holds one, else the highest data end; an
+// empty typemap has lb = ub = 0. Resized and Subarray put the markers in;
+// every other constructor copies them with the data. A copy of an empty
+// typemap without markers still bounds the new type at its displacement, as
+// its lb = ub = 0 says (the package's rule, and MPICH's and Open MPI's):
+// pts holds those points.
 type refElem struct {
 	disp int64
 	t    *dt.Type // named type
 }
 
 type ref struct {
-	tm     []refElem
-	lb, ub int64
-	empty  bool // no copies contributed bounds
+	tm       []refElem
+	lbm, ubm []int64 // lb and ub markers
+	pts      []int64 // copies of empty typemaps
 }
 
-func (r *ref) ext() int64 { return r.ub - r.lb }
+func (r *ref) lb() int64 {
+	if len(r.lbm) > 0 {
+		return slices.Min(r.lbm)
+	}
+	starts := r.starts()
+	if len(starts) == 0 {
+		return 0
+	}
+	return slices.Min(starts)
+}
+
+func (r *ref) ub() int64 {
+	if len(r.ubm) > 0 {
+		return slices.Max(r.ubm)
+	}
+	ends := append([]int64{}, r.pts...)
+	for _, e := range r.tm {
+		ends = append(ends, e.disp+e.t.Size())
+	}
+	if len(ends) == 0 {
+		return 0
+	}
+	return slices.Max(ends)
+}
+
+// starts lists the points and the data displacements.
+func (r *ref) starts() []int64 {
+	out := append([]int64{}, r.pts...)
+	for _, e := range r.tm {
+		out = append(out, e.disp)
+	}
+	return out
+}
+
+func (r *ref) ext() int64 { return r.ub() - r.lb() }
 
 func named(t *dt.Type) *ref {
-	return &ref{tm: []refElem{{0, t}}, lb: 0, ub: t.Size()}
+	return &ref{tm: []refElem{{0, t}}}
 }
 
-// copies builds a typemap from copies of old at the given displacements.
+// copies builds a typemap from copies of old (data, markers and points) at
+// the given displacements.
 func copies(old *ref, disps []int64) *ref {
-	r := &ref{empty: true}
+	r := &ref{}
+	empty := len(old.tm) == 0 && len(old.lbm) == 0 && len(old.pts) == 0
 	for _, d := range disps {
 		for _, e := range old.tm {
 			r.tm = append(r.tm, refElem{d + e.disp, e.t})
 		}
-		lo, hi := d+old.lb, d+old.ub
-		if r.empty || lo < r.lb {
-			r.lb = lo
+		for _, m := range old.lbm {
+			r.lbm = append(r.lbm, d+m)
 		}
-		if r.empty || hi > r.ub {
-			r.ub = hi
+		for _, m := range old.ubm {
+			r.ubm = append(r.ubm, d+m)
 		}
-		r.empty = false
-	}
-	if r.empty {
-		r.lb, r.ub = 0, 0
+		for _, p := range old.pts {
+			r.pts = append(r.pts, d+p)
+		}
+		if empty {
+			r.pts = append(r.pts, d)
+		}
 	}
 	return r
 }
@@ -135,7 +179,7 @@ func genType(t *rapid.T, depth int) (*dt.Type, *ref) {
 		case 7:
 			x = must(dt.HIndexedBlock(ubl, dps, old))
 		}
-		r := &ref{empty: true}
+		r := &ref{}
 		for i := range bls {
 			bd := dps[i]
 			if kind == 4 || kind == 6 {
@@ -145,14 +189,14 @@ func genType(t *rapid.T, depth int) (*dt.Type, *ref) {
 			for j := int64(0); j < bls[i]; j++ {
 				ds = append(ds, bd+j*ro.ext())
 			}
-			r = merge(r, copies(ro, ds), len(ds) > 0)
+			r = merge(r, copies(ro, ds))
 		}
 		return x, r
 	case 8: // struct
 		k := rapid.IntRange(1, 3).Draw(t, "fields")
 		var bls, dps []int64
 		var types []*dt.Type
-		r := &ref{empty: true}
+		r := &ref{}
 		for i := 0; i < k; i++ {
 			old, ro := genType(t, depth-1)
 			bl, d := small("bl"), rapid.Int64Range(-40, 40).Draw(t, "sdisp")
@@ -161,7 +205,7 @@ func genType(t *rapid.T, depth int) (*dt.Type, *ref) {
 			for j := int64(0); j < bl; j++ {
 				ds = append(ds, d+j*ro.ext())
 			}
-			r = merge(r, copies(ro, ds), bl > 0)
+			r = merge(r, copies(ro, ds))
 		}
 		return must(dt.Struct(bls, dps, types)), r
 	case 9: // subarray
@@ -209,13 +253,13 @@ func genType(t *rapid.T, depth int) (*dt.Type, *ref) {
 			}
 		}
 		rec(0)
-		r := copies(ro, ds)
-		r.lb, r.ub, r.empty = 0, s*ro.ext(), false
+		r := copies(ro, ds) // MPI defines it through Resized: new markers
+		r.lbm, r.ubm = []int64{0}, []int64{s * ro.ext()}
 		return x, r
 	case 10: // resized
 		old, ro := genType(t, depth-1)
 		lb, ext := disp("lb"), rapid.Int64Range(0, 24).Draw(t, "extent")
-		r := &ref{tm: ro.tm, lb: lb, ub: lb + ext}
+		r := &ref{tm: ro.tm, lbm: []int64{lb}, ubm: []int64{lb + ext}}
 		return must(dt.Resized(old, lb, ext)), r
 	default: // dup
 		old, ro := genType(t, depth-1)
@@ -223,18 +267,14 @@ func genType(t *rapid.T, depth int) (*dt.Type, *ref) {
 	}
 }
 
-func merge(a, b *ref, contributes bool) *ref {
-	r := &ref{tm: append(append([]refElem{}, a.tm...), b.tm...), lb: a.lb, ub: a.ub, empty: a.empty}
-	if contributes {
-		if r.empty || b.lb < r.lb {
-			r.lb = b.lb
-		}
-		if r.empty || b.ub > r.ub {
-			r.ub = b.ub
-		}
-		r.empty = false
+// merge concatenates two typemaps, markers included.
+func merge(a, b *ref) *ref {
+	return &ref{
+		tm:  append(append([]refElem{}, a.tm...), b.tm...),
+		lbm: append(append([]int64{}, a.lbm...), b.lbm...),
+		ubm: append(append([]int64{}, a.ubm...), b.ubm...),
+		pts: append(append([]int64{}, a.pts...), b.pts...),
 	}
-	return r
 }
 
 // expand returns the reference byte segments of count elements, unmerged.
@@ -285,8 +325,8 @@ func TestPropertyQueriesAndTypemap(t *testing.T) {
 				trueHi = e.disp + e.t.Size()
 			}
 		}
-		if x.Size() != size || x.LB() != r.lb || x.UB() != r.ub || x.Extent() != r.ext() {
-			t.Fatalf("size/lb/ub = %d/%d/%d, want %d/%d/%d", x.Size(), x.LB(), x.UB(), size, r.lb, r.ub)
+		if x.Size() != size || x.LB() != r.lb() || x.UB() != r.ub() || x.Extent() != r.ext() {
+			t.Fatalf("size/lb/ub = %d/%d/%d, want %d/%d/%d", x.Size(), x.LB(), x.UB(), size, r.lb(), r.ub())
 		}
 		if x.TrueLB() != trueLo || x.TrueUB() != trueHi {
 			t.Fatalf("true lb/ub = %d/%d, want %d/%d", x.TrueLB(), x.TrueUB(), trueLo, trueHi)

@@ -47,6 +47,7 @@ type Type struct {
 	basic    uint8 // basic type code, 0 for derived types
 	size     int64
 	lb, ub   int64
+	marks    marks // lb and ub markers in the typemap (Resized, Subarray)
 	root     *node // compiled program of one element; nil when size == 0
 	sig      sigHash
 	parts    []sigPart // the signature as repetitions of other types
