@@ -26,6 +26,7 @@ type transfer struct {
 	expected bool   // header arrived after the receive was posted
 	mode     Action // None until decided; Offload/Onload/Prefetch
 	rndv     bool   // counted in the outstanding set (K)
+	kbytes   int64  // its bytes in K (size, at most maxKBytes)
 	started  bool
 	complete bool
 	slot     int
@@ -265,6 +266,9 @@ func ewma(old float64, has bool, sample, w float64) float64 {
 }
 
 func (e *Engine) sampleDelta(peer int, d time.Duration) {
+	if !e.cfg.Enabled {
+		return // engine off: nothing is learned
+	}
 	s := float64(d)
 	w := e.cfg.DeltaWeight
 	e.globalDelta = ewma(e.globalDelta, e.hasGlobalDelta, s, w)
@@ -276,17 +280,23 @@ func (e *Engine) sampleDelta(peer int, d time.Duration) {
 	}
 }
 
+// maxKBytes caps one transfer's bytes in the sum behind K, so that sizes
+// from a corrupt header cannot overflow it (2^40 B costs seconds at any
+// calibrated alpha: far above every delta the rule compares K with).
+const maxKBytes = 1 << 40
+
 func (e *Engine) addOutstanding(t *transfer) {
 	t.rndv = true
+	t.kbytes = min(t.size, maxKBytes)
 	e.outstanding++
-	e.outstandingBytes += t.size
+	e.outstandingBytes += t.kbytes
 }
 
 func (e *Engine) removeOutstanding(t *transfer) {
 	if t.rndv {
 		t.rndv = false
 		e.outstanding--
-		e.outstandingBytes -= t.size
+		e.outstandingBytes -= t.kbytes
 	}
 }
 
@@ -316,6 +326,9 @@ func (e *Engine) offload(t *transfer) {
 	t.mode = Offload
 	e.stats.Offloaded++
 	e.periodOffloads++
+	// Cancels seen before the period had CancelMinOffloads offloads were
+	// not judged then: judge them now.
+	e.checkThrottle()
 }
 
 func (e *Engine) onload(t *transfer, r Reason) {
@@ -451,10 +464,11 @@ func (e *Engine) expectedHeader(ev Event) (Decision, error) {
 	armed := t.mode == Offload
 	if ev.Size < e.cfg.RendezvousThreshold {
 		delete(e.transfers, ev.ID)
+		e.stats.Eager++
 		if armed {
+			// Already in the transport's hands since the post.
 			return decide(ev.ID, Offload, ReasonArmed), nil
 		}
-		e.stats.Eager++
 		return decide(ev.ID, Onload, ReasonEager), nil
 	}
 	e.addOutstanding(t)

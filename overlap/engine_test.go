@@ -563,3 +563,81 @@ func TestSetCost(t *testing.T) {
 	require.ErrorIs(t, e.SetCost(-1, 0), ErrConfig)
 	require.Equal(t, 0.2, e.Config().Alpha, "a rejected cost changes nothing")
 }
+
+// mustStep is Step that fails the test on an error.
+func mustStep(t *testing.T, e *Engine, ev Event) Decision {
+	t.Helper()
+	d, err := e.Step(ev)
+	require.NoError(t, err)
+	return d
+}
+
+// Cancels that came before the period had CancelMinOffloads offloads are
+// judged at the offload that reaches the minimum: two offloads cancelled,
+// then a third (2 > 0.5 x 3) throttles the period at once.
+func TestThrottleJudgedAtOffload(t *testing.T) {
+	cfg := testConfig()
+	cfg.CancelMinOffloads = 3
+	e, err := New(cfg)
+	require.NoError(t, err)
+	mustStep(t, e, post(0, 1, 1, MB))
+	require.Equal(t, Offload, mustStep(t, e, exp(100*us, 1, 1, MB)).Action)
+	mustStep(t, e, cancel(110*us, 1))
+	mustStep(t, e, post(120*us, 2, 1, MB))
+	require.Equal(t, Offload, mustStep(t, e, exp(220*us, 2, 1, MB)).Action)
+	mustStep(t, e, cancel(230*us, 2))
+	require.False(t, e.Stats().Throttled, "two offloads are below the minimum of three")
+	mustStep(t, e, post(240*us, 3, 1, MB))
+	require.Equal(t, Offload, mustStep(t, e, exp(340*us, 3, 1, MB)).Action)
+	require.True(t, e.Stats().Throttled, "2 cancels > 0.5 x 3 offloads")
+	mustStep(t, e, post(350*us, 4, 1, MB))
+	require.Equal(t, dec(Onload, ReasonThrottled).Reason, mustStep(t, e, exp(450*us, 4, 1, MB)).Reason)
+}
+
+// A receive armed at post whose message turns out eager stays offloaded
+// (the transport has it) and its header counts as eager.
+func TestArmedReceiveGetsEagerMessage(t *testing.T) {
+	e, err := New(testConfig())
+	require.NoError(t, err)
+	mustStep(t, e, post(0, 1, 1, MB)) // teach peer 1 a delta of 500 us
+	require.Equal(t, Onload, mustStep(t, e, exp(1*us, 1, 1, MB)).Action)
+	mustStep(t, e, start(500*us, 1))
+	mustStep(t, e, done(512*us, 1))
+	require.Equal(t, Offload, mustStep(t, e, post(600*us, 2, 1, MB)).Action)
+	require.Equal(t, dec(Offload, ReasonArmed).Reason, mustStep(t, e, exp(700*us, 2, 1, 100)).Reason)
+	s := e.Stats()
+	require.Equal(t, uint64(1), s.Eager, "%+v", s)
+	require.Zero(t, s.Tracked)
+}
+
+// With the engine off nothing is learned.
+func TestDisabledLearnsNothing(t *testing.T) {
+	cfg := testConfig()
+	cfg.Enabled = false
+	e, err := New(cfg)
+	require.NoError(t, err)
+	mustStep(t, e, post(0, 1, 1, MB))
+	mustStep(t, e, exp(10*us, 1, 1, MB))
+	mustStep(t, e, start(500*us, 1))
+	mustStep(t, e, done(512*us, 1))
+	_, ok := e.Delta(1)
+	require.False(t, ok)
+}
+
+// Huge sizes (a corrupt header) cannot overflow the bytes behind K: K
+// stays positive, a transfer with no delay is onloaded, and K returns to
+// 0 once they are done.
+func TestKHugeSizes(t *testing.T) {
+	e, err := New(testConfig())
+	require.NoError(t, err)
+	mustStep(t, e, unexp(0, 1, 1, 1<<62))
+	mustStep(t, e, unexp(0, 2, 1, 1<<62))
+	require.Greater(t, e.Stats().K, float64(0))
+	mustStep(t, e, post(1*us, 3, 1, MB))
+	require.Equal(t, Onload, mustStep(t, e, exp(1*us, 3, 1, MB)).Action)
+	for _, id := range []TransferID{1, 2, 3} {
+		mustStep(t, e, start(2*us, id))
+		mustStep(t, e, done(3*us, id))
+	}
+	require.Zero(t, e.Stats().K)
+}
