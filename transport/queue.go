@@ -204,8 +204,11 @@ func (q *Queue) Wait() error {
 
 // Free stops the queue's agent and releases its counters. Operations not
 // completed yet fail with ErrQueueFreed (receives not matched are
-// withdrawn); stream waits on the queue are released. As with MPIX_Free_queue
-// the caller should first let the stream pass the last Wait.
+// withdrawn), except sends already handed to the transport, which cannot
+// be recalled: they end as they would have (Wait reports how) and their
+// staging buffers go back then. Stream waits on the queue are released. As
+// with MPIX_Free_queue the caller should first let the stream pass the
+// last Wait.
 func (q *Queue) Free() error {
 	q.mu.Lock()
 	if q.freed {
@@ -226,7 +229,16 @@ func (q *Queue) Free() error {
 	last := q.starts
 	q.mu.Unlock()
 	for _, o := range left {
-		o.finish(fmt.Errorf("transport: queue %s rank %d tag %d: %w", o.kind(), o.peer, o.tag, ErrQueueFreed))
+		select {
+		case <-o.done:
+			continue
+		default:
+		}
+		if o.send && o.req != nil && o.err == nil {
+			go o.settle()
+			continue
+		}
+		o.finish(o.freedErr())
 	}
 	errs := []error{gpu.WriteValue64Host(q.comp, last)}
 	errs = append(errs, gpu.Free(q.words), q.pool.Close())
@@ -372,8 +384,13 @@ func (o *QueueOp) complete(ctx context.Context) bool {
 		return true
 	}
 	st, err := o.req.Wait(ctx)
-	if err != nil && ctx.Err() != nil && !o.req.fin.Load() {
-		return false
+	if err != nil && ctx.Err() != nil {
+		if !o.req.fin.Load() {
+			return false // a send still in flight: Free settles it
+		}
+		if errors.Is(err, ctx.Err()) {
+			err = o.freedErr() // a receive Free withdrew
+		}
 	}
 	if err == nil && !o.send && !o.slot.IsZero() && st.Size > 0 {
 		var src, dst gpu.Buffer
@@ -390,6 +407,20 @@ func (o *QueueOp) complete(ctx context.Context) bool {
 	o.status = st
 	o.finish(err)
 	return true
+}
+
+// settle waits for a send the queue was freed under and finishes it with
+// its own result.
+func (o *QueueOp) settle() {
+	st, err := o.req.Wait(context.Background())
+	o.releaseSlot()
+	o.status = st
+	o.finish(err)
+}
+
+// freedErr is the error of an operation Free ended.
+func (o *QueueOp) freedErr() error {
+	return fmt.Errorf("transport: queue %s rank %d tag %d: %w", o.kind(), o.peer, o.tag, ErrQueueFreed)
 }
 
 func (o *QueueOp) releaseSlot() {

@@ -2,7 +2,9 @@ package transport
 
 import (
 	"bytes"
+	"context"
 	"errors"
+	"runtime"
 	"testing"
 
 	"github.com/troupe-hpc/troupe/gpu"
@@ -144,5 +146,83 @@ func TestQueueErrors(t *testing.T) {
 	}
 	if _, err := q.EnqueueSend(b, 1, 3); !errors.Is(err, ErrQueueFreed) {
 		t.Fatalf("after Free: %v", err)
+	}
+}
+
+// waitIssued waits (no sleeping) until q's agent has issued a batch.
+func waitIssued(ctx context.Context, t *testing.T, q *Queue) {
+	t.Helper()
+	for {
+		q.mu.Lock()
+		n := len(q.issued)
+		q.mu.Unlock()
+		if n > 0 {
+			return
+		}
+		if ctx.Err() != nil {
+			t.Fatal("the queue's batch was never issued")
+		}
+		runtime.Gosched()
+	}
+}
+
+// Free with a receive and a send already issued: the receive is withdrawn
+// and fails with ErrQueueFreed (an ordinary receive then gets the message
+// meant for it); the send cannot be recalled, so it is delivered, its op
+// reports success, and its staging buffer goes back to the pool.
+func TestQueueFreeWithOpsInFlight(t *testing.T) {
+	ts := localJob(t, 2, ProgressDirect)
+	ctx := testCtx(t)
+	sys := hostSystem(t)
+	s, err := sys.Devices()[0].NewStream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	q, err := ts[0].NewQueue(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 1 << 20
+	recvOp, err := q.EnqueueRecv(devBuf(t, sys, 8, nil), 1, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sendOp, err := q.EnqueueSend(devBuf(t, sys, n, pattern(n, 9)), 1, 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := q.Start(); err != nil {
+		t.Fatal(err)
+	}
+	waitIssued(ctx, t, q)
+	if err := q.Free(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Synchronize(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := recvOp.Wait(ctx); !errors.Is(err, ErrQueueFreed) {
+		t.Fatalf("receive withdrawn by Free: %v, want ErrQueueFreed", err)
+	}
+	small := make([]byte, 8)
+	r, err := ts[0].Irecv(1, 3, small)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ts[1].Send(ctx, 0, 3, pattern(8, 1)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Wait(ctx); err != nil || !bytes.Equal(small, pattern(8, 1)) {
+		t.Fatalf("ordinary receive after Free: %v", err)
+	}
+	got := make([]byte, n)
+	if _, err := ts[1].Recv(ctx, 0, 5, got); err != nil || !bytes.Equal(got, pattern(n, 9)) {
+		t.Fatalf("the send issued before Free: %v", err)
+	}
+	if _, err := sendOp.Wait(ctx); err != nil {
+		t.Fatalf("a send delivered after Free reported %v", err)
+	}
+	if _, inUse, _ := q.pool.Stats(); inUse != 0 {
+		t.Fatalf("%d staging buffers still in use", inUse)
 	}
 }
