@@ -67,6 +67,9 @@ Set TROUPE_LOG=debug for the launcher's and rendezvous's logs.`,
 			if tail < 0 {
 				return fmt.Errorf("run: --tail must be >= 0, got %d", tail)
 			}
+			if grace <= 0 {
+				return fmt.Errorf("run: --grace must be > 0, got %v", grace)
+			}
 			if tail == 0 {
 				tail = -1 // Launch reads 0 as "default"
 			}

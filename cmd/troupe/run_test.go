@@ -114,6 +114,10 @@ func TestRunBadArgs(t *testing.T) {
 		_, err = execRun(t, "-n", "1", "--procs", v, "--", "true")
 		assert.ErrorContains(t, err, "--procs must be split or a count >= 1", v)
 	}
+	for _, v := range []string{"0", "-1s"} { // 0 once meant the 5 s default
+		_, err = execRun(t, "-n", "1", "--grace", v, "--", "true")
+		assert.ErrorContains(t, err, "--grace must be > 0", v)
+	}
 }
 
 func TestRunLogger(t *testing.T) {

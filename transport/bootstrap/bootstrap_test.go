@@ -133,6 +133,31 @@ func TestJoinRejected(t *testing.T) {
 	require.NoError(t, err)
 	assert.Contains(t, f.Error, "frame too large")
 
+	// A first frame longer than a join is refused before the token is
+	// checked, without allocating its announced length (16 MiB would be
+	// within MaxFrameSize).
+	c3, err := net.Dial("tcp", s.Addr())
+	require.NoError(t, err)
+	defer c3.Close()
+	_, err = c3.Write([]byte{0x01, 0x00, 0x00, 0x00, '{'})
+	require.NoError(t, err)
+	f, err = readFrame(c3)
+	require.NoError(t, err)
+	assert.Contains(t, f.Error, "frame too large")
+
+	// A join whose field has the wrong type is rejected with a reason, not
+	// dropped in silence.
+	c4, err := net.Dial("tcp", s.Addr())
+	require.NoError(t, err)
+	defer c4.Close()
+	bad := fmt.Sprintf(`{"op":"join","version":1,"token":%q,"rank":"0","size":3}`, tok)
+	_, err = c4.Write(append([]byte{0, 0, 0, byte(len(bad))}, bad...))
+	require.NoError(t, err)
+	f, err = readFrame(c4)
+	require.NoError(t, err)
+	assert.Equal(t, opError, f.Op)
+	assert.Contains(t, f.Error, "malformed frame")
+
 	rejected := logs.FilterMessage("rendezvous join rejected")
 	reasons := []string{}
 	for _, e := range rejected.All() {
@@ -140,10 +165,10 @@ func TestJoinRejected(t *testing.T) {
 		reasons = append(reasons, e.ContextMap()["reason"].(string))
 	}
 	joined := strings.Join(reasons, "\n")
-	for _, want := range []string{"wrong job token", "out of range", "job size mismatch", "already joined", "missing job token", "frame too large"} {
+	for _, want := range []string{"wrong job token", "out of range", "job size mismatch", "already joined", "missing job token", "frame too large", "malformed frame"} {
 		assert.Contains(t, joined, want)
 	}
-	assert.Len(t, reasons, 8)
+	assert.Len(t, reasons, 10)
 
 	// The rejected attempts did not consume ranks: 0 and 2 can still join.
 	var wg sync.WaitGroup
@@ -370,6 +395,9 @@ func TestFromEnv(t *testing.T) {
 	t.Setenv(EnvSize, "")
 	t.Setenv("SLURM_PROCID", "1")
 	t.Setenv("SLURM_NTASKS", "2")
+	// srun --mpi=pmix also sets PMIX_RANK, without the non-standard
+	// PMIX_SIZE: the SLURM pair is used.
+	t.Setenv("PMIX_RANK", "1")
 	b1, err := FromEnv(ctx)
 	require.NoError(t, err)
 	defer b1.Close()

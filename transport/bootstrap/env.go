@@ -31,7 +31,7 @@ var PMIx func(ctx context.Context) (Bootstrapper, error)
 var launcherRankVars = [][2]string{
 	{"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"},
 	{"PMI_RANK", "PMI_SIZE"},
-	{"PMIX_RANK", "PMIX_SIZE"}, // PMIX_SIZE is not standard; honoured if set
+	{"PMIX_RANK", "PMIX_SIZE"}, // PMIX_SIZE is not standard: the pair is used only when both are set
 	{"SLURM_PROCID", "SLURM_NTASKS"},
 }
 
@@ -89,6 +89,9 @@ func rankSizeFromEnv() (rank, size int, err error) {
 		rs, ss := os.Getenv(p[0]), os.Getenv(p[1])
 		if rs == "" && ss == "" {
 			continue
+		}
+		if p[0] == "PMIX_RANK" && ss == "" {
+			continue // srun --mpi=pmix sets PMIX_RANK alone: SLURM_* follow
 		}
 		if rs == "" || ss == "" {
 			return 0, 0, fmt.Errorf("bootstrap: %s and %s must be set together (got %s=%q, %s=%q)", p[0], p[1], p[0], rs, p[1], ss)

@@ -57,14 +57,23 @@ func encodeFrame(f *frame) ([]byte, error) {
 	return out, nil
 }
 
-func readFrame(r io.Reader) (*frame, error) {
+// maxJoinFrame bounds the first frame of a connection, its join (under 200
+// bytes in practice): the server reads it before it has checked the token,
+// so anyone who can reach the port could otherwise make it allocate
+// MaxFrameSize per connection.
+const maxJoinFrame = 4 << 10
+
+func readFrame(r io.Reader) (*frame, error) { return readFrameMax(r, MaxFrameSize) }
+
+// readFrameMax reads a frame of at most max bytes.
+func readFrameMax(r io.Reader, max uint32) (*frame, error) {
 	var hdr [4]byte
 	if _, err := io.ReadFull(r, hdr[:]); err != nil {
 		return nil, err
 	}
 	n := binary.BigEndian.Uint32(hdr[:])
-	if n > MaxFrameSize {
-		return nil, fmt.Errorf("bootstrap: %w: %d bytes > %d", errFrameTooLarge, n, MaxFrameSize)
+	if n > max {
+		return nil, fmt.Errorf("bootstrap: %w: %d bytes > %d", errFrameTooLarge, n, max)
 	}
 	buf := make([]byte, n)
 	if _, err := io.ReadFull(r, buf); err != nil {

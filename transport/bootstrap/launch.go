@@ -222,22 +222,30 @@ func (s *sink) write(w io.Writer, b []byte) {
 	s.mu.Unlock()
 }
 
+// maxOutputLine is the longest line of a rank's output passed on whole;
+// a longer one is cut into lines of this length, so that a rank writing
+// without newlines cannot make the launcher hold unbounded memory.
+const maxOutputLine = 1 << 20
+
 func (s *sink) pump(rp *rankProc, r io.Reader, w io.Writer) {
 	defer rp.outWG.Done()
 	prefix := fmt.Sprintf("[%d] ", rp.rank)
 	br := bufio.NewReaderSize(r, 64<<10)
-	var buf []byte
+	var line, buf []byte
 	for {
-		line, err := br.ReadSlice('\n')
-		if len(line) > 0 {
+		part, err := br.ReadSlice('\n')
+		line = append(line, part...)
+		full := errors.Is(err, bufio.ErrBufferFull)
+		if len(line) > 0 && (!full || len(line) >= maxOutputLine) {
 			text := strings.TrimRight(string(line), "\r\n")
 			buf = append(buf[:0], prefix...)
 			buf = append(buf, text...)
 			buf = append(buf, '\n')
 			s.write(w, buf)
 			rp.addTail(text)
+			line = line[:0]
 		}
-		if err != nil && !errors.Is(err, bufio.ErrBufferFull) {
+		if err != nil && !full {
 			return
 		}
 	}

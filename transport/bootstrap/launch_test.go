@@ -191,6 +191,25 @@ func TestLaunchSuccess(t *testing.T) {
 	assertGone(t, stderr.String())
 }
 
+// A rank's output line longer than the reader's 64 KiB buffer is passed
+// on whole, with one prefix (it was cut into prefixed pieces); one longer
+// than maxOutputLine is cut at that length.
+func TestLaunchLongLines(t *testing.T) {
+	stdout, stderr := &lockedBuffer{}, &lockedBuffer{}
+	err := Launch(t.Context(), LaunchConfig{
+		N: 1, Program: "sh",
+		Args: []string{"-c", fmt.Sprintf(`head -c 100000 /dev/zero | tr '\0' a; echo; head -c %d /dev/zero | tr '\0' b; echo`,
+			maxOutputLine+10)},
+		Stdout: stdout, Stderr: stderr, Grace: time.Second,
+	})
+	require.NoError(t, err, stderr.String())
+	lines := strings.Split(strings.TrimSuffix(stdout.String(), "\n"), "\n")
+	require.Len(t, lines, 3)
+	assert.Equal(t, "[0] "+strings.Repeat("a", 100000), lines[0])
+	assert.Equal(t, "[0] "+strings.Repeat("b", maxOutputLine), lines[1])
+	assert.Equal(t, "[0] "+strings.Repeat("b", 10), lines[2])
+}
+
 func TestLaunchProcsPerRank(t *testing.T) {
 	for _, tc := range []struct {
 		name  string

@@ -151,12 +151,14 @@ func (s *Server) handle(c net.Conn) {
 	defer s.forget(c)
 
 	c.SetReadDeadline(time.Now().Add(joinTimeout))
-	f, err := readFrame(c)
+	f, err := readFrameMax(c, maxJoinFrame)
 	if err != nil {
-		if errors.Is(err, errFrameTooLarge) {
-			s.reject(c, err.Error())
-		} else {
+		var nerr net.Error
+		switch {
+		case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), errors.As(err, &nerr):
 			s.log.Debug("rendezvous connection closed before join", zap.String("remote", c.RemoteAddr().String()), zap.Error(err))
+		default: // too large, or not a frame the protocol knows
+			s.reject(c, err.Error())
 		}
 		return
 	}
