@@ -24,6 +24,7 @@ package transport
 // in CUDA IPC for channels (channel_ipc.go).
 
 import (
+	"math"
 	"bytes"
 	"crypto/rand"
 	"encoding/binary"
@@ -605,11 +606,15 @@ func decodeDesc(b []byte, peer, tag int) (cmaDesc, error) {
 	if len(b) != cmaDescSize || binary.LittleEndian.Uint64(b) != cmaMagic {
 		return cmaDesc{}, fmt.Errorf("%w: recv from rank %d tag %d: malformed CMA descriptor (%d bytes)", ErrProtocol, peer, tag, len(b))
 	}
-	return cmaDesc{
+	d := cmaDesc{
 		addr: binary.LittleEndian.Uint64(b[8:]),
 		n:    binary.LittleEndian.Uint64(b[16:]),
 		id:   binary.LittleEndian.Uint64(b[24:]),
-	}, nil
+	}
+	if d.n > math.MaxInt64 {
+		return cmaDesc{}, fmt.Errorf("%w: recv from rank %d tag %d: CMA descriptor of %d bytes", ErrProtocol, peer, tag, d.n)
+	}
+	return d, nil
 }
 
 // cmaArrived serves receive r from descriptor d; the worker lock is held.

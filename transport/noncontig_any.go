@@ -140,6 +140,15 @@ func (nc *noncontig) matchAnyRTS(ctx context.Context, c typedCall, w *typedWaite
 			// UCX handed it an RTS (even one too long, which is lost):
 			// the receive owns that sequence number.
 			src, _, seq := splitRTSTag(r.wire)
+			if src >= nc.t.size {
+				// Spent, naming a rank outside the job (nobody to
+				// answer): dropped, and the receive waits for a real RTS.
+				nc.mu.Unlock()
+				nc.t.foreign.Add(1)
+				nc.t.log.Warn("typed RTS naming a rank outside the job dropped", zap.Int("source", src),
+					zap.Int("size", nc.t.size))
+				continue
+			}
 			if !nc.recvCounter(seqKey{src, c.tag}).claim(seq) {
 				nc.t.log.Error("any-source typed receive matched an RTS that was not its sender's next",
 					zap.Int("source", src), zap.Int("tag", c.tag), zap.Uint32("seq", seq))

@@ -267,7 +267,10 @@ func (nc *noncontig) countParallel(w, n int) {
 }
 
 // packRecv receives n pack chunks with PackDepth receives posted ahead and
-// unpacks each as it arrives (or drops them when discard is set).
+// unpacks each as it arrives (or drops them when discard is set). A chunk
+// that fails is recorded and the rest are still taken, so that none is
+// left behind in UCX's queue; if ctx ends, the receives in flight are
+// cancelled and the first error returned.
 func (nc *noncontig) packRecv(ctx context.Context, c typedCall, h rts, discard bool) error {
 	t := nc.t
 	n := datatype.Chunks(h.bytes, h.chunk)
@@ -278,8 +281,14 @@ func (nc *noncontig) packRecv(ctx context.Context, c typedCall, h rts, discard b
 	q := make([]flight, 0, nc.opts.PackDepth)
 	next := int64(0)
 	post := func() {
-		off := next * h.chunk
-		b := nc.getBounce(min(h.chunk, h.bytes-off))
+		want := min(h.chunk, h.bytes-next*h.chunk)
+		if discard {
+			// The sender's sizes were not checked against a receive
+			// buffer: take the chunk into at most a pooled buffer (a
+			// longer one is truncated, which discarding ignores).
+			want = min(want, int64(nc.opts.PackChunk))
+		}
+		b := nc.getBounce(want)
 		q = append(q, flight{t.ncRecv(c.peer, ncXferTag(dirData, uint32(c.peer), h.xid, uint32(next)), bufOf(b), nil), b})
 		next++
 	}
@@ -299,9 +308,16 @@ func (nc *noncontig) packRecv(ctx context.Context, c typedCall, h rts, discard b
 			if first == nil {
 				first = err
 			}
-			continue
+			if ctx.Err() != nil {
+				nc.putBounce(f.b)
+				for _, f := range q {
+					_, _ = f.r.Wait(ctx) // cancels it
+					nc.putBounce(f.b)
+				}
+				return first
+			}
 		}
-		if !discard && first == nil {
+		if err == nil && !discard && first == nil {
 			if _, err := c.dt.UnpackParallel(datatype.SliceRegion(c.buf), datatype.SliceRegion(f.b), c.base, c.count, k*h.chunk, w); err != nil {
 				first = fmt.Errorf("%w: typed recv: unpacking: %v", ErrInvalid, err)
 			}

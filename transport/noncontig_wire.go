@@ -119,6 +119,10 @@ func (m *rts) encode(b []byte) {
 	le.PutUint32(b[68:], 0)
 }
 
+// maxWireChunk bounds the chunk size an RTS or CTS may announce: a
+// receiver allocates buffers of that size.
+const maxWireChunk = 1 << 30
+
 func (m *rts) decode(b []byte) error {
 	if len(b) < rtsHdrLen {
 		return fmt.Errorf("%w: typed RTS of %d bytes, header needs %d", ErrInvalid, len(b), rtsHdrLen)
@@ -139,8 +143,10 @@ func (m *rts) decode(b []byte) error {
 	switch {
 	case m.proposal < datatype.SchemePack || m.proposal > datatype.SchemeZCopy:
 		return fmt.Errorf("%w: typed RTS proposes scheme %d", ErrInvalid, m.proposal)
-	case m.bytes < 0 || m.minBlock < 0 || m.segments < 0 || m.chunk < 1:
+	case m.bytes < 0 || m.minBlock < 0 || m.segments < 0 || m.chunk < 1 || m.chunk > maxWireChunk:
 		return fmt.Errorf("%w: typed RTS with bytes %d, min block %d, segments %d, chunk %d", ErrInvalid, m.bytes, m.minBlock, m.segments, m.chunk)
+	case datatype.Chunks(m.bytes, m.chunk) > 1<<32:
+		return fmt.Errorf("%w: typed RTS of %d bytes in %d-byte chunks: more chunks than a tag numbers", ErrInvalid, m.bytes, m.chunk)
 	case m.flags&rtsInline != 0 && int64(len(b)-rtsHdrLen) != m.bytes:
 		return fmt.Errorf("%w: typed RTS carries %d inline bytes, says %d", ErrInvalid, len(b)-rtsHdrLen, m.bytes)
 	}

@@ -274,6 +274,10 @@ func (t *Transport) ovProbe() {
 			break
 		}
 		src, utag, _ := SplitUserTag(info.Tag &^ cmaBit)
+		if int(src) >= t.size {
+			t.foreignMsg(msg, int(src), info.Tag)
+			continue
+		}
 		if info.Tag&cmaBit != 0 {
 			t.ovCMATake(msg, info.Tag&^cmaBit, int(src), int(utag), info.Length)
 			continue
@@ -286,6 +290,10 @@ func (t *Transport) ovProbe() {
 			break
 		}
 		src, idx := ncXferSource(info.Tag)
+		if src >= t.size {
+			t.foreignMsg(msg, src, info.Tag)
+			continue
+		}
 		t.ovTaken(msg, ovKey{wire: info.Tag}, src, idx, info.Length)
 	}
 	if t.chanOpen.Load() == 0 {
@@ -298,7 +306,7 @@ func (t *Transport) ovProbe() {
 		}
 		if _, ok := t.ov.discard[info.Tag]; ok {
 			// A leftover chunk of a message whose receive failed.
-			t.ovDrain(msg)
+			t.drainMsg(msg, "channel chunk")
 			t.ov.discarded++
 			if info.Length < ChannelChunkSize {
 				delete(t.ov.discard, info.Tag)
@@ -740,25 +748,55 @@ func (t *Transport) ovDrop(m *ovMsg) {
 		t.step(overlap.Event{Kind: overlap.OnloadDropped, ID: m.id})
 	}
 	if m.mode == overlap.Onload && !m.eager {
-		t.ovDrain(m.msg)
+		t.drainMsg(m.msg, "channel chunk")
 	}
 	m.mode, m.tracked, m.msg, m.data = overlap.None, false, ucx.Message{}, nil
 }
 
-// ovDrain receives the message whose header is msg into nothing: UCX
+// drainMsg receives the message whose header is msg into nothing: UCX
 // reports it truncated and releases its sender (a rendezvous sender gets
-// its acknowledgement). The lock is held.
-func (t *Transport) ovDrain(msg ucx.Message) {
-	r := t.newRequest("channel discard", -1, 0, 0)
+// its acknowledgement). what names it in logs. The lock is held.
+func (t *Transport) drainMsg(msg ucx.Message, what string) {
+	r := t.newRequest(what+" discard", -1, 0, 0)
 	r.probe = func(ucx.Status, int) {} // truncated, as intended
 	ureq, err := t.w.TagMsgRecv(ucx.Buffer{}, msg)
 	switch {
 	case err != nil:
-		t.log.Warn("discarding a leftover channel chunk failed", zap.Error(err))
+		t.log.Warn("discarding a message failed", zap.String("what", what), zap.Error(err))
 	case ureq.Pending():
 		t.track(r, ureq)
 	}
 }
+
+// dropForeign discards the message of wire tag wire waiting in UCX's
+// queue, and reports true, when the source rank its tag names (src) is
+// outside the job: only a corrupt or hostile peer sends one, and nothing
+// may use that rank (an any-source receive would answer it). The lock is
+// held.
+func (t *Transport) dropForeign(src int, wire uint64) bool {
+	if src >= 0 && src < t.size {
+		return false
+	}
+	if msg, _, ok := t.w.TagProbe(wire, FullMask, true); ok {
+		t.foreignMsg(msg, src, wire)
+	}
+	return true
+}
+
+// foreignMsg discards msg, taken out of UCX's queue, whose tag (wire)
+// names src, a rank outside the job; it is counted (ForeignDropped) and
+// logged. The lock is held.
+func (t *Transport) foreignMsg(msg ucx.Message, src int, wire uint64) {
+	t.drainMsg(msg, "foreign")
+	t.foreign.Add(1)
+	t.log.Warn("message naming a rank outside the job dropped", zap.Int("source", src), zap.Int("size", t.size),
+		zap.Uint64("tag", wire))
+}
+
+// ForeignDropped counts the messages dropped because their tag named a
+// source rank outside the job (a corrupt or hostile peer; each is logged
+// at warn level).
+func (t *Transport) ForeignDropped() uint64 { return t.foreign.Load() }
 
 // ovPeerLost fails the engine's receives waiting for rank's messages; the
 // lock is held.

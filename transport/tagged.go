@@ -190,6 +190,7 @@ func startRecvNow(t *Transport, r *Request) {
 	if !r.fixedSeq {
 		r.seq = c.take()
 	}
+	r.seqd = true
 	wire := MakeUserTag(uint32(r.peer), uint16(r.tag), r.seq)
 	// A descriptor Iprobe took out of UCX serves the receive first.
 	if t.cma.on && t.cmaTakeHeld(r, wire) {
@@ -249,9 +250,10 @@ func (t *Transport) recvCounter(k seqKey) *recvCounter {
 // freeSeq returns a cancelled receive's sequence number for reuse; the worker
 // lock is held.
 func (t *Transport) freeSeq(r *Request) {
-	if r.key == chanSinkKey {
-		return // channel counters are spent: never reused
+	if !r.seqd || r.key == chanSinkKey {
+		return // none taken (an internal receive), or a spent channel counter
 	}
+	r.seqd = false
 	t.recvCounter(r.key).give(r.seq)
 }
 

@@ -226,6 +226,7 @@ type Transport struct {
 	amh     atomic.Pointer[map[uint16]amHandler]
 
 	postFailed    uint64       // PostFailed's count once the worker is gone
+	foreign       atomic.Uint64 // messages dropped for naming a rank outside the job
 	bundleFailed  uint64       // posts lost in bundles that were not sent (coalesce.go)
 	bundling      []int        // ranks whose peers have a bundle waiting
 	postPendingAt atomic.Int64 // when a PostAM last progressed the worker itself (unix ns)
@@ -885,6 +886,7 @@ type Request struct {
 
 	cma      *cmaSend              // a CMA send's state (cma.go)
 	userRecv bool                  // a USER receive that may get a CMA descriptor
+	seqd     bool                  // a receive owning r.seq of r.key's counter (freeSeq gives it back)
 	scratch  []byte                // where a receive too small for a descriptor lands
 	bufs     [][]byte              // an IOV receive's buffers
 	probe    func(ucx.Status, int) // an internal probe's completion

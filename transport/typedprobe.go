@@ -246,6 +246,9 @@ func (nc *noncontig) lookRTS(src, tag int, p *parkedRTS, park bool) (seq uint32,
 		return 0, false, nil
 	}
 	from, _, s := splitRTSTag(info.Tag)
+	if t.dropForeign(from, info.Tag) {
+		return 0, false, nil // the next look finds the next RTS
+	}
 	k := seqKey{from, tag}
 	if nc.recvCounter(k).peek() != s {
 		// Not its sender's next: a receive placed earlier owns it and is

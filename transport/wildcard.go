@@ -250,9 +250,10 @@ func (t *Transport) anyPostable(tag int) bool {
 // (wildPost): the sender's tag names the rank and the sequence number the
 // message took, which the receive now owns. It takes r off its list; the
 // receives behind it start once the events in hand are handled
-// (wildAdvanceMatched). It reports whether it completed r itself (a
-// cancelled or failed receive, which matched no message). The worker lock
-// is held.
+// (wildAdvanceMatched). It reports whether it handled r itself: completed
+// it (a cancelled or failed receive, which matched no message), or put it
+// back at the head of its list (it matched a message naming a rank outside
+// the job, which is dropped). The worker lock is held.
 func (t *Transport) wildMatched(r *Request, e *ucx.Event) bool {
 	r.anyPosted = false
 	if q := t.wild.held[r.tag]; len(q) > 0 {
@@ -273,7 +274,17 @@ func (t *Transport) wildMatched(r *Request, e *ucx.Event) bool {
 		return true
 	}
 	src, _, seq := SplitUserTag(wire)
-	r.peer, r.key, r.seq = int(src), seqKey{int(src), r.tag}, seq
+	if int(src) >= t.size {
+		// A message naming a rank outside the job, spent: r goes back
+		// to the head of its list and waits for a real one.
+		t.foreign.Add(1)
+		t.log.Warn("message naming a rank outside the job dropped", zap.Uint32("source", src), zap.Int("size", t.size),
+			zap.Uint64("tag", wire))
+		t.wild.held[r.tag] = append([]*Request{r}, t.wild.held[r.tag]...)
+		t.wild.n++
+		return true
+	}
+	r.peer, r.key, r.seq, r.seqd = int(src), seqKey{int(src), r.tag}, seq, true
 	t.wild.stats.InUCX++
 	if !t.recvCounter(r.key).claim(seq) {
 		// Cannot happen while anyPostable's conditions hold; say so
@@ -310,6 +321,13 @@ func (t *Transport) wildAdvanceMatched() {
 // previous such search chose, so that no sender is starved.
 func (t *Transport) anyArrived(tag int) (src int, found, none bool) {
 	_, info, ok := t.w.TagProbe(MakeUserTag(0, uint16(tag), 0), t.userMask()&^anyUserSourceMask, false)
+	for ok {
+		s, _, _ := SplitUserTag(info.Tag &^ cmaBit)
+		if !t.dropForeign(int(s), info.Tag) {
+			break
+		}
+		_, info, ok = t.w.TagProbe(MakeUserTag(0, uint16(tag), 0), t.userMask()&^anyUserSourceMask, false)
+	}
 	if ok {
 		src, _, seq := SplitUserTag(info.Tag)
 		if seq == t.peekSeq(int(src), tag) {

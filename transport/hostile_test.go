@@ -1,0 +1,217 @@
+package transport
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/troupe-hpc/troupe/datatype"
+)
+
+// Wire data a corrupt or hostile peer could send, and what the receiver
+// must do with it: a typed error for the receive it reaches, nothing
+// dropped silently, no panic, and the rank goes on.
+
+// hostileRTS sends a raw typed RTS from ts[0] to ts[1] under user tag tag
+// and sequence number seq.
+func hostileRTS(t *testing.T, ctx context.Context, ts []*Transport, tag int, seq uint32, h rts) {
+	t.Helper()
+	msg := make([]byte, rtsHdrLen)
+	h.encode(msg)
+	if _, err := ts[0].ncSend(1, ncRTSTag(KindTyped, 0, uint16(tag), seq), bufOf(msg), nil).Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// An RTS whose chunk size would make the receiver allocate exabytes (it
+// panicked in makeslice) is refused as invalid.
+func TestHostileRTSHugeChunk(t *testing.T) {
+	ts := localJob(t, 2, ProgressDirect)
+	ctx := testCtx(t)
+	dt, err := datatype.Contiguous(16, datatype.Float64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sig, _ := dt.SignatureHash(1)
+	hostileRTS(t, ctx, ts, 5, 0, rts{proposal: datatype.SchemePack, xid: 1, bytes: 1 << 62, sig: sig, chunk: 1 << 62})
+	if _, err := ts[1].RecvTyped(ctx, 0, 5, make([]byte, 128), dt, 1); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("typed receive of a hostile RTS: %v, want ErrInvalid", err)
+	}
+}
+
+// Pack chunks that do not have the announced size fail the typed receive
+// (once more than PackDepth of them failed, it indexed an empty queue and
+// panicked), and every chunk is still taken off UCX's queue.
+func TestHostilePackChunks(t *testing.T) {
+	ts := localJob(t, 2, ProgressDirect)
+	ctx := testCtx(t)
+	dt, err := datatype.Contiguous(1024, datatype.Float64) // 8 KiB
+	if err != nil {
+		t.Fatal(err)
+	}
+	sig, _ := dt.SignatureHash(1)
+	const xid = 7
+	hostileRTS(t, ctx, ts, 5, 0, rts{proposal: datatype.SchemePack, xid: xid, bytes: 8192, sig: sig, chunk: 1024})
+	for k := range 8 { // eight chunks of twice the announced size
+		ts[0].ncSend(1, ncXferTag(dirData, 0, xid, uint32(k)), bufOf(make([]byte, 2048)), nil)
+	}
+	if _, err := ts[1].RecvTyped(ctx, 0, 5, make([]byte, 8192), dt, 1); err == nil {
+		t.Fatal("a typed receive of oversized pack chunks succeeded")
+	}
+	if _, ok, _ := ts[1].Iprobe(0, 0); ok {
+		t.Fatal("something was left behind")
+	}
+}
+
+// A typed receive cancelled before it matched gave sequence number 0 of
+// (rank 0, tag 0) back to the plain API's counter, whatever its own peer
+// and tag: two plain receives then both took number 0 and the second
+// message was never matched.
+func TestCancelledTypedRecvKeepsPlainOrder(t *testing.T) {
+	ts := localJob(t, 2, ProgressDirect)
+	ctx := testCtx(t)
+	dt, err := datatype.Contiguous(16, datatype.Float64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	short, cancel := context.WithCancel(ctx)
+	r, err := ts[1].IrecvTyped(0, 5, make([]byte, 128), dt, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	if _, err := r.Wait(short); !errors.Is(err, context.Canceled) {
+		t.Fatalf("typed receive with no sender: %v, want cancelled", err)
+	}
+	for _, m := range []string{"a", "b"} {
+		if err := ts[0].Send(ctx, 1, 0, []byte(m)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, want := range []string{"a", "b"} {
+		buf := make([]byte, 1)
+		if _, err := ts[1].Recv(ctx, 0, 0, buf); err != nil || string(buf) != want {
+			t.Fatalf("plain receive after a cancelled typed one: %q %v, want %q", buf, err, want)
+		}
+	}
+}
+
+// Messages whose tag names a rank outside the job are dropped (counted in
+// ForeignDropped) wherever an any-source receive meets them: waiting in
+// UCX's queue before the receive, matched by a receive UCX already held
+// (it goes back to waiting), or as a typed RTS; the receive then gets the
+// next real message. Before, these panicked under the worker lock (a rank
+// that could not even Close) or completed with Source 999 in a job of two.
+func TestForeignSourceRank(t *testing.T) {
+	const bogus = 999
+	for _, engine := range []bool{false, true} {
+		opts := Options{}
+		if engine {
+			opts.Overlap = &recordingPolicy{}
+		}
+		ts := localJobWith(t, 2, opts)
+		ctx := testCtx(t)
+		send := func(wire uint64, b []byte) {
+			t.Helper()
+			if _, err := ts[0].ncSend(1, wire, bufOf(b), nil).Wait(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		check := func(what string, st Status, got []byte, err error, want string, dropped uint64) {
+			t.Helper()
+			if err != nil || st.Source != 0 || string(got[:st.Size]) != want {
+				t.Fatalf("engine %v: %s: %+v %q %v, want %q from rank 0", engine, what, st, got[:st.Size], err, want)
+			}
+			if n := ts[1].ForeignDropped(); n != dropped {
+				t.Fatalf("engine %v: %s: %d foreign messages counted, want %d", engine, what, n, dropped)
+			}
+		}
+		// Sent before the receive is posted.
+		send(MakeUserTag(bogus, 5, 0), []byte("junk"))
+		if err := ts[0].Send(ctx, 1, 5, []byte("real")); err != nil {
+			t.Fatal(err)
+		}
+		buf := make([]byte, 8)
+		st, err := ts[1].Recv(ctx, AnySource, 5, buf)
+		check("receive after", st, buf, err, "real", 1)
+		// Sent after the receive is posted.
+		r, err := ts[1].Irecv(AnySource, 6, buf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		send(MakeUserTag(bogus, 6, 0), []byte("junk"))
+		if err := ts[0].Send(ctx, 1, 6, []byte("real")); err != nil {
+			t.Fatal(err)
+		}
+		st, err = r.Wait(ctx)
+		check("receive before", st, buf, err, "real", 2)
+		// A typed RTS, any source.
+		dt, err := datatype.Contiguous(16, datatype.Float64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sig, _ := dt.SignatureHash(1)
+		h := rts{proposal: datatype.SchemePack, flags: rtsInline, xid: 1, bytes: 128, sig: sig, chunk: 1024}
+		msg := make([]byte, rtsHdrLen+128)
+		h.encode(msg)
+		send(ncRTSTag(KindTyped, bogus, 7, 0), msg)
+		want := pattern(128, 7)
+		sr, err := ts[0].IsendTyped(1, 7, want, dt, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := make([]byte, 128)
+		st, err = ts[1].RecvTyped(ctx, AnySource, 7, got, dt, 1)
+		if err != nil || st.Source != 0 || string(got) != string(want) {
+			t.Fatalf("engine %v: typed any-source receive past a foreign RTS: %+v %v", engine, st, err)
+		}
+		if _, err := sr.Wait(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if n := ts[1].ForeignDropped(); n != 3 {
+			t.Fatalf("engine %v: %d foreign messages counted, want 3", engine, n)
+		}
+	}
+}
+
+// CMA descriptors: one naming a rank outside the job is dropped by an
+// any-source receive; one announcing 2^63 bytes or more is a protocol
+// error (its size came out negative).
+func TestHostileCMADescriptors(t *testing.T) {
+	ts := cmaJob2(t, ProgressDirect)
+	ctx := testCtx(t)
+	desc := func(addr, n uint64) []byte {
+		d := make([]byte, cmaDescSize)
+		binary.LittleEndian.PutUint64(d[0:], cmaMagic)
+		binary.LittleEndian.PutUint64(d[8:], addr)
+		binary.LittleEndian.PutUint64(d[16:], n)
+		binary.LittleEndian.PutUint64(d[24:], 12345)
+		return d
+	}
+	src := make([]byte, 4096)
+	if _, err := ts[0].ncSend(1, MakeUserTag(999, 5, 0)|cmaBit, bufOf(desc(uint64(uintptr(bytesPtr(src))), 4096)), nil).Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	want := pattern(4096, 1)
+	sr, err := ts[0].Isend(1, 5, want) // by CMA: done once received
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, 4096)
+	if st, err := ts[1].Recv(ctx, AnySource, 5, got); err != nil || st.Source != 0 || string(got) != string(want) {
+		t.Fatalf("any-source receive past a foreign descriptor: %+v %v", st, err)
+	}
+	if _, err := sr.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ts[0].ncSend(1, MakeUserTag(0, 6, 0)|cmaBit, bufOf(desc(4096, 1<<63)), nil).Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if _, err := ts[1].Recv(rctx, 0, 6, got); !errors.Is(err, ErrProtocol) {
+		t.Fatalf("descriptor of 2^63 bytes: %v, want ErrProtocol", err)
+	}
+}
