@@ -24,12 +24,12 @@ package transport
 // in CUDA IPC for channels (channel_ipc.go).
 
 import (
-	"math"
 	"bytes"
 	"crypto/rand"
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"math/bits"
 	"os"
 	"strconv"

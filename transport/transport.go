@@ -225,13 +225,13 @@ type Transport struct {
 	amMsg   *AMMessage  // reused for messages their handlers do not keep
 	amh     atomic.Pointer[map[uint16]amHandler]
 
-	postFailed    uint64       // PostFailed's count once the worker is gone
+	postFailed    uint64        // PostFailed's count once the worker is gone
 	foreign       atomic.Uint64 // messages dropped for naming a rank outside the job
-	bundleFailed  uint64       // posts lost in bundles that were not sent (coalesce.go)
-	bundling      []int        // ranks whose peers have a bundle waiting
-	postPendingAt atomic.Int64 // when a PostAM last progressed the worker itself (unix ns)
-	postsInFlight atomic.Int64 // PostAM sends UCX had not completed at the last look
-	postsQueued   atomic.Int64 // PostAM sends UCX queued (the peer's queue was full)
+	bundleFailed  uint64        // posts lost in bundles that were not sent (coalesce.go)
+	bundling      []int         // ranks whose peers have a bundle waiting
+	postPendingAt atomic.Int64  // when a PostAM last progressed the worker itself (unix ns)
+	postsInFlight atomic.Int64  // PostAM sends UCX had not completed at the last look
+	postsQueued   atomic.Int64  // PostAM sends UCX queued (the peer's queue was full)
 
 	inlineDelivered atomic.Int64 // active messages delivered inside PostAM
 
