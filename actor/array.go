@@ -221,17 +221,29 @@ func (a *Array) ElementAt(i int) *pa.PID {
 
 // Broadcast delivers msg to every element: one message to each rank, whose
 // array manager hands it to its local elements (they share the decoded
-// value, so treat it as read-only).
+// value, so treat it as read-only). A message that cannot travel nested in
+// the broadcast (one with a Payload field, say) fails before any element
+// gets it.
 func (a *Array) Broadcast(msg any) error {
 	if err := Check(msg); err != nil {
 		return err
+	}
+	b := &arrayBroadcast{Value: anyValue{V: msg}}
+	if a.subtreeCount(0) > a.perRank[a.rt.rank] { // some element is remote
+		ct, _, err := lookupType(b)
+		if err == nil {
+			_, _, err = encodeBody(ct, b)
+		}
+		if err != nil {
+			return fmt.Errorf("actor: broadcast: %w", err)
+		}
 	}
 	var errs []error
 	for r := 0; r < a.rt.size; r++ {
 		if a.perRank[r] == 0 {
 			continue
 		}
-		if err := a.rt.Send(a.managerPID(r), &arrayBroadcast{Value: anyValue{V: msg}}); err != nil {
+		if err := a.rt.Send(a.managerPID(r), b); err != nil {
 			errs = append(errs, fmt.Errorf("broadcast to rank %d: %w", r, err))
 		}
 	}

@@ -90,7 +90,13 @@ func (d *deferredData) complete(sender *pa.PID) (any, bool) {
 		rt.landed(it, d.ct, d.dst, werr)
 	}
 	if it.err != "" {
-		rt.undeliverable(rt.PID(rt.rank, it.e.Target), nil, sender, it.err)
+		target := rt.PID(rt.rank, it.e.Target)
+		rt.undeliverable(target, nil, sender, it.err)
+		if sender == nil && it.landFailed {
+			// As deliver does: a sender that named no PID learns of it
+			// through its rank's dead letters.
+			rt.rejectDevice(it.e.Source, target, it.err)
+		}
 		return nil, false
 	}
 	return it.msg, true

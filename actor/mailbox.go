@@ -171,12 +171,20 @@ func (m *mailbox) process() {
 }
 
 // run invokes messages, system ones first, until none is left or the
-// mailbox is suspended; a panic is escalated as the actor's failure.
+// mailbox is suspended; a panic is escalated as the actor's failure, and
+// the message that panicked still counts as received (its sender's
+// credits come back: a sender would otherwise block for good after a few
+// failing large messages).
 func (m *mailbox) run() {
-	var msg any
+	var msg, invoking any
 	defer func() {
 		if r := recover(); r != nil {
 			m.invoker.EscalateFailure(r, msg)
+			if invoking != nil {
+				for _, mw := range m.middlewares {
+					mw.MessageReceived(invoking)
+				}
+			}
 		}
 	}()
 	i, t := 0, m.dispatcher.Throughput()
@@ -195,7 +203,9 @@ func (m *mailbox) run() {
 			case *pa.ResumeMailbox:
 				m.suspended.Store(false)
 			default:
+				invoking = msg
 				m.invoker.InvokeSystemMessage(msg)
+				invoking = nil
 			}
 			for _, mw := range m.middlewares {
 				mw.MessageReceived(msg)
@@ -209,7 +219,9 @@ func (m *mailbox) run() {
 			return
 		}
 		m.invoked.Add(1)
+		invoking = msg
 		m.invoker.InvokeUserMessage(msg)
+		invoking = nil
 		for _, mw := range m.middlewares {
 			mw.MessageReceived(msg)
 		}

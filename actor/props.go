@@ -44,7 +44,6 @@ type localActor struct {
 func (rt *Runtime) Props(producer pa.Producer, opts ...pa.PropsOption) *pa.Props {
 	mw := &creditMiddleware{rt: rt}
 	opts = append([]pa.PropsOption{
-		pa.WithMailbox(newMailbox(rt, mw)),
 		pa.WithDispatcher(rt.dispatcher),
 		pa.WithReceiverMiddleware(rt.trackMiddleware, deferredMiddleware),
 		// Known from the spawn on, before Started is processed: a message
@@ -53,6 +52,9 @@ func (rt *Runtime) Props(producer pa.Producer, opts ...pa.PropsOption) *pa.Props
 			rt.trackLocal(c.Self(), c.Actor(), &actorRun{spawnG: goroutineID()})
 		}),
 	}, opts...)
+	// Last, so that a mailbox among opts does not replace it: the
+	// runtime's mailbox is what returns the senders' credits.
+	opts = append(opts, pa.WithMailbox(newMailbox(rt, mw)))
 	return pa.PropsFromProducer(producer, opts...)
 }
 

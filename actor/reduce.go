@@ -26,9 +26,9 @@ var ops = struct {
 	sync.RWMutex
 	m map[string]Op
 }{m: map[string]Op{
-	Sum: numericOp(func(x, y float64) float64 { return x + y }, func(x, y int64) int64 { return x + y }),
-	Min: numericOp(func(x, y float64) float64 { return min(x, y) }, func(x, y int64) int64 { return min(x, y) }),
-	Max: numericOp(func(x, y float64) float64 { return max(x, y) }, func(x, y int64) int64 { return max(x, y) }),
+	Sum: numericOp(func(x, y float64) float64 { return x + y }, func(x, y int64) int64 { return x + y }, func(x, y uint64) uint64 { return x + y }),
+	Min: numericOp(func(x, y float64) float64 { return min(x, y) }, func(x, y int64) int64 { return min(x, y) }, func(x, y uint64) uint64 { return min(x, y) }),
+	Max: numericOp(func(x, y float64) float64 { return max(x, y) }, func(x, y int64) int64 { return max(x, y) }, func(x, y uint64) uint64 { return max(x, y) }),
 }}
 
 // RegisterOp adds a user-defined reduction under name. Every rank must
@@ -59,9 +59,9 @@ func lookupOp(name string) (Op, error) {
 // ErrReduce reports contributions an op cannot combine.
 var ErrReduce = errors.New("actor: reduction")
 
-// numericOp lifts float and integer combiners to the numeric types and
-// their slices.
-func numericOp(f func(x, y float64) float64, i func(x, y int64) int64) Op {
+// numericOp lifts float, signed and unsigned combiners to the numeric
+// types and their slices.
+func numericOp(f func(x, y float64) float64, i func(x, y int64) int64, u func(x, y uint64) uint64) Op {
 	return func(a, b any) (any, error) {
 		switch x := a.(type) {
 		case float64:
@@ -86,7 +86,7 @@ func numericOp(f func(x, y float64) float64, i func(x, y int64) int64) Op {
 			}
 		case uint64:
 			if y, ok := b.(uint64); ok {
-				return uint64(i(int64(x), int64(y))), nil
+				return u(x, y), nil
 			}
 		case []float64:
 			if y, ok := b.([]float64); ok {
@@ -209,14 +209,27 @@ type manager struct {
 	a *Array
 }
 
+// children are this rank's children in the tree whose subtrees hold
+// elements: a subtree without any never contributes, so its parent must
+// not wait for it (a rank hosting no elements, as Block placement leaves
+// when an array has fewer elements than there are ranks, once stalled
+// every round).
 func (a *Array) children() []int {
 	var cs []int
 	for _, c := range []int{2*a.rt.rank + 1, 2*a.rt.rank + 2} {
-		if c < a.rt.size {
+		if a.subtreeCount(c) > 0 {
 			cs = append(cs, c)
 		}
 	}
 	return cs
+}
+
+// subtreeCount is the number of elements on rank r and its descendants.
+func (a *Array) subtreeCount(r int) int {
+	if r >= a.rt.size {
+		return 0
+	}
+	return a.perRank[r] + a.subtreeCount(2*r+1) + a.subtreeCount(2*r+2)
 }
 
 // Receive implements protoactor's Actor.
@@ -310,8 +323,16 @@ func (a *Array) finish(round uint64, p *pending) {
 	if rt.rank != 0 {
 		part := &reducePartial{Round: round, Op: p.op, Target: p.target, Empty: p.empty, Err: p.err,
 			Value: anyValue{V: p.value}, FromRank: rt.rank}
-		if err := rt.Send(a.managerPID((rt.rank-1)/2), part); err != nil {
+		parent := a.managerPID((rt.rank - 1) / 2)
+		if err := rt.Send(parent, part); err != nil {
+			// The value cannot travel (its type is not registered, say):
+			// the round still completes at the root, failed.
 			rt.log.Error("reduction partial not sent", zap.String("array", a.name), zap.Error(err))
+			part.Value, part.Empty = anyValue{}, true
+			part.Err = fmt.Sprintf("rank %d could not send its partial: %v", rt.rank, err)
+			if err := rt.Send(parent, part); err != nil {
+				rt.log.Error("reduction failure not sent", zap.String("array", a.name), zap.Error(err))
+			}
 		}
 		return
 	}
@@ -321,5 +342,9 @@ func (a *Array) finish(round uint64, p *pending) {
 	}
 	if err := rt.Send(p.target, res); err != nil {
 		rt.log.Error("reduction result not delivered", zap.String("array", a.name), zap.Error(err))
+		res.Value, res.Err = anyValue{}, fmt.Sprintf("the result could not be sent: %v", err)
+		if err := rt.Send(p.target, res); err != nil {
+			rt.log.Error("reduction failure not delivered", zap.String("array", a.name), zap.Error(err))
+		}
 	}
 }

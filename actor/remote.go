@@ -47,6 +47,12 @@ func (p *remoteProcess) SendUserMessage(pid *pa.PID, message any) {
 			p.rt.answered(sender.Id)
 		}
 		p.rt.undeliverable(pid, msg, sender, err.Error())
+		if sender == nil && pid != nil && (strings.HasPrefix(pid.Id, requestPrefix) || strings.HasPrefix(pid.Id, "future")) {
+			// An answer (Respond) that could not be sent: tell the
+			// requester, which would otherwise wait out its timeout.
+			ue := &UndeliverableError{Target: pid.String(), Reason: "the answer could not be sent: " + err.Error()}
+			_ = p.rt.send(p.rank, pid, ue, nil, 0)
+		}
 	}
 }
 

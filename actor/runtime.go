@@ -559,6 +559,9 @@ func (rt *Runtime) shutdown(ctx context.Context) error {
 	if err := rt.pairs.close(); err != nil {
 		errs = append(errs, fmt.Errorf("actor: closing pair channels: %w", err))
 	}
+	// Nothing arrives any more: a Request still waiting gets its answer
+	// now rather than at its timeout.
+	rt.failRequests(-1, "the runtime shut down before the answer came")
 	rt.stopLocalActors()
 	rt.sys.Shutdown()
 	if rt.ownT {
@@ -570,15 +573,26 @@ func (rt *Runtime) shutdown(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// stopLocalActors stops the actors spawned through Props and waits for them.
+// stopLocalActors stops the actors spawned through Props and waits for
+// them. Nothing arrives any more, and each actor first processes the
+// messages already in its mailbox (a poison pill, not Stop: Stop is a
+// system message that overtakes them, and protoactor drops what a stopped
+// actor still had queued without a dead letter); one that takes more than
+// protoactor's 10 s future timeout to get there is stopped.
 func (rt *Runtime) stopLocalActors() {
 	var pids []*pa.PID
 	rt.local.Range(func(k, v any) bool {
 		pids = append(pids, v.(*localActor).pid)
 		return true
 	})
-	for _, pid := range pids {
-		_ = rt.sys.Root.StopFuture(pid).Wait()
+	fs := make([]*pa.Future, len(pids))
+	for i, pid := range pids {
+		fs[i] = rt.sys.Root.PoisonFuture(pid)
+	}
+	for i, f := range fs {
+		if f.Wait() != nil {
+			_ = rt.sys.Root.StopFuture(pids[i]).Wait()
+		}
 	}
 }
 
@@ -719,13 +733,14 @@ func (rt *Runtime) takeReply(id string) *replyProcess {
 	return rt.answered(id).reply
 }
 
-// failRequests answers every request pending on rank r with an error.
+// failRequests answers every request pending on rank r (every rank if r
+// is -1) with an error.
 func (rt *Runtime) failRequests(r int, reason string) {
 	rt.reqMu.Lock()
 	var failed []pendingRequest
 	var ids []string
 	for id, p := range rt.reqs {
-		if p.rank == r {
+		if p.rank == r || r == -1 {
 			ids = append(ids, id)
 			failed = append(failed, p)
 			delete(rt.reqs, id)
@@ -734,7 +749,7 @@ func (rt *Runtime) failRequests(r int, reason string) {
 	rt.nreqs.Store(int64(len(rt.reqs)))
 	rt.reqMu.Unlock()
 	for i, id := range ids {
-		ue := &UndeliverableError{Target: Address(r), Reason: reason}
+		ue := &UndeliverableError{Target: Address(failed[i].rank), Reason: reason}
 		if p := failed[i].reply; p != nil {
 			p.SendUserMessage(nil, ue)
 		} else if proc, ok := rt.sys.ProcessRegistry.GetLocal(id); ok {
