@@ -47,6 +47,7 @@ func (t *Transport) Improbe(src, tag int) (*Message, bool, error) {
 	if t.closed {
 		return nil, false, ErrClosed
 	}
+	t.runSubmitted()
 	if len(t.wild.held[tag]) > 0 {
 		if t.wildAdvance(tag); len(t.wild.held[tag]) > 0 {
 			return nil, false, nil

@@ -124,3 +124,42 @@ func TestImprobeAfterAnySourceReceive(t *testing.T) {
 		t.Fatalf("any-source receive posted first: %q", got)
 	}
 }
+
+// In queue mode an Irecv only queues its start for the progress goroutine;
+// a matched probe right after it on the same goroutine took the message
+// the receive was owed (MPI: the receive posted first gets it). Probes now
+// run the queued starts first.
+func TestProbeAfterIrecvQueueMode(t *testing.T) {
+	ts := localJob(t, 2, ProgressQueue)
+	ctx := testCtx(t)
+	for tag := range 20 {
+		for _, s := range []string{"A", "BB"} {
+			if err := ts[0].Send(ctx, 1, tag, []byte(s)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := ts[1].Probe(ctx, 0, tag); err != nil { // "A" has arrived
+			t.Fatal(err)
+		}
+		buf := make([]byte, 8)
+		r, err := ts[1].Irecv(0, tag, buf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, err := ts[1].Mprobe(ctx, 0, tag)
+		if err != nil {
+			t.Fatal(err)
+		}
+		st, err := r.Wait(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mbuf := make([]byte, 8)
+		if _, err := m.Recv(ctx, mbuf); err != nil {
+			t.Fatal(err)
+		}
+		if string(buf[:st.Size]) != "A" || string(mbuf[:m.Status().Size]) != "BB" {
+			t.Fatalf("tag %d: the Irecv posted first got %q, the Mprobe after it %q", tag, buf[:st.Size], mbuf[:m.Status().Size])
+		}
+	}
+}

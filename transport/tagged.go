@@ -323,6 +323,7 @@ func (t *Transport) Iprobe(src, tag int) (Status, bool, error) {
 	if t.closed {
 		return Status{}, false, ErrClosed
 	}
+	t.runSubmitted()
 	if src == AnySource {
 		if src, ok, _ := t.anyArrived(tag); ok {
 			size, _ := t.arrived(src, tag)

@@ -481,6 +481,23 @@ func (s submission) run(t *Transport) {
 	}
 }
 
+// runSubmitted runs the calls queued for the progress goroutine (queue
+// mode), in order, and reports whether there were any. A probe runs them
+// first, so that a receive started before it is placed before it looks
+// (MPI: the receive posted first gets the message). The worker lock is
+// held.
+func (t *Transport) runSubmitted() bool {
+	if len(t.submit) == 0 {
+		return false
+	}
+	calls := t.submit
+	t.submit = nil
+	for _, c := range calls {
+		c.run(t)
+	}
+	return true
+}
+
 // exec runs fn with the worker lock held: directly in direct mode, on the
 // progress goroutine in queue mode. fn must report its outcome through the
 // request it serves.
@@ -567,12 +584,7 @@ func (t *Transport) progressHandled() (active, handed bool) {
 		t.mu.Unlock()
 		return false, false
 	}
-	if len(t.submit) > 0 {
-		calls := t.submit
-		t.submit = nil
-		for _, c := range calls {
-			c.run(t)
-		}
+	if t.runSubmitted() {
 		active = true
 	}
 	evs, progressed := t.w.Progress()
