@@ -630,7 +630,7 @@ func (x *TypedTransfer) Run(ctx context.Context) (Status, error) {
 	if err != nil {
 		return Status{}, err
 	}
-	return x.nc.recvMatched(ctx, x.c, (*x.hbuf)[:n])
+	return x.nc.recvMatched(context.WithoutCancel(ctx), x.c, (*x.hbuf)[:n]) // matched: runs to completion (recvPlaced)
 }
 
 // ncComplete completes a typed request from its protocol goroutine.

@@ -65,14 +65,20 @@ func (nc *noncontig) placeRecv(c typedCall) (seq uint32, w *typedWaiter, p *park
 	return nc.takeRecvSeqLocked(c.seqKey()), nil, nil
 }
 
-// recvPlaced runs a typed receive placed by placeRecv.
+// recvPlaced runs a typed receive placed by placeRecv. It can be cancelled
+// through ctx until its RTS has matched; from then on the message is this
+// receive's, and the transfer runs to completion (or the peer's loss)
+// whatever ctx does: a receive that gave up there lost the message (the
+// next receive of its source and tag waited for it for ever, and so did
+// its sender).
 func (nc *noncontig) recvPlaced(ctx context.Context, c typedCall, seq uint32, w *typedWaiter, p *parkedRTS) (Status, error) {
-	if p != nil {
-		if err := p.wait(ctx, nc); err != nil {
+	if p != nil { // taken from nc.parked: matched already
+		run := context.WithoutCancel(ctx)
+		if err := p.wait(run, nc); err != nil {
 			return Status{}, err
 		}
 		c.peer = p.src
-		return nc.recvMatched(ctx, c, p.hdr)
+		return nc.recvMatched(run, c, p.hdr)
 	}
 	bp := nc.rtsBufs.Get().(*[]byte)
 	defer nc.rtsBufs.Put(bp)
@@ -81,7 +87,7 @@ func (nc *noncontig) recvPlaced(ctx context.Context, c typedCall, seq uint32, w 
 		return Status{}, err
 	}
 	c.peer = peer
-	return nc.recvMatched(ctx, c, (*bp)[:n])
+	return nc.recvMatched(context.WithoutCancel(ctx), c, (*bp)[:n])
 }
 
 // matchRTS receives the RTS of a typed receive placed by placeRecv into

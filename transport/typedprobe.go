@@ -310,7 +310,9 @@ func (m *TypedMessage) RecvWith(ctx context.Context, buf []byte, dt *datatype.Ty
 	if err != nil {
 		return Status{}, err
 	}
-	return nc.recvMatched(ctx, c, m.hdr)
+	// The probe matched it: the transfer runs to completion whatever ctx
+	// does, or the message would be lost (recvPlaced).
+	return nc.recvMatched(context.WithoutCancel(ctx), c, m.hdr)
 }
 
 // Irecv starts receiving the message as Recv does (MPI_Imrecv); the

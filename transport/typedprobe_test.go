@@ -428,3 +428,37 @@ func TestCloseWithSendsInFlight(t *testing.T) {
 		}
 	}
 }
+
+// A typed receive whose context has ended when its message is already
+// matched (parked by a probe) receives the message: it used to fail with
+// the message consumed, and the next receive and the sender waited for
+// ever.
+func TestTypedRecvCancelledAfterMatchLosesNothing(t *testing.T) {
+	for _, n := range []int{8, 64 << 10} {
+		forModes(t, func(t *testing.T, mode ProgressMode) {
+			ts := localJob(t, 2, mode)
+			ctx := testCtx(t)
+			dt, err := datatype.Contiguous(int64(n), datatype.Byte)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := pattern(n, 1)
+			sr, err := ts[0].IsendTyped(1, 5, want, dt, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := ts[1].ProbeTyped(ctx, 0, 5); err != nil { // parks it
+				t.Fatal(err)
+			}
+			ended, cancel := context.WithCancel(ctx)
+			cancel()
+			got := make([]byte, n)
+			if _, err := ts[1].RecvTyped(ended, 0, 5, got, dt, 1); err != nil || !bytes.Equal(got, want) {
+				t.Fatalf("%d B: a receive of a parked message with an ended context: %v", n, err)
+			}
+			if _, err := sr.Wait(ctx); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
