@@ -12,6 +12,22 @@ import (
 	"time"
 )
 
+// recvTags posts n receives of size bytes from rank 0 on tr, with tags
+// tag0, tag0+1, ...
+func recvTags(t *testing.T, tr *Transport, tag0, n, size int) ([]*Request, [][]byte) {
+	t.Helper()
+	reqs := make([]*Request, n)
+	bufs := make([][]byte, n)
+	for i := range reqs {
+		bufs[i] = make([]byte, size)
+		var err error
+		if reqs[i], err = tr.Irecv(0, tag0+i, bufs[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return reqs, bufs
+}
+
 // WaitAny returns the receive whose message came, whichever was posted
 // first; with that one set to nil, the next; with none left, -1.
 // WaitAll then collects the rest in order.
@@ -19,15 +35,7 @@ func TestWaitAnyAndAll(t *testing.T) {
 	forModes(t, func(t *testing.T, mode ProgressMode) {
 		ts := localJob(t, 2, mode)
 		ctx := testCtx(t)
-		reqs := make([]*Request, 4)
-		bufs := make([][]byte, 4)
-		for i := range reqs {
-			bufs[i] = make([]byte, 1)
-			var err error
-			if reqs[i], err = ts[1].Irecv(0, 20+i, bufs[i]); err != nil {
-				t.Fatal(err)
-			}
-		}
+		reqs, bufs := recvTags(t, ts[1], 20, 4, 1)
 		for _, tag := range []int{22, 20} {
 			if err := ts[0].Send(ctx, 1, tag, []byte{byte(tag)}); err != nil {
 				t.Fatal(err)
@@ -118,15 +126,7 @@ func TestWaitSomeTestAnyAll(t *testing.T) {
 	forModes(t, func(t *testing.T, mode ProgressMode) {
 		ts := localJob(t, 2, mode)
 		ctx := testCtx(t)
-		reqs := make([]*Request, 4)
-		bufs := make([][]byte, 4)
-		for i := range reqs {
-			bufs[i] = make([]byte, 2)
-			var err error
-			if reqs[i], err = ts[1].Irecv(0, 40+i, bufs[i]); err != nil {
-				t.Fatal(err)
-			}
-		}
+		reqs, bufs := recvTags(t, ts[1], 40, 4, 2)
 		if i, _, err := TestAny(reqs); i != -1 || err != nil {
 			t.Fatalf("TestAny before any send: %d %v", i, err)
 		}
