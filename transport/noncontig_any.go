@@ -150,9 +150,7 @@ func (nc *noncontig) matchAnyRTS(ctx context.Context, c typedCall, w *typedWaite
 				// Spent, naming a rank outside the job (nobody to
 				// answer): dropped, and the receive waits for a real RTS.
 				nc.mu.Unlock()
-				nc.t.foreign.Add(1)
-				nc.t.log.Warn("typed RTS naming a rank outside the job dropped", zap.Int("source", src),
-					zap.Int("size", nc.t.size))
+				nc.t.noteForeign(src, r.wire)
 				continue
 			}
 			if !nc.recvCounter(seqKey{src, c.tag}).claim(seq) {

@@ -788,6 +788,12 @@ func (t *Transport) dropForeign(src int, wire uint64) bool {
 // logged. The lock is held.
 func (t *Transport) foreignMsg(msg ucx.Message, src int, wire uint64) {
 	t.drainMsg(msg, "foreign")
+	t.noteForeign(src, wire)
+}
+
+// noteForeign counts and logs a message dropped for naming src, a rank
+// outside the job.
+func (t *Transport) noteForeign(src int, wire uint64) {
 	t.foreign.Add(1)
 	t.log.Warn("message naming a rank outside the job dropped", zap.Int("source", src), zap.Int("size", t.size),
 		zap.Uint64("tag", wire))

@@ -277,9 +277,7 @@ func (t *Transport) wildMatched(r *Request, e *ucx.Event) bool {
 	if int(src) >= t.size {
 		// A message naming a rank outside the job, spent: r goes back
 		// to the head of its list and waits for a real one.
-		t.foreign.Add(1)
-		t.log.Warn("message naming a rank outside the job dropped", zap.Uint32("source", src), zap.Int("size", t.size),
-			zap.Uint64("tag", wire))
+		t.noteForeign(int(src), wire)
 		t.wild.held[r.tag] = append([]*Request{r}, t.wild.held[r.tag]...)
 		t.wild.n++
 		return true
