@@ -124,8 +124,8 @@ func (f actorBenchFlags) validate() error {
 		}
 	}
 	for _, s := range f.sizes {
-		if s < 1 {
-			return fmt.Errorf("bench actor: --sizes: size %d, want at least 1", s)
+		if s < 1 || s > maxBenchSize {
+			return fmt.Errorf("bench actor: --sizes: size %d, want 1 to %d", s, maxBenchSize)
 		}
 	}
 	return nil

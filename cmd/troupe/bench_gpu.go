@@ -70,6 +70,12 @@ that wait for the scheduler can move the mean by several times.`,
 			if f.stat != "mean" && f.stat != "median" {
 				return fmt.Errorf("--stat %q: want mean or median", f.stat)
 			}
+			if err := checkSizes(f.minSize, f.maxSize); err != nil {
+				return err
+			}
+			if f.window < 1 {
+				return fmt.Errorf("--window %d: want at least 1", f.window)
+			}
 			pts, err := runGPUBenchJob(ctx, f)
 			if err != nil {
 				return err

@@ -403,7 +403,7 @@ func runNoncontigJob(ctx context.Context, f noncontigFlags) ([]ncPoint, error) {
 		args = append(args, "--no-apps")
 	}
 	if f.actor {
-		args = append(args, "--actor")
+		args = append(args, "--actor", "--burst", strconv.Itoa(f.burst))
 	}
 	if f.anySource {
 		args = append(args, "--any-source")

@@ -110,6 +110,12 @@ shows how long the senders wait for the late root, engine off and on.`,
 	_ = fl.MarkHidden("engine")
 	setBenchRun(cmd, func(ctx context.Context) error { return overlapRank(ctx, f) },
 		func(ctx context.Context, out io.Writer) error {
+			if err := checkSizes(f.minSize, f.maxSize); err != nil {
+				return err
+			}
+			if f.gatherRanks > 1 && (f.gatherSize < 1 || f.gatherSize > maxBenchSize) {
+				return fmt.Errorf("--gather-size %d: want 1 to %d", f.gatherSize, maxBenchSize)
+			}
 			return overlapRun(ctx, out, f)
 		})
 	return cmd

@@ -61,6 +61,12 @@ ucx_perftest (8 B tag_lat, 1 MiB tag_bw) and prints medians and ratios.`,
 	fl.BoolVar(&f.any, "any-source", false, "receive every message with transport.AnySource (what wildcard matching costs)")
 	setBenchRun(cmd, func(ctx context.Context) error { return pingpongRank(ctx, f) },
 		func(ctx context.Context, out io.Writer) error {
+			if err := checkSizes(f.minSize, f.maxSize); err != nil {
+				return err
+			}
+			if f.progress != "direct" && f.progress != "queue" {
+				return fmt.Errorf("--progress %q: want direct or queue", f.progress)
+			}
 			if f.compare > 0 {
 				return pingpongCompare(ctx, out, f)
 			}

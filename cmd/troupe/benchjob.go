@@ -156,3 +156,22 @@ func joinInts(xs []int) string {
 	}
 	return strings.Join(s, ",")
 }
+
+// maxBenchSize bounds the message sizes a benchmark accepts: every rank
+// allocates buffers of the largest.
+const maxBenchSize = 1 << 30
+
+// checkSizes refuses a --min/--max range a size sweep cannot run: sizes
+// below 1 (a doubling sweep from 0 never ends), above maxBenchSize, or
+// --min above --max (an empty table).
+func checkSizes(minSize, maxSize int) error {
+	switch {
+	case minSize < 1:
+		return fmt.Errorf("--min %d: want at least 1", minSize)
+	case maxSize > maxBenchSize:
+		return fmt.Errorf("--max %d: want at most %d", maxSize, maxBenchSize)
+	case minSize > maxSize:
+		return fmt.Errorf("--min %d is above --max %d", minSize, maxSize)
+	}
+	return nil
+}

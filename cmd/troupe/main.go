@@ -23,6 +23,14 @@ var rootCmd = &cobra.Command{
 var benchCmd = &cobra.Command{
 	Use:   "bench",
 	Short: "OSU-style benchmarks (pingpong, ddt, actor, noncontig, gpu, overlap)",
+	// A name that is no benchmark is an error, not the help and status 0.
+	Args: func(cmd *cobra.Command, args []string) error {
+		if len(args) > 0 {
+			return fmt.Errorf("unknown benchmark %q (try: troupe bench --help)", args[0])
+		}
+		return nil
+	},
+	RunE: func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
 }
 
 func init() {

@@ -52,7 +52,7 @@ environment). Ranks that use the overlap engine want at least two each
 TROUPE_SPIN=10us (poll briefly, then sleep) unless the environment sets it.
 Set TROUPE_LOG=debug for the launcher's and rendezvous's logs.`,
 		Example: `  troupe run -n 2 -- ./pingpong
-  troupe run -n 4 --tls tcp -- ./jacobi3d -size 256
+  troupe run -n 4 --tls tcp -- ./jacobi3d -grid 256
   troupe run -n 8 --procs split -- ./jacobi3d`,
 		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {

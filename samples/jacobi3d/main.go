@@ -74,7 +74,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		v   int
 		dst *int
 	}{{*nx, &cfg.NX}, {*ny, &cfg.NY}, {*nz, &cfg.NZ}} {
-		if o.v > 0 {
+		if o.v != 0 { // 0: the -grid value; a negative one is refused below
 			*o.dst = o.v
 		}
 	}

@@ -195,8 +195,11 @@ type Rank struct {
 
 // NewRank allocates a rank's buffers and sets the initial field.
 func NewRank(t *transport.Transport, sys *gpu.System, cfg Config) (*Rank, error) {
-	if cfg.L < 2 {
-		return nil, fmt.Errorf("facesim: L = %d, need at least 2", cfg.L)
+	if cfg.L < 2 || cfg.L > 1<<10 {
+		return nil, fmt.Errorf("facesim: L = %d, want 2 to %d cells per block edge", cfg.L, 1<<10)
+	}
+	if cfg.Iters < 1 {
+		return nil, fmt.Errorf("facesim: %d iterations, want at least 1", cfg.Iters)
 	}
 	dev := sys.Devices()[0]
 	s, err := dev.NewStream()

@@ -164,13 +164,27 @@ func (c *Config) normalize(ranks int) error {
 			return fmt.Errorf("jacobi: %d blocks in dimension %d of a %d-point grid (want 1..%d)", b, d, n[d], n[d])
 		}
 	}
+	// A block's two fields (halos included) must be allocatable: at most
+	// 2^31 points each (16 GiB), computed without overflow.
+	pts := int64(1)
+	for d, b := range c.Blocks {
+		side := int64((n[d]+b-1)/b + 2)
+		if pts > (1<<31)/side {
+			return fmt.Errorf("jacobi: a block of grid %dx%dx%d in %dx%dx%d blocks has more than 2^31 points: use more blocks",
+				c.NX, c.NY, c.NZ, c.Blocks[0], c.Blocks[1], c.Blocks[2])
+		}
+		pts *= side
+	}
 	if nb := c.Blocks[0] * c.Blocks[1] * c.Blocks[2]; nb < ranks {
 		return fmt.Errorf("jacobi: %d blocks for %d ranks: every rank needs at least one block", nb, ranks)
 	}
 	if c.Warmup < 0 || c.Iters < 0 || c.Sweeps() < 1 {
 		return fmt.Errorf("jacobi: warm-up %d + iterations %d must be at least one sweep", c.Warmup, c.Iters)
 	}
-	if c.ReduceEvery <= 0 {
+	switch {
+	case c.ReduceEvery < 0:
+		return fmt.Errorf("jacobi: reduce every %d sweeps", c.ReduceEvery)
+	case c.ReduceEvery == 0:
 		c.ReduceEvery = 1
 	}
 	if c.Tol < 0 || math.IsNaN(c.Tol) {

@@ -148,7 +148,11 @@ func TestConfigErrors(t *testing.T) {
 		{NX: 4, NY: 4, NZ: 4, Blocks: [3]int{1, 1, 1}, Iters: 1}, // fewer blocks than ranks
 		{NX: 4, NY: 4, NZ: 4, Blocks: [3]int{2, 1, 1}, Iters: 0},
 		{NX: 4, NY: 4, NZ: 4, Blocks: [3]int{2, 1, 1}, Iters: 1, Tol: -1},
-		{NX: 4, NY: 4, NZ: 4, Iters: 1}, // no shape (Run fills in JobBlocks)
+		{NX: 4, NY: 4, NZ: 4, Iters: 1},                                                        // no shape (Run fills in JobBlocks)
+		{NX: -5, NY: 4, NZ: 4, Blocks: [3]int{2, 1, 1}, Iters: 1},                              // -nx -5 once fell back to -grid
+		{NX: 4, NY: 4, NZ: 4, Blocks: [3]int{2, 1, 1}, Iters: 1, ReduceEvery: -3},              // once taken as 1
+		{NX: 100000, NY: 100000, NZ: 100000, Blocks: [3]int{1, 1, 2}, Iters: 1},                // blocks too large to allocate (a panic)
+		{NX: 1 << 20, NY: 1 << 20, NZ: 1 << 20, Blocks: [3]int{1 << 10, 1 << 10, 1}, Iters: 1}, // likewise, by the last dimension
 	} {
 		if err := cfg.normalize(2); err == nil {
 			t.Errorf("config %+v accepted", cfg)

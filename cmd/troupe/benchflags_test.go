@@ -1,0 +1,45 @@
+package main
+
+import (
+	"io"
+	"strings"
+	"testing"
+
+	"github.com/spf13/cobra"
+)
+
+// Bad benchmark flags are refused before any rank starts, naming the flag
+// (some hung for ever: --window 0 and --min 0; some ran something else:
+// --progress bogus ran direct; --max 2^63-1 ran out of memory).
+func TestBenchFlagsRefused(t *testing.T) {
+	for _, c := range []struct {
+		cmd  func() *cobra.Command
+		args []string
+		want string
+	}{
+		{newGPUBenchCmd, []string{"--window", "0"}, "--window 0"},
+		{newGPUBenchCmd, []string{"--min", "-8"}, "--min -8"},
+		{newGPUBenchCmd, []string{"--min", "128", "--max", "64"}, "above --max"},
+		{newOverlapCmd, []string{"--min", "0"}, "--min 0"},
+		{newOverlapCmd, []string{"--gather-size", "-1"}, "--gather-size -1"},
+		{newPingpongCmd, []string{"--progress", "bogus"}, `--progress "bogus"`},
+		{newPingpongCmd, []string{"--max", "9223372036854775807"}, "--max 9223372036854775807"},
+		{newPingpongCmd, []string{"--max", "0"}, "above --max"},
+	} {
+		cmd := c.cmd()
+		cmd.SetArgs(c.args)
+		cmd.SetOut(io.Discard)
+		cmd.SetErr(io.Discard)
+		if err := cmd.ExecuteContext(t.Context()); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s %v: %v, want an error naming %q", cmd.Name(), c.args, err, c.want)
+		}
+	}
+	// A name that is no benchmark is an error (it printed the help, status 0).
+	rootCmd.SetArgs([]string{"bench", "pingong"})
+	rootCmd.SetOut(io.Discard)
+	rootCmd.SetErr(io.Discard)
+	defer rootCmd.SetArgs(nil)
+	if err := rootCmd.Execute(); err == nil || !strings.Contains(err.Error(), `unknown benchmark "pingong"`) {
+		t.Errorf("troupe bench pingong: %v", err)
+	}
+}
