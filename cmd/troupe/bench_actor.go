@@ -244,7 +244,7 @@ func actorBenchRank(ctx context.Context, f actorBenchFlags) error {
 	if err != nil {
 		return err
 	}
-	defer rt.Shutdown(context.Background())
+	defer shutdownRank(rt)
 	stopTrace, err := benchTrace(rt.Rank())
 	if err != nil {
 		return err

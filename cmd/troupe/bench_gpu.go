@@ -182,7 +182,7 @@ func gpuBenchRank(ctx context.Context, f gpuBenchFlags) error {
 	if err := b.startMessaging(ctx); err != nil {
 		return err
 	}
-	defer b.rt.Shutdown(ctx)
+	defer shutdownRank(b.rt)
 	if err := boot.Barrier(ctx, "bench.gpu.actors"); err != nil {
 		return err
 	}

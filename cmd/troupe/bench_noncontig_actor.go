@@ -96,11 +96,7 @@ func noncontigActorRank(ctx context.Context, f noncontigFlags, boot bootstrap.Bo
 	if err != nil {
 		return err
 	}
-	defer func() {
-		sctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-		defer cancel()
-		_ = rt.Shutdown(sctx)
-	}()
+	defer shutdownRank(rt)
 	enc, closeOut, err := benchOut(t.Rank())
 	if err != nil {
 		return err

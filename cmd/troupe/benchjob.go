@@ -12,9 +12,11 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/troupe-hpc/troupe/actor"
 	"github.com/troupe-hpc/troupe/transport/bootstrap"
 )
 
@@ -174,4 +176,15 @@ func checkSizes(minSize, maxSize int) error {
 		return fmt.Errorf("--min %d is above --max %d", minSize, maxSize)
 	}
 	return nil
+}
+
+// shutdownRank shuts a benchmark rank's actor runtime down, giving up
+// after 20 s: a rank that fails while the others wait at a barrier of
+// their own would otherwise wait at the shutdown barrier for ever, and
+// the launcher, which stops the job when a rank exits with an error,
+// would never hear of it.
+func shutdownRank(rt *actor.Runtime) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	_ = rt.Shutdown(ctx)
 }
