@@ -118,6 +118,12 @@ executable or on PATH) and prints both side by side.`,
 
 // validate refuses message sizes the benchmark cannot send.
 func (f actorBenchFlags) validate() error {
+	if f.rtts < 0 {
+		return fmt.Errorf("bench actor: --rtts %d: want 0 (skip the round trips) or more", f.rtts)
+	}
+	if err := checkCounts("--scale", f.scale, "--repeat", f.repeat); err != nil {
+		return fmt.Errorf("bench actor: %w", err)
+	}
 	for _, s := range f.rttSize {
 		if s < 0 {
 			return fmt.Errorf("bench actor: --rtt-sizes: negative size %d", s)

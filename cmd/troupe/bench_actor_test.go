@@ -65,11 +65,18 @@ func TestActorJob(t *testing.T) {
 }
 
 func TestActorFlagsValidate(t *testing.T) {
-	ok := actorBenchFlags{rttSize: []int{0, 8}, sizes: []int{64}}
+	ok := actorBenchFlags{rttSize: []int{0, 8}, sizes: []int{64}, scale: 1, repeat: 1}
 	if err := ok.validate(); err != nil {
 		t.Fatalf("valid sizes refused: %v", err)
 	}
-	for _, f := range []actorBenchFlags{{rttSize: []int{-1}}, {sizes: []int{0}}} {
+	bad := []actorBenchFlags{ok, ok, ok, ok, ok, ok}
+	bad[0].rttSize = []int{-1}
+	bad[1].sizes = []int{0}
+	bad[2].sizes = []int{1 << 40}
+	bad[3].rtts = -5
+	bad[4].scale = -1
+	bad[5].repeat = 0
+	for _, f := range bad {
 		if err := f.validate(); err == nil {
 			t.Errorf("%+v accepted", f)
 		}

@@ -72,6 +72,9 @@ func runDDT(cmd *cobra.Command, _ []string) error {
 	mpiProgs, _ := cmd.Flags().GetStringSlice("mpi")
 	repeat, _ := cmd.Flags().GetInt("repeat")
 	workers, _ := cmd.Flags().GetInt("workers")
+	if err := checkCounts("--round", round, "--rounds", rounds, "--repeat", repeat, "--workers", workers); err != nil {
+		return err
+	}
 	if len(mpiProgs) == 0 || repeat < 1 {
 		repeat = 1
 	}

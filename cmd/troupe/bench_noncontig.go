@@ -267,6 +267,9 @@ each way's best batch is reported.`,
 			if f.burst < 1 || (f.burst > 1 && !f.actor) {
 				return fmt.Errorf("--burst %d: a count of at least 1, above 1 only with --actor", f.burst)
 			}
+			if err := checkCounts("--scale", f.scale, "--rounds", f.rounds, "--max-rounds", f.maxRounds, "--point-time", f.budget); err != nil {
+				return err
+			}
 			pts, err := runNoncontigJob(ctx, f)
 			if err != nil {
 				return err

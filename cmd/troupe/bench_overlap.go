@@ -113,6 +113,9 @@ shows how long the senders wait for the late root, engine off and on.`,
 			if err := checkSizes(f.minSize, f.maxSize); err != nil {
 				return err
 			}
+			if err := checkCounts("--scale", f.scale, "--rounds", f.rounds); err != nil {
+				return err
+			}
 			if f.gatherRanks > 1 && (f.gatherSize < 1 || f.gatherSize > maxBenchSize) {
 				return fmt.Errorf("--gather-size %d: want 1 to %d", f.gatherSize, maxBenchSize)
 			}

@@ -25,6 +25,9 @@ func TestBenchFlagsRefused(t *testing.T) {
 		{newPingpongCmd, []string{"--progress", "bogus"}, `--progress "bogus"`},
 		{newPingpongCmd, []string{"--max", "9223372036854775807"}, "--max 9223372036854775807"},
 		{newPingpongCmd, []string{"--max", "0"}, "above --max"},
+		{newOverlapCmd, []string{"--rounds", "0"}, "--rounds 0"},
+		{newNoncontigCmd, []string{"--point-time", "-1s"}, "--point-time -1s"},
+		{newNoncontigCmd, []string{"--scale", "-3"}, "--scale -3"},
 	} {
 		cmd := c.cmd()
 		cmd.SetArgs(c.args)

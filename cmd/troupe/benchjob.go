@@ -188,3 +188,25 @@ func shutdownRank(rt *actor.Runtime) {
 	defer cancel()
 	_ = rt.Shutdown(ctx)
 }
+
+// checkCounts refuses counts, multipliers and durations a benchmark cannot
+// run with: each named value must be positive (a zero or negative one was
+// once silently replaced by a default or ran nothing).
+func checkCounts(vals ...any) error {
+	for i := 0; i+1 < len(vals); i += 2 {
+		name := vals[i].(string)
+		var ok bool
+		switch v := vals[i+1].(type) {
+		case int:
+			ok = v > 0
+		case float64:
+			ok = v > 0
+		case time.Duration:
+			ok = v > 0
+		}
+		if !ok {
+			return fmt.Errorf("%s %v: want a positive value", name, vals[i+1])
+		}
+	}
+	return nil
+}
