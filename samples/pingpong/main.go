@@ -32,6 +32,14 @@ func main() {
 }
 
 func run(maxSize int, scale float64, progress string, idle time.Duration) error {
+	switch {
+	case progress != "direct" && progress != "queue":
+		return fmt.Errorf("-progress %q: want direct or queue", progress)
+	case maxSize < 8 || maxSize > 1<<30:
+		return fmt.Errorf("-max %d: want 8 to %d bytes", maxSize, 1<<30)
+	case scale <= 0:
+		return fmt.Errorf("-scale %g: want a positive multiplier", scale)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	boot, err := bootstrap.FromEnv(ctx)
