@@ -358,6 +358,9 @@ func ncVector(block, count int64) (ncCase, error) {
 	if block <= 0 || block%8 != 0 {
 		return ncCase{}, fmt.Errorf("vector block of %d bytes: a positive multiple of 8 is needed", block)
 	}
+	if count < 1 {
+		return ncCase{}, fmt.Errorf("vector of %d blocks: at least 1 is needed (an empty layout measures nothing)", count)
+	}
 	v, err := datatype.Vector(count, block/8, 2*block/8, datatype.Float64)
 	if err != nil {
 		return ncCase{}, err

@@ -251,7 +251,7 @@ func TestNoncontigCasesByName(t *testing.T) {
 	if n, err := cs[2].dt.PackedSize(1); err != nil || n != 120 || cs[2].alloc != 4*48+24 {
 		t.Fatalf("vec_24x5: %d packed bytes (%v), extent %d; want 120 and %d", n, err, cs[2].alloc, 4*48+24)
 	}
-	for _, bad := range []string{"foo", "vec_7x3", "vec_0x3", "vec_64x16x", "vec_064x16"} {
+	for _, bad := range []string{"foo", "vec_7x3", "vec_0x3", "vec_64x0", "vec_64x-1", "vec_64x16x", "vec_064x16"} {
 		if _, err := noncontigCases(noncontigFlags{layouts: []string{bad}}); err == nil {
 			t.Errorf("layout %q accepted", bad)
 		}

@@ -165,15 +165,22 @@ func (c *Config) normalize(ranks int) error {
 		}
 	}
 	// A block's two fields (halos included) must be allocatable: at most
-	// 2^31 points each (16 GiB), computed without overflow.
-	pts := int64(1)
-	for d, b := range c.Blocks {
-		side := int64((n[d]+b-1)/b + 2)
-		if pts > (1<<31)/side {
-			return fmt.Errorf("jacobi: a block of grid %dx%dx%d in %dx%dx%d blocks has more than 2^31 points: use more blocks",
-				c.NX, c.NY, c.NZ, c.Blocks[0], c.Blocks[1], c.Blocks[2])
+	// 2^31 points each (16 GiB), computed without overflow; with Check,
+	// so must the whole grid, which rank 0 computes serially.
+	shapes := [][3]int{c.Blocks}
+	if c.Check {
+		shapes = append(shapes, [3]int{1, 1, 1}) // the whole grid as one block
+	}
+	for _, parts := range shapes {
+		pts := int64(1)
+		for d, b := range parts {
+			side := int64((n[d]+b-1)/b + 2)
+			if pts > (1<<31)/side {
+				return fmt.Errorf("jacobi: grid %dx%dx%d in %dx%dx%d blocks: a block (or, with -check, the whole grid) has more than 2^31 points",
+					c.NX, c.NY, c.NZ, c.Blocks[0], c.Blocks[1], c.Blocks[2])
+			}
+			pts *= side
 		}
-		pts *= side
 	}
 	if nb := c.Blocks[0] * c.Blocks[1] * c.Blocks[2]; nb < ranks {
 		return fmt.Errorf("jacobi: %d blocks for %d ranks: every rank needs at least one block", nb, ranks)

@@ -153,6 +153,7 @@ func TestConfigErrors(t *testing.T) {
 		{NX: 4, NY: 4, NZ: 4, Blocks: [3]int{2, 1, 1}, Iters: 1, ReduceEvery: -3},              // once taken as 1
 		{NX: 100000, NY: 100000, NZ: 100000, Blocks: [3]int{1, 1, 2}, Iters: 1},                // blocks too large to allocate (a panic)
 		{NX: 1 << 20, NY: 1 << 20, NZ: 1 << 20, Blocks: [3]int{1 << 10, 1 << 10, 1}, Iters: 1}, // likewise, by the last dimension
+		{NX: 4096, NY: 4096, NZ: 4096, Blocks: [3]int{64, 64, 64}, Iters: 1, Check: true},      // the serial check's whole grid on rank 0
 	} {
 		if err := cfg.normalize(2); err == nil {
 			t.Errorf("config %+v accepted", cfg)
