@@ -92,6 +92,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 		cfg.Blocks = b
 	}
+	if *timeout <= 0 {
+		fmt.Fprintf(stderr, "jacobi3d: -timeout %v: want a positive duration\n", *timeout)
+		return 2
+	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()

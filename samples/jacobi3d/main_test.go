@@ -140,6 +140,7 @@ func TestBadFlags(t *testing.T) {
 	for _, tc := range []struct{ args, want []string }{
 		{[]string{"-gpu-api", "channel"}, []string{"needs -gpu"}},
 		{[]string{"-gpu", "-gpu-api", "pigeon"}, []string{"want messaging or channel"}},
+		{[]string{"-timeout", "0"}, []string{"-timeout 0s"}}, // failed later, as a rendezvous timeout
 	} {
 		var stderr strings.Builder
 		if status := run(tc.args, io.Discard, &stderr); status != 2 || !strings.Contains(stderr.String(), tc.want[0]) {
