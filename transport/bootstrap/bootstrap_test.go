@@ -76,6 +76,20 @@ func TestTokenRoundTrip(t *testing.T) {
 	}
 }
 
+// rawExchange connects to the rendezvous at addr, writes b as it is and
+// returns the server's answer.
+func rawExchange(t *testing.T, addr string, b []byte) *frame {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	require.NoError(t, err)
+	t.Cleanup(func() { c.Close() })
+	_, err = c.Write(b)
+	require.NoError(t, err)
+	f, err := readFrame(c)
+	require.NoError(t, err)
+	return f
+}
+
 func TestJoinRejected(t *testing.T) {
 	const size = 3
 	s, tok, logs := newTestServer(t, size)
@@ -111,50 +125,26 @@ func TestJoinRejected(t *testing.T) {
 	assert.Contains(t, err.Error(), "rank 1 already joined")
 
 	// A join frame without any token (not producible through Dial).
-	c, err := net.Dial("tcp", s.Addr())
-	require.NoError(t, err)
-	defer c.Close()
 	b, err := encodeFrame(&frame{Op: opJoin, Version: protocolVersion, Rank: 0, Size: size})
 	require.NoError(t, err)
-	_, err = c.Write(b)
-	require.NoError(t, err)
-	f, err := readFrame(c)
-	require.NoError(t, err)
+	f := rawExchange(t, s.Addr(), b)
 	assert.Equal(t, opError, f.Op)
 	assert.Contains(t, f.Error, "missing job token")
 
 	// An oversize frame is refused without reading it.
-	c2, err := net.Dial("tcp", s.Addr())
-	require.NoError(t, err)
-	defer c2.Close()
-	_, err = c2.Write([]byte{0x7f, 0xff, 0xff, 0xff})
-	require.NoError(t, err)
-	f, err = readFrame(c2)
-	require.NoError(t, err)
+	f = rawExchange(t, s.Addr(), []byte{0x7f, 0xff, 0xff, 0xff})
 	assert.Contains(t, f.Error, "frame too large")
 
 	// A first frame longer than a join is refused before the token is
 	// checked, without allocating its announced length (16 MiB would be
 	// within MaxFrameSize).
-	c3, err := net.Dial("tcp", s.Addr())
-	require.NoError(t, err)
-	defer c3.Close()
-	_, err = c3.Write([]byte{0x01, 0x00, 0x00, 0x00, '{'})
-	require.NoError(t, err)
-	f, err = readFrame(c3)
-	require.NoError(t, err)
+	f = rawExchange(t, s.Addr(), []byte{0x01, 0x00, 0x00, 0x00, '{'})
 	assert.Contains(t, f.Error, "frame too large")
 
 	// A join whose field has the wrong type is rejected with a reason, not
 	// dropped in silence.
-	c4, err := net.Dial("tcp", s.Addr())
-	require.NoError(t, err)
-	defer c4.Close()
 	bad := fmt.Sprintf(`{"op":"join","version":1,"token":%q,"rank":"0","size":3}`, tok)
-	_, err = c4.Write(append([]byte{0, 0, 0, byte(len(bad))}, bad...))
-	require.NoError(t, err)
-	f, err = readFrame(c4)
-	require.NoError(t, err)
+	f = rawExchange(t, s.Addr(), append([]byte{0, 0, 0, byte(len(bad))}, bad...))
 	assert.Equal(t, opError, f.Op)
 	assert.Contains(t, f.Error, "malformed frame")
 
