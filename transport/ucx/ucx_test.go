@@ -240,6 +240,58 @@ func TestCancel(t *testing.T) {
 	}
 }
 
+// TestCancelNow: an unmatched receive is cancelled at once, its event
+// already queued when CancelNow returns; a receive that matched a message
+// is not cancelled and delivers it.
+func TestCancelNow(t *testing.T) {
+	l := newLoop(t)
+	rr, err := l.w.TagRecv(l.buf(make([]byte, 16)), 100, ^uint64(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !l.w.CancelNow(rr) {
+		t.Fatal("CancelNow of an unmatched receive reported false")
+	}
+	evs := l.w.Drain() // no progress call: the event must be queued already
+	if len(evs) != 1 || evs[0].Request() != rr || evs[0].Status() != ucx.StatusCanceled {
+		t.Fatalf("events after CancelNow: %d, want one StatusCanceled for the receive", len(evs))
+	}
+
+	msg := []byte("matched!")
+	sr, err := l.w.TagSend(l.ep, l.buf(msg), 101)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := l.wait(sr); st != ucx.StatusOK {
+		t.Fatalf("send: %v", st)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; { // until it waits in the unexpected queue
+		if _, _, ok := l.w.TagProbe(101, ^uint64(0), false); ok {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the message never arrived")
+		}
+		evs, _ := l.w.Progress()
+		l.seen = append(l.seen, evs...)
+	}
+	got := make([]byte, 16)
+	rr, err = l.w.TagRecv(l.buf(got), 101, ^uint64(0)) // matches the queued message
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.w.CancelNow(rr) {
+		t.Fatal("CancelNow of a receive that matched a message reported true")
+	}
+	ev := l.next(func(e *ucx.Event) bool { return e.Request() == rr })
+	if ev.Status() != ucx.StatusOK || ev.Length() != len(msg) || !bytes.Equal(got[:len(msg)], msg) {
+		t.Fatalf("matched receive after CancelNow: %v, %d B %q", ev.Status(), ev.Length(), got[:ev.Length()])
+	}
+	if l.w.CancelNow(ucx.Request{}) {
+		t.Fatal("CancelNow of no request reported true")
+	}
+}
+
 // TestActiveMessages sends an eager and a rendezvous active message with a
 // header and checks what the queueing handler delivers.
 func TestActiveMessages(t *testing.T) {
