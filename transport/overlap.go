@@ -669,7 +669,7 @@ func (t *Transport) ovCancel(r *Request, err error) bool {
 	case r.ov.held && r.ov.cma != nil:
 		r.ov.held = false
 		t.step(overlap.Event{Kind: overlap.RecvCancelled, ID: r.ov.id})
-		t.freeSeq(r)
+		t.cancelledSeq(r)
 		t.fail(r, err)
 		t.ovCMAGiveBack(r)
 		return true
@@ -680,7 +680,7 @@ func (t *Transport) ovCancel(r *Request, err error) bool {
 		msg := r.ov.msg
 		r.ov.msg = ucx.Message{}
 		t.step(overlap.Event{Kind: overlap.RecvCancelled, ID: r.ov.id})
-		t.freeSeq(r)
+		t.cancelledSeq(r)
 		t.fail(r, err)
 		t.ovUnexpected(msg, r.ov.key(), r.peer, r.tag, r.ov.size)
 		return true
@@ -688,7 +688,7 @@ func (t *Transport) ovCancel(r *Request, err error) bool {
 		return true
 	}
 	t.step(overlap.Event{Kind: overlap.RecvCancelled, ID: r.ov.id})
-	t.freeSeq(r)
+	t.cancelledSeq(r)
 	t.fail(r, err)
 	return true
 }

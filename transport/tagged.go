@@ -189,8 +189,16 @@ func startRecvNow(t *Transport, r *Request) {
 	}
 	if !r.fixedSeq {
 		r.seq = c.take()
+		c.waiting = append(c.waiting, r)
+		r.counter = c
 	}
 	r.seqd = true
+	t.postNumbered(r)
+}
+
+// postNumbered posts r, a receive that owns sequence number r.seq of its
+// (source, tag); the worker lock is held.
+func (t *Transport) postNumbered(r *Request) {
 	wire := MakeUserTag(uint32(r.peer), uint16(r.tag), r.seq)
 	// A descriptor Iprobe took out of UCX serves the receive first.
 	if t.cma.on && t.cmaTakeHeld(r, wire) {
@@ -231,9 +239,7 @@ func (t *Transport) postUserRecv(r *Request, wire, ignore uint64) error {
 		// handle it now, so that its read is queued at once (with the
 		// overlap engine on, submitCall hands it to the progress
 		// goroutine) rather than when the event is next drained.
-		for evs := t.w.Drain(); len(evs) > 0; evs = t.w.Drain() {
-			t.handle(evs)
-		}
+		t.drainEvents()
 	}
 	return nil
 }
@@ -245,6 +251,14 @@ func (t *Transport) recvCounter(k seqKey) *recvCounter {
 		t.recvSeq[k] = c
 	}
 	return c
+}
+
+// drainEvents handles the events UCX has queued, without progressing it;
+// the worker lock is held, and no events are in hand.
+func (t *Transport) drainEvents() {
+	for evs := t.w.Drain(); len(evs) > 0; evs = t.w.Drain() {
+		t.handle(evs)
+	}
 }
 
 // freeSeq returns a cancelled receive's sequence number for reuse; the worker

@@ -202,7 +202,8 @@ type Transport struct {
 	evbuf         []ucx.Event
 	sendSeq       map[seqKey]uint32
 	recvSeq       map[seqKey]*recvCounter
-	wild          wildcards // any-source receives and those behind them (wildcard.go)
+	renumber      renumbering // receives renumbered after a cancellation (renumber.go)
+	wild          wildcards   // any-source receives and those behind them (wildcard.go)
 	amq           []ucx.Event
 	submit        []submission // queue mode: calls waiting for the progress goroutine
 	arrival       chan struct{}
@@ -273,6 +274,9 @@ type recvCounter struct {
 	next  uint32
 	freed []uint32
 	mask  uint32 // numbers wrap at mask+1: userSeqMask, or ncSeqMask for typed transfers
+	// waiting: the receives that took a number and have not completed,
+	// in the order they were posted (plain tagged receives; renumber.go).
+	waiting []*Request
 }
 
 func (c *recvCounter) take() uint32 {
@@ -291,13 +295,16 @@ func (c *recvCounter) take() uint32 {
 // receives were cancelled in, so that messages are still received in the
 // order they were sent.
 func (c *recvCounter) give(s uint32) {
-	age := func(x uint32) uint32 { return (x - c.next) & c.mask } // older: smaller
 	i := 0
-	for i < len(c.freed) && age(c.freed[i]) < age(s) {
+	for i < len(c.freed) && c.age(c.freed[i]) < c.age(s) {
 		i++
 	}
 	c.freed = slices.Insert(c.freed, i, s)
 }
+
+// age orders numbers taken from the counter: older ones (taken earlier,
+// their messages sent earlier) are smaller, across the wrap at mask+1.
+func (c *recvCounter) age(x uint32) uint32 { return (x - c.next) & c.mask }
 
 // claim takes s, the sequence number of a message an any-source receive
 // matched in UCX: a freed number or the next one. It reports false if s
@@ -852,6 +859,7 @@ func (t *Transport) handle(evs []ucx.Event) {
 		}
 	}
 	// Only now, evs being spent: starting receives may drain events.
+	t.runRenumbers()
 	t.wildAdvanceMatched()
 }
 
@@ -875,6 +883,9 @@ type Request struct {
 	// fixedSeq: seq was taken when the message was matched (Mprobe); the
 	// receive must not take another.
 	fixedSeq bool
+	// counter: the (source, tag) counter r took its number from, while r
+	// waits in its list of pending receives (renumber.go).
+	counter *recvCounter
 	// anyPosted: an any-source receive UCX holds with the source and
 	// sequence masked; the sender's tag names both when it completes
 	// (wildcard.go).
@@ -1155,18 +1166,7 @@ func (r *Request) Wait(ctx context.Context) (Status, error) {
 	if !r.recv {
 		return Status{}, fmt.Errorf("transport: %s rank %d tag %d: %w (operation still in flight)", r.op, r.peer, r.tag, ctx.Err())
 	}
-	t.exec(func() {
-		if t.wildCancel(r, ctx.Err()) {
-			return
-		}
-		if r.ov != nil && t.ov != nil && t.ovCancel(r, ctx.Err()) {
-			return
-		}
-		if !r.fin.Load() && r.ureq.Pending() {
-			r.failErr = ctx.Err()
-			t.w.Cancel(r.ureq)
-		}
-	})
+	t.exec(func() { t.cancelRecv(r, ctx.Err()) })
 	t.wake()
 	<-done
 	return r.status, r.err
@@ -1188,7 +1188,7 @@ func (t *Transport) finish(r *Request, st ucx.Status, length int) {
 	case st == ucx.StatusCanceled && r.failErr != nil:
 		r.err = r.failErr
 		if r.recv {
-			t.freeSeq(r)
+			t.cancelledSeq(r)
 		}
 	case st == ucx.StatusTruncated:
 		r.status = Status{Source: r.peer, Tag: r.tag, Size: length}
@@ -1223,6 +1223,10 @@ func (t *Transport) complete(r *Request) {
 		r.iov = nil
 	}
 	r.b, r.pins = ucx.Buffer{}, nil
+	if r.counter != nil {
+		r.counter.leave(r)
+		r.counter = nil
+	}
 	if p := t.peerOf(r.peer); p != nil {
 		delete(p.pending, r)
 	}

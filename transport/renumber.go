@@ -1,0 +1,243 @@
+package transport
+
+import (
+	"cmp"
+	"slices"
+
+	"github.com/troupe-hpc/troupe/overlap"
+	"github.com/troupe-hpc/troupe/transport/ucx"
+)
+
+// Renumbering after a cancelled receive.
+//
+// A receive takes the next sequence number of its (source, tag) when it is
+// posted and matches exactly the message the sender numbered alike
+// (trace-based matching, DESIGN 5.2). MPI matches a (source, tag)'s
+// messages to its receives in the order the receives were posted, passing
+// over cancelled ones: the message a cancelled receive was owed goes to the
+// earliest receive still pending. So when a receive is cancelled while
+// receives posted after it for the same (source, tag) are pending, each of
+// them takes over the number of the one before it, and the newest number
+// is given back for the next receive posted.
+//
+// A pending receive can be given another number only while it has not
+// matched its message. Each counter keeps its receives in post order while
+// they are pending (recvCounter.waiting). Those holding a number newer than
+// the oldest one given back are renumbered only if every one of them waits
+// in UCX's expected queue, where it is cancelled at once if it has not
+// matched (Worker.CancelNow) and posted again with its new number, or in
+// the overlap engine's table of posted receives, where it is re-keyed. All
+// of it happens in one step under the worker lock, which UCX needs to
+// progress, and a UCX receive the user cancels is handled at once so that
+// the step follows it directly (cancelRecv). Otherwise (one of them has
+// matched, or a masked any-source receive in UCX could take the numbers'
+// messages and would then come before the receives posted again) the
+// numbers stay as they are, as before this existed: the message the
+// cancelled receive was owed goes to the next receive posted.
+
+// renumbering is the state of the renumbering; the worker lock guards it.
+type renumbering struct {
+	queue []seqKey // (source, tag)s with a number given back, to renumber
+}
+
+// leave takes r, completed, off the counter's list of pending receives;
+// the oldest is usually first.
+func (c *recvCounter) leave(r *Request) {
+	if i := slices.Index(c.waiting, r); i >= 0 {
+		c.waiting = slices.Delete(c.waiting, i, i+1)
+	}
+}
+
+// cancelRecv withdraws r, a pending receive, and fails it with err unless
+// it completes first; the worker lock is held.
+func (t *Transport) cancelRecv(r *Request, err error) {
+	switch {
+	case t.wildCancel(r, err):
+	case r.ov != nil && t.ov != nil && t.ovCancel(r, err):
+	case !r.fin.Load() && r.ureq.Pending():
+		r.failErr = err
+		t.w.Cancel(r.ureq)
+		// Handle the cancellation before UCX progresses again, so that
+		// the receives posted after r can be renumbered.
+		t.drainEvents()
+	}
+	t.runRenumbers()
+}
+
+// cancelledSeq gives back the number of r, a cancelled receive, and
+// queues its (source, tag) to be renumbered; the worker lock is held.
+func (t *Transport) cancelledSeq(r *Request) {
+	numbered, k := r.seqd && r.key != chanSinkKey, r.key
+	t.freeSeq(r)
+	if numbered && !t.closed {
+		t.renumber.queue = append(t.renumber.queue, k)
+	}
+}
+
+// runRenumbers renumbers the (source, tag)s queued by cancellations; the
+// worker lock is held, and no events are in hand (posting a receive may
+// drain events).
+func (t *Transport) runRenumbers() {
+	for len(t.renumber.queue) > 0 {
+		k := t.renumber.queue[0]
+		t.renumber.queue = t.renumber.queue[1:]
+		t.renumberKey(k)
+	}
+}
+
+// renumberKey gives k's pending receives the oldest numbers, in the order
+// they were posted, when it is sound (above); the worker lock is held.
+func (t *Transport) renumberKey(k seqKey) {
+	c := t.recvSeq[k]
+	if t.closed || c == nil || len(c.freed) == 0 {
+		return
+	}
+	rs, ok := t.numberedAfter(c, c.freed[0]) // freed numbers are kept oldest first
+	if !ok || len(rs) == 0 {
+		return
+	}
+	nums := make([]uint32, 0, len(rs)+len(c.freed))
+	for _, r := range rs {
+		nums = append(nums, r.seq)
+	}
+	nums = append(nums, c.freed...)
+	slices.SortFunc(nums, func(a, b uint32) int { return cmp.Compare(c.age(a), c.age(b)) })
+	if !renumbers(rs, nums) {
+		return // each holds its number already
+	}
+	// A masked any-source receive UCX holds for the tag was posted after
+	// the receives (those posted after it wait behind it in software), and
+	// must still come after them in UCX's queue: it is withdrawn too, and
+	// posted again last.
+	var masked *Request
+	if q := t.wild.held[k.tag]; len(q) > 0 && q[0].anyPosted {
+		masked = q[0]
+		if !t.withdrawMasked(masked) {
+			return // it matched a message: its claim decides, numbers as they are
+		}
+	}
+	var moved []*Request
+	for i, r := range rs {
+		if r.seq == nums[i] {
+			continue
+		}
+		if !t.withdrawNumbered(r) {
+			// UCX matched it meanwhile: put back the ones withdrawn,
+			// numbers unchanged.
+			for _, m := range moved {
+				t.repostNumbered(m)
+			}
+			t.repostMasked(masked)
+			return
+		}
+		moved = append(moved, r)
+	}
+	for i, r := range rs {
+		r.seq = nums[i]
+	}
+	c.freed = append(c.freed[:0], nums[len(rs):]...)
+	for _, r := range moved {
+		t.repostNumbered(r)
+	}
+	t.repostMasked(masked)
+}
+
+// numberedAfter returns, in post order, the pending receives of c that
+// hold a number newer than s. It reports false if one of them is in a
+// state that cannot be renumbered: anywhere but UCX's expected queue or the
+// overlap engine's table of posted receives, it has matched its message.
+// A receive in UCX's queue may have matched too; withdrawNumbered finds
+// out. The worker lock is held.
+func (t *Transport) numberedAfter(c *recvCounter, s uint32) ([]*Request, bool) {
+	var rs []*Request
+	for _, r := range c.waiting {
+		if c.age(r.seq) <= c.age(s) {
+			continue
+		}
+		inUCX := r.ov == nil && r.probe == nil && !r.anyPosted && r.ureq.Pending() && t.ops[r.ureq] == r
+		inTable := r.ov != nil && t.ov != nil && t.ov.posted[r.ov.key()] == r
+		if !inUCX && !inTable {
+			return nil, false
+		}
+		rs = append(rs, r)
+	}
+	return rs, true
+}
+
+// withdrawNumbered takes r, an unmatched receive, out of UCX's expected
+// queue or the overlap engine's table, to be posted again; it reports false
+// if UCX had matched it meanwhile. The worker lock is held.
+func (t *Transport) withdrawNumbered(r *Request) bool {
+	if r.ov != nil {
+		delete(t.ov.posted, r.ov.key())
+		return true
+	}
+	return t.cancelInUCX(r)
+}
+
+// cancelInUCX cancels r's UCX receive at once if it has not matched, and
+// reports whether it did; r's cancellation event is then ignored. The
+// worker lock is held.
+func (t *Transport) cancelInUCX(r *Request) bool {
+	old := r.ureq
+	delete(t.ops, old)
+	if !t.w.CancelNow(old) {
+		t.ops[old] = r
+		return false
+	}
+	r.ureq = ucx.Request{}
+	return true
+}
+
+// renumbers reports whether some receive of rs is to take another number
+// than it holds.
+func renumbers(rs []*Request, nums []uint32) bool {
+	for i, r := range rs {
+		if r.seq != nums[i] {
+			return true
+		}
+	}
+	return false
+}
+
+// repostNumbered posts r again after withdrawNumbered, with the number it
+// now holds; the worker lock is held, and no events are in hand.
+func (t *Transport) repostNumbered(r *Request) {
+	if r.ov != nil {
+		wire := MakeUserTag(uint32(r.peer), uint16(r.tag), r.seq)
+		k := ovKey{wire: wire}
+		if t.ov.unexp[k] == nil {
+			// The engine keeps its record of the receive; only the key
+			// it waits under changes.
+			r.ov.wire = wire
+			t.ov.posted[k] = r
+			return
+		}
+		// Its message is already in the engine's hands: the receive is
+		// routed anew, as a fresh one.
+		t.step(overlap.Event{Kind: overlap.RecvCancelled, ID: r.ov.id})
+		r.ov = nil
+	}
+	t.postNumbered(r)
+}
+
+// withdrawMasked takes r, a masked any-source receive UCX holds, out of
+// UCX's queue; it reports false if UCX had matched it meanwhile. r stays
+// at the head of its tag's list. The worker lock is held.
+func (t *Transport) withdrawMasked(r *Request) bool {
+	if !t.cancelInUCX(r) {
+		return false
+	}
+	r.anyPosted = false
+	return true
+}
+
+// repostMasked starts r, an any-source receive withdrawMasked took out
+// of UCX, as the head of its tag's list: matched to a message that has
+// arrived, posted masked again, or left waiting in software
+// (wildAdvance). The worker lock is held, and no events are in hand.
+func (t *Transport) repostMasked(r *Request) {
+	if r != nil {
+		t.wildAdvance(r.tag)
+	}
+}
