@@ -153,3 +153,52 @@ func TestCancelledReceiveBeforeMaskedAnySource(t *testing.T) {
 		}
 	}
 }
+
+// Receives whose context has ended race with their messages' arrival:
+// each either completes with its message or is cancelled having taken
+// none, so every message is received once, in order. In queue mode the
+// cancellation runs on the progress goroutine; Recv's pooled request must
+// not be recycled (and reused) before it is over (run with -race).
+func TestRecvCancelRacesArrival(t *testing.T) {
+	for _, mode := range []ProgressMode{ProgressDirect, ProgressQueue} {
+		t.Run(mode.String(), func(t *testing.T) {
+			ts := localJob(t, 2, mode)
+			ctx := testCtx(t)
+			ended, stop := context.WithCancel(ctx)
+			stop()
+			const n, tag = 300, 9
+			go func() {
+				for i := range n {
+					if err := ts[0].Send(ctx, 1, tag, []byte{byte(i), byte(i >> 8)}); err != nil {
+						t.Error(err)
+						return
+					}
+				}
+			}()
+			buf := make([]byte, 2)
+			next := 0
+			check := func(st Status) {
+				if got := int(buf[0]) | int(buf[1])<<8; st.Size != 2 || got != next {
+					t.Fatalf("received message %d (%d B), want %d", got, st.Size, next)
+				}
+				next++
+			}
+			for range n {
+				st, err := ts[1].Recv(ended, 0, tag, buf)
+				switch {
+				case err == nil:
+					check(st)
+				case !errors.Is(err, context.Canceled):
+					t.Fatal(err)
+				}
+			}
+			for next < n {
+				st, err := ts[1].Recv(ctx, 0, tag, buf)
+				if err != nil {
+					t.Fatal(err)
+				}
+				check(st)
+			}
+		})
+	}
+}

@@ -210,6 +210,7 @@ type Transport struct {
 	reg           *regCache
 	lostSubs      []chan PeerEvent
 	closed        bool
+	loopGone      bool // queue mode: the progress goroutine has ended; calls run at once
 	ov            *ovState      // the overlap engine's state; nil when off
 	chanOpen      atomic.Int32  // channels open on this rank (ovProbe takes their messages)
 	chanDiscarded atomic.Uint64 // leftover channel chunks drained without the engine
@@ -519,6 +520,11 @@ func (t *Transport) execReq(r *Request, start func(*Transport, *Request)) {
 func (t *Transport) submitCall(s submission) {
 	if t.opts.Progress == ProgressQueue {
 		t.mu.Lock()
+		if t.loopGone {
+			s.run(t)
+			t.mu.Unlock()
+			return
+		}
 		t.submit = append(t.submit, s)
 		t.mu.Unlock()
 		t.wake()
@@ -1166,8 +1172,16 @@ func (r *Request) Wait(ctx context.Context) (Status, error) {
 	if !r.recv {
 		return Status{}, fmt.Errorf("transport: %s rank %d tag %d: %w (operation still in flight)", r.op, r.peer, r.tag, ctx.Err())
 	}
-	t.exec(func() { t.cancelRecv(r, ctx.Err()) })
+	// The cancellation may run on the progress goroutine (queue mode),
+	// where it reads r after r completes: the caller may recycle r only
+	// once it is over.
+	cancelled := make(chan struct{})
+	t.exec(func() {
+		t.cancelRecv(r, ctx.Err())
+		close(cancelled)
+	})
 	t.wake()
+	<-cancelled
 	<-done
 	return r.status, r.err
 }
@@ -1446,7 +1460,9 @@ func (t *Transport) Close() error {
 	<-t.loopDone
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	// Calls still queued (queue mode) see the transport closed and fail their requests.
+	// Calls still queued (queue mode) see the transport closed and fail
+	// their requests; later ones run at once (submitCall).
+	t.loopGone = true
 	for _, c := range t.submit {
 		c.run(t)
 	}
