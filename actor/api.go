@@ -23,6 +23,29 @@ func Check(msg any) error {
 	return err
 }
 
+// ErrNotInJob reports a message to a PID whose address names no rank of
+// this job (a rank beyond the job's size, or no troupe rank at all): it
+// could only reach the dead letters.
+var ErrNotInJob = errors.New("actor: PID names no rank of this job")
+
+// protoLocal is the address protoactor gives PIDs of its own process
+// before a system address is set; its registry treats it as local.
+const protoLocal = "nonhost"
+
+// checkTarget refuses a nil PID and one naming no rank of this job.
+func (rt *Runtime) checkTarget(pid *pa.PID, op string) error {
+	if pid == nil {
+		return fmt.Errorf("actor: %s to a nil PID", op)
+	}
+	if pid.Address == rt.addrs[rt.rank] || pid.Address == protoLocal {
+		return nil
+	}
+	if r, ok := rankOf(pid.Address); ok && r < rt.size {
+		return nil
+	}
+	return fmt.Errorf("%w: %s to %s (a job of %d ranks)", ErrNotInJob, op, pid, rt.size)
+}
+
 // remote reports whether pid lives on another rank of this job.
 func (rt *Runtime) remote(pid *pa.PID) (int, bool) {
 	r := RankOf(pid)
@@ -38,8 +61,8 @@ func (rt *Runtime) Send(pid *pa.PID, msg any) error {
 // SendFrom sends msg to pid as sender (nil: no sender); receivers see the
 // sender through Context.Sender and may Respond to it.
 func (rt *Runtime) SendFrom(sender *pa.PID, pid *pa.PID, msg any) error {
-	if pid == nil {
-		return errors.New("actor: send to a nil PID")
+	if err := rt.checkTarget(pid, "send"); err != nil {
+		return err
 	}
 	if rt.closed.Load() {
 		return ErrClosed
@@ -82,8 +105,8 @@ func (rt *Runtime) SendDevice(sender, pid *pa.PID, msg any) (*Completion, error)
 // RequestFuture sends msg to pid and returns a future for the response.
 // Errors in sending (an unregistered type, a lost rank) are returned now.
 func (rt *Runtime) RequestFuture(pid *pa.PID, msg any, timeout time.Duration) (*pa.Future, error) {
-	if pid == nil {
-		return nil, errors.New("actor: request to a nil PID")
+	if err := rt.checkTarget(pid, "request"); err != nil {
+		return nil, err
 	}
 	if rt.closed.Load() {
 		return nil, ErrClosed
@@ -109,8 +132,8 @@ func (rt *Runtime) RequestFuture(pid *pa.PID, msg any, timeout time.Duration) (*
 // While it waits, the calling goroutine progresses the transport itself for
 // a moment (as a blocking Recv does), so a quick answer costs no wake-up.
 func (rt *Runtime) Request(pid *pa.PID, msg any, timeout time.Duration) (any, error) {
-	if pid == nil {
-		return nil, errors.New("actor: request to a nil PID")
+	if err := rt.checkTarget(pid, "request"); err != nil {
+		return nil, err
 	}
 	if rt.closed.Load() {
 		return nil, ErrClosed

@@ -319,3 +319,41 @@ func TestDeviceLandingRejectedWithEngine(t *testing.T) {
 		t.Fatalf("the sending rank was not told (DeviceRejected %d)", rts[0].Stats().DeviceRejected.Load())
 	}
 }
+
+// A PID naming no rank of the job (a rank beyond its size, or an address
+// that is no troupe rank) is refused by Send, SendDevice, Request and
+// RequestFuture with ErrNotInJob; the message used to go to the dead
+// letters while the call returned nil. PIDs of this rank and of the other
+// ranks are still accepted.
+func TestSendToPIDOutsideJob(t *testing.T) {
+	rts := startLocal(t, 2)
+	if _, err := rts[1].Root().SpawnNamed(rts[1].PropsFromFunc(func(c pa.Context) {
+		if p, ok := c.Message().(*ping); ok {
+			c.Respond(&ping{N: p.N + 1})
+		}
+	}), "echo"); err != nil {
+		t.Fatal(err)
+	}
+	for _, pid := range []*pa.PID{pa.NewPID(Address(2), "echo"), pa.NewPID(Address(999), "echo"), pa.NewPID("10.0.0.1:8080", "echo")} {
+		if err := rts[0].Send(pid, &ping{N: 1}); !errors.Is(err, ErrNotInJob) {
+			t.Errorf("Send to %s: %v, want ErrNotInJob", pid, err)
+		}
+		if _, err := rts[0].SendDevice(nil, pid, &ping{N: 1}); !errors.Is(err, ErrNotInJob) {
+			t.Errorf("SendDevice to %s: %v, want ErrNotInJob", pid, err)
+		}
+		if _, err := rts[0].Request(pid, &ping{N: 1}, time.Second); !errors.Is(err, ErrNotInJob) {
+			t.Errorf("Request to %s: %v, want ErrNotInJob", pid, err)
+		}
+		if _, err := rts[0].RequestFuture(pid, &ping{N: 1}, time.Second); !errors.Is(err, ErrNotInJob) {
+			t.Errorf("RequestFuture to %s: %v, want ErrNotInJob", pid, err)
+		}
+	}
+	got, err := rts[0].Request(rts[0].PID(1, "echo"), &ping{N: 1}, 10*time.Second)
+	if p, ok := got.(*ping); err != nil || !ok || p.N != 2 {
+		t.Fatalf("request to rank 1: %v %v", got, err)
+	}
+	local, err := rts[1].Request(rts[1].PID(1, "echo"), &ping{N: 5}, 10*time.Second)
+	if p, ok := local.(*ping); err != nil || !ok || p.N != 6 {
+		t.Fatalf("request on rank 1 itself: %v %v", local, err)
+	}
+}
