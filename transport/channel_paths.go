@@ -186,11 +186,11 @@ func (t *Transport) postChunkRecv(r *Request, chanID uint32, k ovKey, whole bool
 	}
 }
 
-// cancelAll withdraws the receives among rs that have not matched yet.
+// cancelAll withdraws the receives among rs that have not matched yet; rs
+// may hold nils (chunk receives a staged transfer had not posted yet).
 func (t *Transport) cancelAll(rs []*Request) {
 	for _, r := range rs {
-		r := r
-		if !r.recv || r.fin.Load() {
+		if r == nil || !r.recv || r.fin.Load() {
 			continue
 		}
 		t.exec(func() {
@@ -369,7 +369,9 @@ func (c *Channel) startDirect(send bool, ctr uint32, e endBuf, cr *ChannelReques
 // ---- same-process path ------------------------------------------------------
 
 // postOffice pairs the sends and receives of channels whose two ends live in
-// this process.
+// this process. Once a transport has closed (Transport.poClosed, which
+// postOffice.mu guards), a transfer it posted waits no more, and none is
+// posted to or from it.
 var postOffice = struct {
 	mu sync.Mutex
 	m  map[poKey]*poEntry
@@ -399,6 +401,11 @@ func (c *Channel) postLocal(send bool, ctr uint32, e endBuf, cr *ChannelRequest)
 	}
 	me := &localEnd{e: e, cr: cr}
 	postOffice.mu.Lock()
+	if err := localEndError(c, cr.op); err != nil {
+		postOffice.mu.Unlock()
+		cr.finish(err)
+		return
+	}
 	pe := postOffice.m[key]
 	if pe == nil {
 		pe = &poEntry{}
@@ -416,6 +423,43 @@ func (c *Channel) postLocal(send bool, ctr uint32, e endBuf, cr *ChannelRequest)
 	postOffice.mu.Unlock()
 	if ready {
 		go localTransfer(pe.send, pe.recv)
+	}
+}
+
+// localEndError is the error of a same-process transfer on c whose own
+// transport or whose peer's has closed; postOffice.mu is held.
+func localEndError(c *Channel, op string) error {
+	switch {
+	case c.t.poClosed:
+		return fmt.Errorf("transport: channel %d %s: %w", c.id, op, ErrClosed)
+	case c.local.poClosed:
+		return &PeerLostError{Rank: c.peer, Op: fmt.Sprintf("channel %d %s", c.id, op), Reason: "its transport closed"}
+	}
+	return nil
+}
+
+// closeLocalChannels fails the same-process transfers waiting for their
+// other end that t, closing, posted or would have completed; the ones
+// posted later fail at once (postLocal).
+func closeLocalChannels(t *Transport) {
+	postOffice.mu.Lock()
+	t.poClosed = true
+	var failed []*localEnd
+	var errs []error
+	for key, pe := range postOffice.m {
+		for _, end := range []*localEnd{pe.send, pe.recv} {
+			if end == nil {
+				continue
+			}
+			if err := localEndError(end.cr.c, end.cr.op); err != nil {
+				failed, errs = append(failed, end), append(errs, err)
+				delete(postOffice.m, key)
+			}
+		}
+	}
+	postOffice.mu.Unlock()
+	for i, end := range failed {
+		end.cr.finish(errs[i])
 	}
 }
 
@@ -484,11 +528,16 @@ type stage struct {
 	slots  []gpu.Buffer
 	bytes  [][]byte
 	events []*gpu.Event
+	// own: slots[0] was allocated for this transfer alone (the pool had
+	// none free) and is freed, not put back.
+	own bool
 }
 
-// newStage takes up to min(stageDepth, chunks) pinned chunk buffers: the
-// first one waits for the pool, further ones are taken only if free, so a
-// transfer always makes progress with what it gets.
+// newStage takes up to min(stageDepth, chunks) pinned chunk buffers, those
+// of the pool that are free. When none is, the first is allocated for this
+// transfer alone: waiting for one could deadlock, since a transfer holding
+// slots may wait for a peer transfer that waits for a slot (40 channels
+// each staging a send and a receive took all 128 on both ranks and hung).
 func (c *Channel) newStage(buf gpu.Buffer, chunks int, send bool) (*stage, error) {
 	dev := buf.Device()
 	if dev == nil {
@@ -505,11 +554,10 @@ func (c *Channel) newStage(buf gpu.Buffer, chunks int, send bool) (*stage, error
 	st := &stage{pool: pool, stream: s}
 	want := min(stageDepth, chunks)
 	for i := 0; i < want; i++ {
-		var b gpu.Buffer
-		if i == 0 {
-			b, err = pool.GetWait(context.Background(), ChannelChunkSize)
-		} else {
-			b, err = pool.Get(ChannelChunkSize)
+		b, err := pool.Get(ChannelChunkSize)
+		if i == 0 && errors.Is(err, gpu.ErrPoolExhausted) {
+			b, err = buf.System().AllocHost(ChannelChunkSize)
+			st.own = err == nil
 		}
 		if err != nil {
 			if i > 0 && errors.Is(err, gpu.ErrPoolExhausted) {
@@ -519,14 +567,12 @@ func (c *Channel) newStage(buf gpu.Buffer, chunks int, send bool) (*stage, error
 			return nil, err
 		}
 		bs, err := b.Bytes()
-		if err != nil {
-			_ = pool.Put(b)
-			st.release()
-			return nil, err
+		var ev *gpu.Event
+		if err == nil {
+			ev, err = dev.NewEvent()
 		}
-		ev, err := dev.NewEvent()
 		if err != nil {
-			_ = pool.Put(b)
+			st.putSlot(i, b)
 			st.release()
 			return nil, err
 		}
@@ -535,9 +581,18 @@ func (c *Channel) newStage(buf gpu.Buffer, chunks int, send bool) (*stage, error
 	return st, nil
 }
 
+// putSlot gives back b, the stage's slot i.
+func (st *stage) putSlot(i int, b gpu.Buffer) {
+	if i == 0 && st.own {
+		_ = gpu.Free(b)
+		return
+	}
+	_ = st.pool.Put(b)
+}
+
 func (st *stage) release() {
-	for _, b := range st.slots {
-		_ = st.pool.Put(b)
+	for i, b := range st.slots {
+		st.putSlot(i, b)
 	}
 	for _, e := range st.events {
 		_ = e.Destroy()

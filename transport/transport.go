@@ -210,7 +210,8 @@ type Transport struct {
 	reg           *regCache
 	lostSubs      []chan PeerEvent
 	closed        bool
-	loopGone      bool // queue mode: the progress goroutine has ended; calls run at once
+	loopGone      bool          // queue mode: the progress goroutine has ended; calls run at once
+	poClosed      bool          // closed, for same-process channels (postOffice.mu guards it)
 	ov            *ovState      // the overlap engine's state; nil when off
 	chanOpen      atomic.Int32  // channels open on this rank (ovProbe takes their messages)
 	chanDiscarded atomic.Uint64 // leftover channel chunks drained without the engine
@@ -1398,6 +1399,7 @@ func (t *Transport) Close() error {
 		return nil
 	}
 	t.closed = true
+	closeLocalChannels(t)
 	t.wildClose()
 	if t.ov != nil {
 		t.ovClose()
