@@ -215,3 +215,52 @@ func TestHostileCMADescriptors(t *testing.T) {
 		t.Fatalf("descriptor of 2^63 bytes: %v, want ErrProtocol", err)
 	}
 }
+
+// A remote key whose bytes changed on the way (any byte flipped, cut
+// short, or the packed rkey overwritten) is refused by UnmarshalBinary with
+// ErrInvalid before it reaches UCX, which trusts packed rkeys entirely: a
+// key of 0xff bytes crashed the process in ucp_ep_rkey_unpack. The intact
+// key still works.
+func TestRemoteKeyCorruptRefused(t *testing.T) {
+	ts := localJob(t, 2, ProgressDirect)
+	ctx := testCtx(t)
+	mem := make([]byte, 4096)
+	reg, err := ts[1].Register(mem)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reg.Release()
+	wire, err := reg.Key().MarshalBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var key RemoteKey
+	for i := range wire {
+		bad := append([]byte(nil), wire...)
+		bad[i] ^= 0x5a
+		if err := key.UnmarshalBinary(bad); !errors.Is(err, ErrInvalid) {
+			t.Fatalf("byte %d of %d flipped: %v, want ErrInvalid", i, len(wire), err)
+		}
+	}
+	for _, n := range []int{0, 8, 31, len(wire) - 1} {
+		if err := key.UnmarshalBinary(wire[:n]); !errors.Is(err, ErrInvalid) {
+			t.Fatalf("key cut to %d of %d bytes: %v, want ErrInvalid", n, len(wire), err)
+		}
+	}
+	garbage := append([]byte(nil), wire...)
+	for i := 24; i < len(garbage)-8; i++ {
+		garbage[i] = 0xff
+	}
+	if err := key.UnmarshalBinary(garbage); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("packed rkey of 0xff bytes: %v, want ErrInvalid", err)
+	}
+	if err := key.UnmarshalBinary(wire); err != nil {
+		t.Fatal(err)
+	}
+	if err := ts[0].Put(ctx, key, 0, []byte("intact")); err != nil {
+		t.Fatal(err)
+	}
+	if err := ts[0].Flush(ctx, 1); err != nil || string(mem[:6]) != "intact" {
+		t.Fatalf("put with the intact key: %q %v", mem[:6], err)
+	}
+}

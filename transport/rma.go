@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"hash/fnv"
 	"runtime"
 
 	"github.com/troupe-hpc/troupe/transport/ucx"
@@ -123,34 +124,57 @@ func (t *Transport) RegCacheStats() RegCacheStats {
 	return t.reg.snapshot()
 }
 
+// Remote keys travel as rank (4 bytes), address (8), length (8), packed
+// size (4), the packed rkey, then an FNV-1a hash (8) of all that: UCX
+// trusts packed rkeys entirely (a corrupt one crashed the process in
+// ucp_ep_rkey_unpack), so a key whose bytes changed on the way is refused
+// before it reaches UCX. A key forged with a valid hash is beyond that.
+const (
+	remoteKeyHeader = 24
+	remoteKeyHash   = 8
+)
+
 // MarshalBinary encodes the key for a peer.
 func (k RemoteKey) MarshalBinary() ([]byte, error) {
-	b := make([]byte, 0, 24+len(k.Packed))
+	b := make([]byte, 0, remoteKeyHeader+len(k.Packed)+remoteKeyHash)
 	b = binary.LittleEndian.AppendUint32(b, uint32(k.Rank))
 	b = binary.LittleEndian.AppendUint64(b, k.Addr)
 	b = binary.LittleEndian.AppendUint64(b, uint64(k.Len))
 	b = binary.LittleEndian.AppendUint32(b, uint32(len(k.Packed)))
-	return append(b, k.Packed...), nil
+	b = append(b, k.Packed...)
+	return binary.LittleEndian.AppendUint64(b, fnv1a(b)), nil
 }
 
-// UnmarshalBinary decodes a key encoded by MarshalBinary.
+// UnmarshalBinary decodes a key encoded by MarshalBinary. A key whose bytes
+// do not hash to what its sender computed fails with ErrInvalid.
 func (k *RemoteKey) UnmarshalBinary(b []byte) error {
-	if len(b) < 24 {
-		return fmt.Errorf("%w: remote key of %d bytes is shorter than its 24-byte header", ErrInvalid, len(b))
+	if len(b) < remoteKeyHeader+remoteKeyHash {
+		return fmt.Errorf("%w: remote key of %d bytes is shorter than its header and hash (%d)", ErrInvalid, len(b), remoteKeyHeader+remoteKeyHash)
 	}
-	n := binary.LittleEndian.Uint32(b[20:24])
-	if int(n) != len(b)-24 || n == 0 {
-		return fmt.Errorf("%w: remote key says %d packed bytes, has %d", ErrInvalid, n, len(b)-24)
+	body := b[:len(b)-remoteKeyHash]
+	if got, want := fnv1a(body), binary.LittleEndian.Uint64(b[len(body):]); got != want {
+		return fmt.Errorf("%w: remote key of %d bytes is corrupt (hash %#x, its sender's %#x)", ErrInvalid, len(b), got, want)
 	}
-	ln := binary.LittleEndian.Uint64(b[12:20])
+	n := binary.LittleEndian.Uint32(body[20:24])
+	if int(n) != len(body)-remoteKeyHeader || n == 0 {
+		return fmt.Errorf("%w: remote key says %d packed bytes, has %d", ErrInvalid, n, len(body)-remoteKeyHeader)
+	}
+	ln := binary.LittleEndian.Uint64(body[12:20])
 	if ln > 1<<62 {
 		return fmt.Errorf("%w: remote key length %d", ErrInvalid, ln)
 	}
-	k.Rank = int(binary.LittleEndian.Uint32(b[0:4]))
-	k.Addr = binary.LittleEndian.Uint64(b[4:12])
+	k.Rank = int(binary.LittleEndian.Uint32(body[0:4]))
+	k.Addr = binary.LittleEndian.Uint64(body[4:12])
 	k.Len = int(ln)
-	k.Packed = append([]byte(nil), b[24:]...)
+	k.Packed = append([]byte(nil), body[remoteKeyHeader:]...)
 	return nil
+}
+
+// fnv1a is the 64-bit FNV-1a hash of b.
+func fnv1a(b []byte) uint64 {
+	h := fnv.New64a()
+	h.Write(b)
+	return h.Sum64()
 }
 
 // rma starts a Put (write) or Get; the remote range is checked against the key.
