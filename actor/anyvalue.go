@@ -19,6 +19,22 @@ var (
 	_ msgpack.CustomDecoder = (*anyValue)(nil)
 )
 
+// nestable refuses a type whose values cannot travel nested in another
+// message (a Broadcast's value, a field of type any): its Payload,
+// gpu.Buffer or Typed field travels beside the body, which a nested value
+// has not (the field arrived empty, silently, before 2026-11-25).
+func nestable(ct *codecType) error {
+	switch {
+	case ct.payload >= 0:
+		return fmt.Errorf("actor: %s has a Payload field and cannot be nested in another message", ct.name)
+	case ct.device >= 0:
+		return fmt.Errorf("actor: %s has a gpu.Buffer field and cannot be nested in another message", ct.name)
+	case ct.typed >= 0:
+		return fmt.Errorf("actor: %s has a Typed field and cannot be nested in another message", ct.name)
+	}
+	return nil
+}
+
 // EncodeMsgpack implements msgpack.CustomEncoder.
 func (a anyValue) EncodeMsgpack(enc *msgpack.Encoder) error {
 	if a.V == nil {
@@ -28,8 +44,8 @@ func (a anyValue) EncodeMsgpack(enc *msgpack.Encoder) error {
 	if err != nil {
 		return err
 	}
-	if ct.payload >= 0 {
-		return fmt.Errorf("actor: %s has a Payload field and cannot be nested in another message", ct.name)
+	if err := nestable(ct); err != nil {
+		return err
 	}
 	body, _, err := encodeBody(ct, a.V)
 	if err != nil {
@@ -75,6 +91,9 @@ func (a *anyValue) DecodeMsgpack(dec *msgpack.Decoder) error {
 	ct := lookupID(id)
 	if ct == nil {
 		return &DecodeError{Reason: fmt.Sprintf("nested value of unknown type id 0x%08x", id)}
+	}
+	if err := nestable(ct); err != nil {
+		return &DecodeError{Reason: "nested value: " + err.Error()}
 	}
 	depth := 0
 	if br, ok := dec.Buffered().(*bodyReader); ok {

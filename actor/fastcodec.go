@@ -255,14 +255,14 @@ func (fc *fastCodec) appendBody(b []byte, msg any, ptr bool) ([]byte, []byte, bo
 
 // appendAny appends a nested value as anyValue.EncodeMsgpack writes it:
 // nil, or [type id (uint32), pointer flag, body (bin)]. It reports false
-// when the value's type has no fast plan or a Payload field (msgpack's
+// when the value's type has no fast plan or cannot be nested (msgpack's
 // path then encodes it, or reports why it cannot).
 func appendAny(b []byte, a *anyValue) ([]byte, bool) {
 	if a.V == nil {
 		return append(b, 0xc0), true
 	}
 	ct, ptr, err := lookupType(a.V)
-	if err != nil || ct.fast == nil || ct.payload >= 0 {
+	if err != nil || ct.fast == nil || nestable(ct) != nil {
 		return b, false
 	}
 	b = binary.BigEndian.AppendUint32(append(b, 0x93, 0xce), ct.id)
@@ -711,7 +711,7 @@ func (r *fastReader) anyValue(a *anyValue) {
 		return
 	}
 	ct := lookupID(id)
-	if ct == nil || ct.fast == nil || ct.payload >= 0 || r.depth >= maxAnyDepth {
+	if ct == nil || ct.fast == nil || nestable(ct) != nil || r.depth >= maxAnyDepth {
 		r.bad = true // msgpack reports it
 		return
 	}

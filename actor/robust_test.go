@@ -2,6 +2,7 @@ package actor
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"strings"
 	"sync/atomic"
@@ -155,10 +156,12 @@ func TestReduceUnsendableValue(t *testing.T) {
 	}
 }
 
-// A broadcast whose message cannot travel nested (it has a Payload field)
-// fails before any element gets it: the caller's own elements got it while
-// the remote ranks' failed. Each element's first message here is the ping
-// broadcast after it.
+// A broadcast whose message cannot travel nested (it has a Payload, a
+// gpu.Buffer or a Typed field, which travel beside the body) fails before
+// any element gets it: the caller's own elements got a Payload message
+// while the remote ranks' failed, and gpu.Buffer and Typed fields reached
+// the remote elements empty, without an error. Each element's first
+// message here is the ping broadcast after them.
 func TestBroadcastRefusedReachesNobody(t *testing.T) {
 	rts := startLocal(t, 2)
 	first := make(chan string, 8)
@@ -168,8 +171,8 @@ func TestBroadcastRefusedReachesNobody(t *testing.T) {
 			return pa.ReceiveFunc(func(c pa.Context) {
 				var what string
 				switch c.Message().(type) {
-				case *seqBlob:
-					what = "blob"
+				case *seqBlob, *halo, *face:
+					what = "refused"
 				case *ping:
 					what = "ping"
 				default:
@@ -180,8 +183,10 @@ func TestBroadcastRefusedReachesNobody(t *testing.T) {
 				}
 			})
 		}})
-	if err := as[0].Broadcast(&seqBlob{N: 1, Data: make(Payload, 8)}); err == nil {
-		t.Fatal("a broadcast of a message with a Payload field was accepted")
+	for _, msg := range []any{&seqBlob{N: 1, Data: make(Payload, 8)}, &halo{Iter: 1}, &face{Step: 1}} {
+		if err := as[0].Broadcast(msg); err == nil || !strings.Contains(err.Error(), "cannot be nested") {
+			t.Fatalf("a broadcast of %T: %v, want it refused", msg, err)
+		}
 	}
 	if err := as[0].Broadcast(&ping{N: 1}); err != nil {
 		t.Fatal(err)
@@ -194,6 +199,30 @@ func TestBroadcastRefusedReachesNobody(t *testing.T) {
 			}
 		case <-time.After(10 * time.Second):
 			t.Fatal("the ping broadcast did not reach every element")
+		}
+	}
+}
+
+// A nested value whose type has a gpu.Buffer or Typed field, which only a
+// forged body carries now, is a *DecodeError, not a message with the field
+// empty.
+func TestNestedDeviceOrTypedRefused(t *testing.T) {
+	outer, _, err := lookupType(&arrayBroadcast{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, msg := range []any{&halo{}, &face{}} {
+		ct, _, err := lookupType(msg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body := []byte{0x81, 0xa5, 'V', 'a', 'l', 'u', 'e', 0x93, 0xce} // {"Value": [id, ptr, bin]}
+		body = binary.BigEndian.AppendUint32(body, ct.id)
+		body = append(body, 0xc3, 0xc4, 1, 0x80) // pointer; the empty map {}
+		_, err = decodeBody(outer, body, false, nil)
+		var de *DecodeError
+		if !errors.As(err, &de) || !strings.Contains(err.Error(), "cannot be nested") {
+			t.Errorf("nested %T: %v, want a *DecodeError", msg, err)
 		}
 	}
 }
