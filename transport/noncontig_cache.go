@@ -19,9 +19,11 @@ import (
 // and the layout-based registration: one lookup gives the registration of a
 // whole layout), the local window cache keyed by (layout, base, chunk) with
 // its per-peer bitmap, the remote window cache per peer, the window key pool
-// and the pool of pre-registered bounce buffers. Lock order: nc.mu, then
-// ls.regMu, then the worker lock; code holding the worker lock never takes
-// the others.
+// and the pool of pre-registered bounce buffers. Lock order: ls.regMu, then
+// the worker lock, then nc.mu (posting a typed receive's RTS receive counts
+// it under both); code holding nc.mu takes no other lock but a TryLock of
+// ls.regMu (before 2026-11-25 evicting a layout took the worker lock under
+// nc.mu, and deadlocked against a receive being posted).
 
 type layoutKey struct {
 	t     *datatype.Type
@@ -428,14 +430,16 @@ func (nc *noncontig) state(c typedCall) (*layoutState, bool, error) {
 		}
 	}
 	nc.mu.Lock()
-	defer nc.mu.Unlock()
 	if old := nc.layouts[k]; old != nil {
 		old.busy++
+		nc.mu.Unlock()
 		return old, true, nil
 	}
 	nc.layouts[k] = ls
 	ls.busy++
-	nc.evictLocked()
+	regs := nc.evictLocked()
+	nc.mu.Unlock()
+	nc.releaseRegs(regs)
 	return ls, false, nil
 }
 
@@ -448,23 +452,21 @@ func (nc *noncontig) done(ls *layoutState) {
 	nc.mu.Unlock()
 }
 
-// evictLocked drops idle layouts (with their registration and window sets)
-// while there are more than MaxLayouts; nc.mu is held.
-func (nc *noncontig) evictLocked() {
+// evictLocked drops idle layouts (with their window sets) while there are
+// more than MaxLayouts, and returns their registrations, for the caller to
+// release once it has let go of nc.mu (releaseRegs); nc.mu is held.
+func (nc *noncontig) evictLocked() []*regEntry {
+	var regs []*regEntry
 	for k, ls := range nc.layouts {
 		if len(nc.layouts) <= nc.opts.MaxLayouts {
-			return
+			break
 		}
 		if ls.busy > 0 || !ls.regMu.TryLock() {
 			continue
 		}
 		ls.evicted = true
 		if ls.reg != nil {
-			nc.t.mu.Lock()
-			if !nc.t.closed {
-				nc.t.reg.release(ls.reg)
-			}
-			nc.t.mu.Unlock()
+			regs = append(regs, ls.reg)
 			ls.reg = nil
 		}
 		ls.regMu.Unlock()
@@ -475,6 +477,23 @@ func (nc *noncontig) evictLocked() {
 				delete(nc.wsets, wk)
 			}
 		}
+	}
+	return regs
+}
+
+// releaseRegs releases the registrations of evicted layouts; nc.mu is not
+// held.
+func (nc *noncontig) releaseRegs(regs []*regEntry) {
+	if len(regs) == 0 {
+		return
+	}
+	nc.t.mu.Lock()
+	defer nc.t.mu.Unlock()
+	if nc.t.closed {
+		return
+	}
+	for _, e := range regs {
+		nc.t.reg.release(e)
 	}
 }
 

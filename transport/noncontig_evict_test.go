@@ -1,0 +1,66 @@
+package transport
+
+import (
+	"bytes"
+	"fmt"
+	"testing"
+
+	"github.com/troupe-hpc/troupe/datatype"
+)
+
+// Layouts are evicted (MaxLayouts 2) while typed receives are being posted
+// on other goroutines. Evicting released the layout's registration under
+// the worker lock while holding nc.mu, and posting a receive counts its RTS
+// receive under nc.mu while holding the worker lock: both ranks froze for
+// good (in 1 of 2 to 30 runs). Every transfer must complete with the right
+// bytes.
+func TestLayoutEvictionWhilePostingNoDeadlock(t *testing.T) {
+	ts := localJob(t, 2, ProgressDirect)
+	for _, tr := range ts {
+		if err := tr.SetNoncontigOptions(NoncontigOptions{MaxLayouts: 2, KeyPool: 4}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx := testCtx(t)
+	vec, err := datatype.Vector(64, 128, 256, datatype.Float64) // 64 blocks of 1 KiB, stride 2 KiB
+	if err != nil {
+		t.Fatal(err)
+	}
+	span := int(vec.Extent())
+	const workers, rounds = 4, 100
+	errs := make(chan error, workers)
+	for g := range workers {
+		go func() {
+			o := TypedOptions{Scheme: datatype.SchemeAuto}
+			if g%2 == 0 {
+				o.Scheme = datatype.SchemeZCopy
+			}
+			for i := range rounds {
+				src := pattern(span, g*rounds+i)
+				dst := bytes.Repeat([]byte{0xee}, span)
+				rr, err := ts[1].IrecvTypedWith(0, 20+g, dst, vec, 1, o)
+				if err == nil {
+					err = ts[0].SendTypedWith(ctx, 1, 20+g, src, vec, 1, o)
+				}
+				if err == nil {
+					_, err = rr.Wait(ctx)
+				}
+				if err == nil {
+					if d := vectorDiff(dst, src); d != "" {
+						err = fmt.Errorf("wrong bytes: %s", d)
+					}
+				}
+				if err != nil {
+					errs <- fmt.Errorf("goroutine %d, transfer %d: %w", g, i, err)
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	for range workers {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+}
