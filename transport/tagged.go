@@ -339,9 +339,12 @@ func (t *Transport) Iprobe(src, tag int) (Status, bool, error) {
 	}
 	t.runSubmitted()
 	if src == AnySource {
+		// A CMA message's size is known once its descriptor is fetched:
+		// until then it is not reported (it was, with size 0).
 		if src, ok, _ := t.anyArrived(tag); ok {
-			size, _ := t.arrived(src, tag)
-			return Status{Source: src, Tag: tag, Size: size}, true, nil
+			if size, ok := t.arrived(src, tag); ok {
+				return Status{Source: src, Tag: tag, Size: size}, true, nil
+			}
 		}
 		return Status{}, false, nil
 	}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"testing"
 	"time"
 )
@@ -170,6 +171,45 @@ func TestAnySourceProbe(t *testing.T) {
 	if _, err := ts[0].Recv(ctx, st.Source, 8, buf); err != nil || string(buf) != "probed" {
 		t.Fatalf("receive after probe: %q %v", buf, err)
 	}
+}
+
+// A large message between ranks of one host travels as a CMA descriptor,
+// whose size is known once the descriptor is fetched: Iprobe with
+// AnySource reported it with size 0 meanwhile. Every report must carry the
+// real size, in both progress modes.
+func TestAnySourceProbeSizeOfCMAMessage(t *testing.T) {
+	forModes(t, func(t *testing.T, mode ProgressMode) {
+		ts := localJob(t, 2, mode)
+		ctx := testCtx(t)
+		const n = 300 << 10
+		sr, err := ts[1].Isend(0, 8, pattern(n, 1))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for {
+			st, ok, err := ts[0].Iprobe(AnySource, 8)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ok {
+				if st.Source != 1 || st.Size != n {
+					t.Fatalf("Iprobe(AnySource): %+v, want source 1, %d bytes", st, n)
+				}
+				break
+			}
+			if ctx.Err() != nil {
+				t.Fatal("the message was never found")
+			}
+			runtime.Gosched()
+		}
+		got := make([]byte, n)
+		if st, err := ts[0].Recv(ctx, 1, 8, got); err != nil || st.Size != n || !bytes.Equal(got, pattern(n, 1)) {
+			t.Fatalf("receive: %+v %v", st, err)
+		}
+		if _, err := sr.Wait(ctx); err != nil {
+			t.Fatal(err)
+		}
+	})
 }
 
 // Any-tag receives and probes are refused with a typed error; a
