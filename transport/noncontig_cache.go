@@ -464,21 +464,49 @@ func (nc *noncontig) evictLocked() []*regEntry {
 		if ls.busy > 0 || !ls.regMu.TryLock() {
 			continue
 		}
-		ls.evicted = true
-		if ls.reg != nil {
-			regs = append(regs, ls.reg)
-			ls.reg = nil
-		}
-		ls.regMu.Unlock()
-		delete(nc.layouts, k)
-		for wk, ws := range nc.wsets {
-			if wk.layout == k {
-				nc.keys = append(nc.keys, ws.keys...)
-				delete(nc.wsets, wk)
-			}
+		if e := nc.dropLocked(k, ls); e != nil {
+			regs = append(regs, e)
 		}
 	}
 	return regs
+}
+
+// dropLocked drops layout k, idle, with its window sets, and returns its
+// registration for releaseRegs (nil if none); nc.mu and ls.regMu are held,
+// and dropLocked unlocks ls.regMu.
+func (nc *noncontig) dropLocked(k layoutKey, ls *layoutState) *regEntry {
+	ls.evicted = true
+	e := ls.reg
+	ls.reg = nil
+	ls.regMu.Unlock()
+	delete(nc.layouts, k)
+	for wk, ws := range nc.wsets {
+		if wk.layout == k {
+			nc.keys = append(nc.keys, ws.keys...)
+			delete(nc.wsets, wk)
+		}
+	}
+	return e
+}
+
+// forgetRange drops the idle layouts whose memory overlaps [lo, hi), with
+// their registrations and window sets (Deregister: the memory may be freed
+// and reused), so that the next transfer registers it anew and sends fresh
+// window keys; before 2026-11-25 they kept the invalidated registration and
+// its keys. A layout in use by a transfer is left alone.
+func (nc *noncontig) forgetRange(lo, hi uintptr) {
+	var regs []*regEntry
+	nc.mu.Lock()
+	for k, ls := range nc.layouts {
+		if ls.hi <= lo || ls.lo >= hi || ls.busy > 0 || !ls.regMu.TryLock() {
+			continue
+		}
+		if e := nc.dropLocked(k, ls); e != nil {
+			regs = append(regs, e)
+		}
+	}
+	nc.mu.Unlock()
+	nc.releaseRegs(regs)
 }
 
 // releaseRegs releases the registrations of evicted layouts; nc.mu is not

@@ -64,3 +64,52 @@ func TestLayoutEvictionWhilePostingNoDeadlock(t *testing.T) {
 		}
 	}
 }
+
+// Deregister(buf), which docs/noncontig.md asks for before memory that
+// typed zero-copy transfers used is freed, also drops the layouts over it:
+// the next zero-copy receive into buf registers it anew and its sender
+// gets fresh keys. The layout kept the invalidated registration, and the
+// sender reused the old keys (with RDMA, into the old pages).
+func TestDeregisterDropsLayouts(t *testing.T) {
+	ts := localJob(t, 2, ProgressDirect)
+	ctx := testCtx(t)
+	vec, err := datatype.Vector(64, 128, 256, datatype.Float64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	span := int(vec.Extent())
+	dst := make([]byte, span)
+	transfer := func(seed int) {
+		t.Helper()
+		o := TypedOptions{Scheme: datatype.SchemeZCopy}
+		src := pattern(span, seed)
+		for i := range dst {
+			dst[i] = 0xee // the gaps must stay untouched
+		}
+		rr, err := ts[1].IrecvTypedWith(0, 3, dst, vec, 1, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := ts[0].SendTypedWith(ctx, 1, 3, src, vec, 1, o); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := rr.Wait(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if d := vectorDiff(dst, src); d != "" {
+			t.Fatalf("transfer %d: %s", seed, d)
+		}
+	}
+	transfer(1)
+	transfer(2) // the layout's registration and keys are cached now
+	before := ts[1].NoncontigStats()
+	if n := ts[1].Deregister(dst); n == 0 {
+		t.Fatal("Deregister invalidated nothing")
+	}
+	transfer(3)
+	after := ts[1].NoncontigStats()
+	if after.Registrations != before.Registrations+1 || after.KeysOmitted != before.KeysOmitted {
+		t.Fatalf("after Deregister: receiver registrations %d -> %d (want one more), keys omitted %d -> %d (want none: fresh keys)",
+			before.Registrations, after.Registrations, before.KeysOmitted, after.KeysOmitted)
+	}
+}

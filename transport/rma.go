@@ -106,15 +106,23 @@ func (r *Region) Release() {
 }
 
 // Deregister invalidates every cached registration overlapping buf, as when
-// that memory is about to be freed. Regions still in use stay valid until
-// released; later registrations of that memory register it anew.
+// that memory is about to be freed, and drops the typed-transfer layouts
+// over it that no transfer is using (with their window keys). Regions still
+// in use stay valid until released; later registrations of that memory
+// register it anew.
 func (t *Transport) Deregister(buf []byte) int {
+	lo := uintptr(bytesPtr(buf))
 	t.mu.Lock()
-	defer t.mu.Unlock()
 	if t.closed || len(buf) == 0 {
+		t.mu.Unlock()
 		return 0
 	}
-	return t.reg.invalidate(uintptr(bytesPtr(buf)), len(buf))
+	n := t.reg.invalidate(lo, len(buf))
+	t.mu.Unlock()
+	if v, ok := noncontigs.Load(t); ok {
+		v.(*noncontig).forgetRange(lo, lo+uintptr(len(buf)))
+	}
+	return n
 }
 
 // RegCacheStats returns the registration cache's counters.
