@@ -64,85 +64,85 @@ func TestChannelStagedPoolNeverDeadlocks(t *testing.T) {
 // ErrClosed, over UCX and on the same-process path (where it used to wait
 // for ever), and a transfer posted afterwards fails at once.
 func TestChannelOwnTransportClosed(t *testing.T) {
-	for _, local := range []bool{false, true} {
-		name := "ucx"
-		if local {
-			name = "local"
+	forChannelPaths(t, func(t *testing.T, local bool) {
+		ts := channelJob(t, local, false, ProgressDirect)
+		b, err := ts[1].Channel(7, 0)
+		if err != nil {
+			t.Fatal(err)
 		}
-		t.Run(name, func(t *testing.T) {
-			ts := channelJob(t, local, false, ProgressDirect)
-			b, err := ts[1].Channel(7, 0)
-			if err != nil {
-				t.Fatal(err)
-			}
-			rr, err := b.RecvBytes(make([]byte, 64))
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := ts[1].Close(); err != nil {
-				t.Fatal(err)
-			}
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			if err := rr.Wait(ctx); !errors.Is(err, ErrClosed) {
-				t.Fatalf("path %s: receive pending when its transport closed: %v, want ErrClosed", rr.Path(), err)
-			}
-			if !local {
-				return
-			}
-			late, err := b.RecvBytes(make([]byte, 64))
-			if err == nil {
-				err = late.Wait(ctx)
-			}
-			if !errors.Is(err, ErrClosed) {
-				t.Fatalf("receive posted after Close: %v, want ErrClosed", err)
-			}
-		})
-	}
+		rr, err := b.RecvBytes(make([]byte, 64))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := ts[1].Close(); err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := rr.Wait(ctx); !errors.Is(err, ErrClosed) {
+			t.Fatalf("path %s: receive pending when its transport closed: %v, want ErrClosed", rr.Path(), err)
+		}
+		if !local {
+			return
+		}
+		late, err := b.RecvBytes(make([]byte, 64))
+		if err == nil {
+			err = late.Wait(ctx)
+		}
+		if !errors.Is(err, ErrClosed) {
+			t.Fatalf("receive posted after Close: %v, want ErrClosed", err)
+		}
+	})
 }
 
 // A send on a channel whose peer's transport has closed (the peer is gone)
 // fails: over UCX as the connection fails, on the same-process path with a
 // *PeerLostError (it used to wait for ever).
 func TestChannelPeerTransportClosed(t *testing.T) {
+	forChannelPaths(t, func(t *testing.T, local bool) {
+		ts := channelJob(t, local, false, ProgressDirect)
+		a, err := ts[0].Channel(7, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rr, err := a.RecvBytes(make([]byte, 64)) // pending when the peer closes
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := ts[1].Close(); err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		sr, err := a.SendBytes(pattern(1<<20, 1))
+		if err == nil {
+			err = sr.Wait(ctx)
+		}
+		var lost *PeerLostError
+		switch {
+		case err == nil:
+			t.Fatal("send to a closed peer succeeded")
+		case local && !errors.As(err, &lost):
+			t.Fatalf("same-process send to a closed peer: %v, want a *PeerLostError", err)
+		}
+		if !local {
+			return // UCX notices the peer's loss when it next talks to it
+		}
+		if err := rr.Wait(ctx); !errors.As(err, &lost) {
+			t.Fatalf("same-process receive pending when the peer closed: %v, want a *PeerLostError", err)
+		}
+	})
+}
+
+// forChannelPaths runs f over UCX between the ranks of one process and on
+// the same-process path.
+func forChannelPaths(t *testing.T, f func(t *testing.T, local bool)) {
 	for _, local := range []bool{false, true} {
 		name := "ucx"
 		if local {
 			name = "local"
 		}
-		t.Run(name, func(t *testing.T) {
-			ts := channelJob(t, local, false, ProgressDirect)
-			a, err := ts[0].Channel(7, 1)
-			if err != nil {
-				t.Fatal(err)
-			}
-			rr, err := a.RecvBytes(make([]byte, 64)) // pending when the peer closes
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := ts[1].Close(); err != nil {
-				t.Fatal(err)
-			}
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			sr, err := a.SendBytes(pattern(1<<20, 1))
-			if err == nil {
-				err = sr.Wait(ctx)
-			}
-			var lost *PeerLostError
-			switch {
-			case err == nil:
-				t.Fatal("send to a closed peer succeeded")
-			case local && !errors.As(err, &lost):
-				t.Fatalf("same-process send to a closed peer: %v, want a *PeerLostError", err)
-			}
-			if !local {
-				return // UCX notices the peer's loss when it next talks to it
-			}
-			if err := rr.Wait(ctx); !errors.As(err, &lost) {
-				t.Fatalf("same-process receive pending when the peer closed: %v, want a *PeerLostError", err)
-			}
-		})
+		t.Run(name, func(t *testing.T) { f(t, local) })
 	}
 }
 
