@@ -52,7 +52,8 @@ func (m *TypedMessage) Count(dt *datatype.Type) (int, bool) {
 // has arrived and takes it (MPI_Mprobe for messages sent with SendTyped).
 // It matches in order with the typed receives of the tag, as a typed
 // receive posted now would. When ctx ends first it returns ctx's error and
-// gives its place back.
+// gives its place back; a message IprobeTyped or ProbeTyped has already
+// found (parked) it takes whatever ctx does.
 func (t *Transport) MprobeTyped(ctx context.Context, src, tag int) (*TypedMessage, error) {
 	nc, c, err := t.typedProbeCall(src, tag)
 	if err != nil {
@@ -60,7 +61,10 @@ func (t *Transport) MprobeTyped(ctx context.Context, src, tag int) (*TypedMessag
 	}
 	seq, w, p := nc.placeRecv(c)
 	if p != nil {
-		if err := p.wait(ctx, nc); err != nil {
+		// The parked message is this probe's now (placeRecv took it out
+		// of nc.parked): it waits for its RTS, which has arrived, whatever
+		// ctx does. Giving up there lost the message for good.
+		if err := p.wait(context.WithoutCancel(ctx), nc); err != nil {
 			return nil, err
 		}
 		return nc.typedMessage(p.src, tag, p.hdr)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"runtime"
 	"testing"
 	"time"
@@ -460,5 +461,40 @@ func TestTypedRecvCancelledAfterMatchLosesNothing(t *testing.T) {
 				t.Fatal(err)
 			}
 		})
+	}
+}
+
+// A matched typed probe on a message IprobeTyped or ProbeTyped parked takes
+// it, whatever its context does: the parked message is the probe's once
+// placed. With an ended context it gave up half the time (select between
+// the message's arrival and ctx), and the message it had taken out of the
+// parked list was lost: no receive could get it, and its sender waited for
+// ever.
+func TestMprobeTypedOnParkedMessageEndedContext(t *testing.T) {
+	ts := localJob(t, 2, ProgressDirect)
+	ctx := testCtx(t)
+	b, msg := eightByteMessages(t)
+	ended, cancel := context.WithCancel(ctx)
+	cancel()
+	for i := range 32 {
+		want := msg(fmt.Sprintf("m%d", i))
+		s, err := ts[0].IsendTyped(1, 21, want, b, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := ts[1].ProbeTyped(ctx, 0, 21); err != nil { // parks it
+			t.Fatal(err)
+		}
+		m, err := ts[1].MprobeTyped(ended, 0, 21)
+		if err != nil {
+			t.Fatalf("message %d: MprobeTyped with an ended context on a parked message: %v", i, err)
+		}
+		got := make([]byte, 8)
+		if _, err := m.Recv(ctx, got, b, 1); err != nil || !bytes.Equal(got, want) {
+			t.Fatalf("message %d: %v %q, want %q", i, err, got, want)
+		}
+		if _, err := s.Wait(ctx); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
