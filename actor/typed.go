@@ -270,9 +270,7 @@ func (rt *Runtime) receiveTyped(in *inPeer, m *transport.AMMessage, it *inItem, 
 		it.err = fmt.Sprintf("typed-transfer message with %d bytes of data", m.Size)
 	case n > maxTypedLanding:
 		it.err = fmt.Sprintf("Typed field of %d bytes announced, more than %d", n, maxTypedLanding)
-		rt.log.Warn("typed transfer not received", zap.Int("peer", it.e.Source), zap.Int("bytes", n))
-		in.pushReady(it)
-		return
+		rt.log.Warn("typed transfer refused", zap.Int("peer", it.e.Source), zap.Int("bytes", n))
 	case ct == nil:
 		it.err = fmt.Sprintf("unknown message type id 0x%08x (not registered on rank %d)", it.e.Type, rt.rank)
 	case ct.typed < 0:
@@ -293,12 +291,19 @@ func (rt *Runtime) receiveTyped(in *inPeer, m *transport.AMMessage, it *inItem, 
 		}
 	}
 	if xfer == nil {
-		// No hook (or a broken one): the packed stream, in fresh memory.
-		dst = Typed{Buf: make([]byte, n), Type: datatype.Byte, Count: int64(n)}
 		o := rt.typedOptions(0)
-		o.Packed = true
+		if it.err != "" {
+			// Undeliverable: the receive refuses the transfer, which keeps
+			// the sequence in step and tells the sender, without landing
+			// (or allocating) the bytes it announced.
+			o.Refuse = true
+		} else {
+			// No hook (or a broken one): the packed stream, in fresh memory.
+			dst = Typed{Buf: make([]byte, n), Type: datatype.Byte, Count: int64(n)}
+			o.Packed = true
+		}
 		var err error
-		xfer, err = rt.t.PrepareRecvTyped(it.e.Source, 0, dst.Buf, datatype.Byte, n, o)
+		xfer, err = rt.t.PrepareRecvTyped(it.e.Source, 0, dst.Buf, datatype.Byte, int(dst.Count), o)
 		if err != nil {
 			it.err = "receiving Typed field: " + err.Error()
 			in.pushReady(it)

@@ -301,7 +301,17 @@ type TypedOptions struct {
 	// leaves its packed stream in the receive layout (MPI_PACKED); the
 	// message must still fit. Sends ignore it.
 	Packed bool
+	// Refuse, on a receive, takes the next message of its (source, tag)
+	// and refuses it: nothing lands (the buffer may be nil, the count 0),
+	// pack data are drained, the sender's transfer fails ("the receiver
+	// failed the transfer") and the receive's with ErrRefused. For a
+	// runtime that must keep its receives in step with messages it cannot
+	// deliver. Sends ignore it.
+	Refuse bool
 }
+
+// ErrRefused: a typed receive with TypedOptions.Refuse refused its message.
+var ErrRefused = errors.New("transport: typed transfer refused by the receiver")
 
 // noncontigs holds each transport's typed-transfer state, created on first
 // use and dropped when the transport's progress goroutine ends (Close).
@@ -398,6 +408,7 @@ type typedCall struct {
 	origin    uintptr
 	space     Kind // KindTyped, or KindDDT for TypedOptions.Runtime
 	packed    bool // TypedOptions.Packed (receives)
+	refuse    bool // TypedOptions.Refuse (receives)
 }
 
 // seqKey numbers a call's sequence: runtime-space tags count apart from
@@ -411,7 +422,7 @@ func (c typedCall) seqKey() seqKey {
 
 func (t *Transport) typedCall(op string, peer, tag int, buf []byte, dt *datatype.Type, count int, o TypedOptions) (*noncontig, typedCall, error) {
 	c := typedCall{peer: peer, tag: tag, buf: buf, dt: dt, count: int64(count), base: int64(o.Base), scheme: o.Scheme,
-		space: KindTyped, packed: o.Packed}
+		space: KindTyped, packed: o.Packed, refuse: o.Refuse}
 	if o.Runtime {
 		c.space = KindDDT
 	}

@@ -2,6 +2,7 @@ package transport
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"testing"
 
@@ -111,5 +112,50 @@ func TestDeregisterDropsLayouts(t *testing.T) {
 	if after.Registrations != before.Registrations+1 || after.KeysOmitted != before.KeysOmitted {
 		t.Fatalf("after Deregister: receiver registrations %d -> %d (want one more), keys omitted %d -> %d (want none: fresh keys)",
 			before.Registrations, after.Registrations, before.KeysOmitted, after.KeysOmitted)
+	}
+}
+
+// A receive with TypedOptions.Refuse takes the next message of its (source,
+// tag) and refuses it, whatever scheme the sender proposes: the receive
+// fails with ErrRefused, the sender's transfer fails, nothing lands, and
+// the next transfer on that (source, tag) goes through (the sequence stays
+// in step).
+func TestTypedRecvRefuse(t *testing.T) {
+	vec, err := datatype.Vector(64, 128, 256, datatype.Float64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	span := int(vec.Extent())
+	for _, scheme := range []datatype.Scheme{datatype.SchemePack, datatype.SchemeSGL, datatype.SchemeZCopy} {
+		t.Run(scheme.String(), func(t *testing.T) {
+			ts := localJob(t, 2, ProgressDirect)
+			ctx := testCtx(t)
+			o := TypedOptions{Scheme: scheme}
+			refused, err := ts[1].IrecvTypedWith(0, 4, nil, datatype.Byte, 0, TypedOptions{Refuse: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := ts[0].SendTypedWith(ctx, 1, 4, pattern(span, 1), vec, 1, o); err == nil {
+				t.Fatal("the refused transfer's send succeeded")
+			}
+			if _, err := refused.Wait(ctx); !errors.Is(err, ErrRefused) {
+				t.Fatalf("refusing receive: %v, want ErrRefused", err)
+			}
+			dst := bytes.Repeat([]byte{0xee}, span)
+			rr, err := ts[1].IrecvTypedWith(0, 4, dst, vec, 1, o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			src := pattern(span, 2)
+			if err := ts[0].SendTypedWith(ctx, 1, 4, src, vec, 1, o); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := rr.Wait(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if d := vectorDiff(dst, src); d != "" {
+				t.Fatalf("the transfer after the refused one: %s", d)
+			}
+		})
 	}
 }

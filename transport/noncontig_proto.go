@@ -568,7 +568,10 @@ func (nc *noncontig) recvMatched(ctx context.Context, c typedCall, hdr []byte) (
 		return err
 	}
 	code, rsig, err := nc.check(c, h)
-	if err != nil {
+	switch {
+	case c.refuse:
+		code, err = stFailed, fmt.Errorf("%w: typed recv rank %d tag %d (%d bytes)", ErrRefused, c.peer, c.tag, h.bytes)
+	case err != nil:
 		code = stFailed
 	}
 	if code != stOK {
