@@ -156,6 +156,10 @@ type ovMsg struct {
 	done      bool   // data is in place (or err is set)
 	err       error
 	r         *Request // the receive that matched it, until delivered
+	// copying: its copy into r runs outside the lock (ovRunCopies), which
+	// completes r; nothing else may complete r meanwhile (Close did, and
+	// the copy then wrote into a buffer handed back, or read a freed IOV).
+	copying bool
 	// cma: the data stays in the sender's memory (overlap_cma.go) until
 	// read into a slot (Prefetch) or the receive's buffer (Onload).
 	cma         bool
@@ -539,6 +543,9 @@ func (t *Transport) ovTakeCopies() []*Request {
 	}
 	c := t.ov.copies
 	t.ov.copies = nil
+	for _, r := range c {
+		r.ov.m.copying = true
+	}
 	return c
 }
 
@@ -844,7 +851,7 @@ func (t *Transport) ovClose() {
 	}
 	ov.held = nil
 	for _, m := range ov.unexp {
-		if m.r != nil && !m.r.fin.Load() {
+		if m.r != nil && !m.r.fin.Load() && !m.copying { // a copy in flight completes its receive
 			t.fail(m.r, closed(m.r))
 		}
 	}
