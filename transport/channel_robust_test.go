@@ -66,17 +66,7 @@ func TestChannelStagedPoolNeverDeadlocks(t *testing.T) {
 func TestChannelOwnTransportClosed(t *testing.T) {
 	forChannelPaths(t, func(t *testing.T, local bool) {
 		ts := channelJob(t, local, false, ProgressDirect)
-		b, err := ts[1].Channel(7, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		rr, err := b.RecvBytes(make([]byte, 64))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := ts[1].Close(); err != nil {
-			t.Fatal(err)
-		}
+		b, rr := recvThenClose(t, ts, 1)
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		if err := rr.Wait(ctx); !errors.Is(err, ErrClosed) {
@@ -101,17 +91,7 @@ func TestChannelOwnTransportClosed(t *testing.T) {
 func TestChannelPeerTransportClosed(t *testing.T) {
 	forChannelPaths(t, func(t *testing.T, local bool) {
 		ts := channelJob(t, local, false, ProgressDirect)
-		a, err := ts[0].Channel(7, 1)
-		if err != nil {
-			t.Fatal(err)
-		}
-		rr, err := a.RecvBytes(make([]byte, 64)) // pending when the peer closes
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := ts[1].Close(); err != nil {
-			t.Fatal(err)
-		}
+		a, rr := recvThenClose(t, ts, 0) // rr pending when the peer closes
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		sr, err := a.SendBytes(pattern(1<<20, 1))
@@ -144,6 +124,24 @@ func forChannelPaths(t *testing.T, f func(t *testing.T, local bool)) {
 		}
 		t.Run(name, func(t *testing.T) { f(t, local) })
 	}
+}
+
+// recvThenClose opens channel 7 on rank me of a two-rank job, posts a
+// 64-byte receive on it, and closes rank 1's transport.
+func recvThenClose(t *testing.T, ts []*Transport, me int) (*Channel, *ChannelRequest) {
+	t.Helper()
+	c, err := ts[me].Channel(7, 1-me)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rr, err := c.RecvBytes(make([]byte, 64))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ts[1].Close(); err != nil {
+		t.Fatal(err)
+	}
+	return c, rr
 }
 
 // A staged receive of more chunks than it has staging slots (9 chunks, 4
