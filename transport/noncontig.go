@@ -501,9 +501,11 @@ func (t *Transport) SendTyped(ctx context.Context, dst, tag int, buf []byte, dt 
 	return t.SendTypedWith(ctx, dst, tag, buf, dt, count, TypedOptions{})
 }
 
-// SendTypedWith is SendTyped with a scheme and origin of its own. It runs
-// the protocol in the calling goroutine; when ctx ends it returns ctx's
-// error and abandons the transfer.
+// SendTypedWith is SendTyped with a scheme and origin of its own. Once
+// called, the message goes, as a Send's does: when ctx ends first,
+// SendTypedWith returns ctx's error (the transfer still in flight) while
+// the transfer runs to completion in the background, and buf must not be
+// modified until then (IsendTypedWith's request tells when).
 func (t *Transport) SendTypedWith(ctx context.Context, dst, tag int, buf []byte, dt *datatype.Type, count int, o TypedOptions) error {
 	nc, c, err := t.typedCall("typed send", dst, tag, buf, dt, count, o)
 	if err != nil {
@@ -621,8 +623,9 @@ func (t *Transport) PrepareRecvTyped(src, tag int, buf []byte, dt *datatype.Type
 	return x, nil
 }
 
-// Run carries the transfer out in the calling goroutine, as SendTypedWith
-// or RecvTypedWith would; it may be called once. Until Run, the message
+// Run carries the transfer out as SendTypedWith or RecvTypedWith would
+// (in the calling goroutine, but for a send with a context that can end);
+// it may be called once. Until Run, the message
 // the transfer sends or receives waits (a prepared receive's RTS may have
 // landed; its sender waits for the answer); transfers with other sequence
 // numbers go on.

@@ -70,27 +70,77 @@ func (nc *noncontig) mismatch(op string, c typedCall, code uint8, sbytes, rbytes
 	return e
 }
 
-// send runs the sender's side of one typed transfer.
+// sendPlan is a typed send made ready to post: its RTS (with the data
+// when it travels inline) and the layout state it holds (nc.done).
+type sendPlan struct {
+	h      rts
+	msg    []byte
+	ls     *layoutState
+	sig    datatype.Signature
+	inline bool
+}
+
+// send runs the sender's side of one typed transfer for a caller waiting
+// with ctx. Once its sequence number is taken, a typed send runs to
+// completion, or until the transport closes or the peer is lost, whatever
+// ctx does: given up before its RTS left, it would leave a hole in its
+// (peer, tag) sequence, and after, a receiver that had matched the RTS
+// waiting for its data for ever. So the protocol runs in a goroutine of
+// its own, which the caller leaves when ctx ends, where it could need to
+// (a context that can end and an RTS that must wait for its turn or that
+// starts a rendezvous); elsewhere in the calling goroutine (an inline RTS
+// once posted carries the whole message: the caller may leave the waits
+// for its completion).
 func (nc *noncontig) send(ctx context.Context, c typedCall, seq uint32) (Status, error) {
-	t := nc.t
-	turn := c.space == KindTyped // this send's RTS turn is still to end (rtsturn.go)
-	defer func() {
-		if turn {
+	p, err := nc.plan(c)
+	if err != nil {
+		if c.space == KindTyped {
 			nc.endRTSTurn(c.seqKey(), seq)
 		}
-	}()
-	sig, err := c.dt.SignatureHash(c.count)
-	if err != nil {
-		return Status{}, fmt.Errorf("%w: typed send: %v", ErrInvalid, err)
+		return Status{}, err
 	}
-	var ls *layoutState
+	if ctx.Done() == nil || (p.inline && (c.space != KindTyped || nc.rtsTurnNow(c.seqKey(), seq))) {
+		st, err := nc.run(ctx, c, seq, p)
+		if err != nil && ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+			return st, inFlight(ctx, c)
+		}
+		return st, err
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := nc.run(context.Background(), c, seq, p)
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		return Status{}, err
+	case <-ctx.Done():
+		select {
+		case err := <-done:
+			return Status{}, err
+		default:
+		}
+		return Status{}, inFlight(ctx, c)
+	}
+}
+
+// inFlight is the error of a typed send whose caller's ctx ended first.
+func inFlight(ctx context.Context, c typedCall) error {
+	return fmt.Errorf("transport: typed send rank %d tag %d: %w (transfer still in flight)", c.peer, c.tag, ctx.Err())
+}
+
+// plan chooses a typed send's scheme and builds its RTS.
+func (nc *noncontig) plan(c typedCall) (p sendPlan, err error) {
+	if p.sig, err = c.dt.SignatureHash(c.count); err != nil {
+		return p, fmt.Errorf("%w: typed send: %v", ErrInvalid, err)
+	}
 	known := false
 	if c.bytes > 0 {
-		if ls, known, err = nc.state(c); err != nil {
-			return Status{}, err
+		if p.ls, known, err = nc.state(c); err != nil {
+			return p, err
 		}
-		defer nc.done(ls)
 	}
+	ls := p.ls
 	proposal := nc.choose(c, ls, known)
 	var flags uint8
 	if nc.nearT(c, ls, known, proposal) {
@@ -101,40 +151,50 @@ func (nc *noncontig) send(ctx context.Context, c typedCall, seq uint32) (Status,
 			proposal, flags = datatype.SchemePack, 0
 		}
 	}
-	h := rts{proposal: proposal, flags: flags, xid: nc.nextXid(c.peer), bytes: c.bytes, sig: sig, chunk: int64(nc.opts.PackChunk), rtt: nc.rtt(c.peer)}
+	h := rts{proposal: proposal, flags: flags, xid: nc.nextXid(c.peer), bytes: c.bytes, sig: p.sig, chunk: int64(nc.opts.PackChunk), rtt: nc.rtt(c.peer)}
 	if ls != nil {
 		h.minBlock, h.segments = ls.lay.Stats.MinBlock, ls.lay.Stats.Segments
 	}
-	inline := proposal == datatype.SchemePack && c.bytes <= int64(nc.opts.EagerLimit)
-	msg := make([]byte, rtsHdrLen)
-	if inline {
+	p.inline = proposal == datatype.SchemePack && c.bytes <= int64(nc.opts.EagerLimit)
+	p.msg = make([]byte, rtsHdrLen)
+	if p.inline {
 		h.flags |= rtsInline
-		msg = make([]byte, rtsHdrLen+int(c.bytes))
+		p.msg = make([]byte, rtsHdrLen+int(c.bytes))
 		if c.bytes > 0 {
-			if _, err := c.dt.PackRaw(datatype.SliceRegion(msg[rtsHdrLen:]), datatype.SliceRegion(c.buf), c.base, c.count, 0); err != nil {
-				return Status{}, fmt.Errorf("%w: typed send: packing: %v", ErrInvalid, err)
+			if _, err := c.dt.PackRaw(datatype.SliceRegion(p.msg[rtsHdrLen:]), datatype.SliceRegion(c.buf), c.base, c.count, 0); err != nil {
+				nc.done(ls)
+				return sendPlan{}, fmt.Errorf("%w: typed send: packing: %v", ErrInvalid, err)
 			}
 		}
 	}
-	h.encode(msg)
+	h.encode(p.msg)
+	p.h = h
+	return p, nil
+}
+
+// run posts a planned typed send's RTS when its turn comes (only Close
+// stops that wait) and carries the transfer out, waiting with ctx.
+func (nc *noncontig) run(ctx context.Context, c typedCall, seq uint32, p sendPlan) (Status, error) {
+	t := nc.t
+	defer nc.done(p.ls)
+	ls, h, sig, proposal, inline := p.ls, p.h, p.sig, p.h.proposal, p.inline
 	me := uint32(t.rank)
 	replyIdx := uint32(idxCTS)
 	if proposal == datatype.SchemePack {
 		replyIdx = idxAck
 	}
 	reply := make([]byte, ctsLen)
-	if turn {
-		if err := nc.awaitRTSTurn(ctx, c.seqKey(), seq); err != nil {
-			turn = false // given up
-			return Status{}, err
+	if c.space == KindTyped {
+		err := nc.awaitRTSTurn(context.Background(), c.seqKey(), seq)
+		if err != nil {
+			return Status{}, err // closed; the turn is given up
 		}
 	}
 	rr := t.ncRecv(c.peer, ncXferTag(dirReply, uint32(c.peer), h.xid, replyIdx), bufOf(reply), nil)
 	sent := time.Now()
-	sr := t.ncSend(c.peer, ncRTSTag(c.space, me, uint16(c.tag), seq), bufOf(msg), nil)
-	if turn {
+	sr := t.ncSend(c.peer, ncRTSTag(c.space, me, uint16(c.tag), seq), bufOf(p.msg), nil)
+	if c.space == KindTyped {
 		nc.endRTSTurn(c.seqKey(), seq)
-		turn = false
 	}
 	final := proposal
 	if proposal == datatype.SchemePack {
@@ -147,7 +207,7 @@ func (nc *noncontig) send(ctx context.Context, c typedCall, seq uint32) (Status,
 		if _, err := sr.Wait(ctx); err != nil {
 			return Status{}, err
 		}
-		if _, err := rr.Wait(ctx); err != nil {
+		if _, err := rr.wait(ctx, false); err != nil {
 			return Status{}, err
 		}
 		nc.noteRTT(c.peer, time.Since(sent))
@@ -185,7 +245,7 @@ func (nc *noncontig) send(ctx context.Context, c typedCall, seq uint32) (Status,
 		return Status{}, err
 	}
 	if rr != nil {
-		if _, err := rr.Wait(ctx); err != nil {
+		if _, err := rr.wait(ctx, false); err != nil {
 			return Status{}, err
 		}
 		var m cts

@@ -80,3 +80,11 @@ func (nc *noncontig) endRTSTurn(k seqKey, seq uint32) {
 	close(tn.ch)
 	tn.ch = make(chan struct{})
 }
+
+// rtsTurnNow reports whether the send with sequence number seq to k may
+// post its RTS at once.
+func (nc *noncontig) rtsTurnNow(k seqKey, seq uint32) bool {
+	nc.mu.Lock()
+	defer nc.mu.Unlock()
+	return nc.turnLocked(k).next == seq
+}

@@ -1154,6 +1154,12 @@ func (t *Transport) ExpectReply() (done func()) {
 // put or get cannot be recalled: Wait returns ctx's error while the operation
 // goes on, and its buffer stays in use until Done is closed.
 func (r *Request) Wait(ctx context.Context) (Status, error) {
+	return r.wait(ctx, true)
+}
+
+// wait is Wait; a receive whose ctx ends is cancelled if cancel is set,
+// else left posted (as a send is left in flight).
+func (r *Request) wait(ctx context.Context, cancel bool) (Status, error) {
 	if r.fin.Load() {
 		return r.status, r.err
 	}
@@ -1170,7 +1176,7 @@ func (r *Request) Wait(ctx context.Context) (Status, error) {
 	case <-ctx.Done():
 	}
 	t.parked.Add(-1)
-	if !r.recv {
+	if !r.recv || !cancel {
 		return Status{}, fmt.Errorf("transport: %s rank %d tag %d: %w (operation still in flight)", r.op, r.peer, r.tag, ctx.Err())
 	}
 	// The cancellation may run on the progress goroutine (queue mode),
