@@ -1405,6 +1405,10 @@ func (t *Transport) Close() error {
 		return nil
 	}
 	t.closed = true
+	if t.arrival != nil { // probes waiting for an arrival look again, and find the transport closed
+		close(t.arrival)
+		t.arrival = nil
+	}
 	closeLocalChannels(t)
 	t.wildClose()
 	if t.ov != nil {
