@@ -25,8 +25,17 @@ const (
 )
 
 // sleep blocks the calling thread for d, or until wake.
-func (n *nap) sleep(d time.Duration) {
+func (n *nap) sleep(d time.Duration) { n.sleepUnless(d, nil) }
+
+// sleepUnless is sleep that does not begin if woken reports true once the
+// nap has begun: a wake that came before the nap and left a sign woken can
+// read (a kick) is not lost.
+func (n *nap) sleepUnless(d time.Duration, woken func() bool) {
 	n.state.Store(1)
+	if woken != nil && woken() {
+		n.state.Store(0)
+		return
+	}
 	end := time.Now().Add(d)
 	for {
 		ts := unix.NsecToTimespec(d.Nanoseconds())

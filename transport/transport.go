@@ -23,7 +23,6 @@ import (
 	"unsafe"
 
 	"go.uber.org/zap"
-	"golang.org/x/sys/unix"
 
 	"github.com/troupe-hpc/troupe/gpu"
 	"github.com/troupe-hpc/troupe/transport/bootstrap"
@@ -261,6 +260,7 @@ type Transport struct {
 	stopping  atomic.Bool
 	kick      chan struct{}
 	aside     nap // the progress goroutine standing aside for a short while
+	pace      nap // the progress goroutine pacing its polls for a slow peer (slowPeerPoll)
 	loopDone  chan struct{}
 }
 
@@ -552,14 +552,6 @@ func (t *Transport) submitCall(s submission) {
 	}
 }
 
-// sleepThread blocks the calling thread for d with the kernel's timer,
-// which, unlike a Go timer of a few microseconds in an otherwise idle
-// process, wakes it on time.
-func sleepThread(d time.Duration) {
-	ts := unix.NsecToTimespec(d.Nanoseconds())
-	_ = unix.Nanosleep(&ts, nil)
-}
-
 // park tells the progress goroutine that a goroutine parks until a request
 // completes: it takes over the worker at once, keeps polling while
 // somebody is parked (parkedSpin), and ends a nap in which it stood aside
@@ -576,10 +568,14 @@ func (t *Transport) wake() {
 	case t.kick <- struct{}{}:
 	default:
 	}
+	t.pace.wake()
 	if t.sleeping.Load() {
 		_ = t.w.Signal()
 	}
 }
+
+// kicked reports whether a kick waits for the progress goroutine.
+func (t *Transport) kicked() bool { return len(t.kick) > 0 }
 
 // progressOnce progresses the worker once and handles what it produced.
 // It reports whether anything happened.
@@ -662,6 +658,7 @@ func (t *Transport) loop() {
 	var idle time.Time
 	polls := 0
 	pacing := false
+	busyArms := 0 // ucp_worker_arm reported busy with nothing done in between
 	// oneP: the process runs Go code on one thread at a time (GOMAXPROCS
 	// 1, as a rank bound to one core gets), so this goroutine and the ones
 	// it serves take turns on it: it yields instead of spinning or
@@ -671,8 +668,15 @@ func (t *Transport) loop() {
 	oneP := runtime.GOMAXPROCS(0) == 1
 	for !t.stopping.Load() {
 		if pacing {
-			if direct && t.parked.Load() == 0 && t.spinners.Load() == 0 && t.slowPeer() {
-				sleepThread(slowPeerPoll)
+			if t.spinners.Load() == 0 {
+				// Until something is done (progressHandled active), or a
+				// waiter spins. A kick (a call submitted, a waiter
+				// parking) ends the nap at once.
+				select {
+				case <-t.kick: // go round at once
+				default:
+					t.pace.sleepUnless(slowPeerPoll, t.kicked)
+				}
 			} else {
 				pacing = false
 			}
@@ -733,7 +737,7 @@ func (t *Transport) loop() {
 			continue
 		}
 		if active, handed := t.progressHandled(); active {
-			idle, polls = time.Time{}, 0
+			idle, polls, pacing, busyArms = time.Time{}, 0, false, 0
 			if handed {
 				// Handlers may have made goroutines runnable (an actor's
 				// mailbox, a waiter's channel): they were queued on this
@@ -772,13 +776,6 @@ func (t *Transport) loop() {
 			continue
 		}
 		spin := t.opts.Spin
-		if direct && t.parked.Load() == 0 && now.Sub(idle) >= spin && t.slowPeer() {
-			// Only posted sends for a slow peer are left, and the worker
-			// cannot sleep on its event fd while UCX queues sends (arming
-			// reports busy): poll at a pace instead (slowPeerPoll).
-			pacing = true
-			continue
-		}
 		if t.parked.Load() > 0 {
 			// Somebody waits for an operation in flight (a long rendezvous,
 			// say): keep it moving without an event-fd round trip per
@@ -798,6 +795,16 @@ func (t *Transport) loop() {
 			// somebody waits for a result only this goroutine can produce.
 			continue
 		}
+		if t.slowPeer() {
+			// Only posted sends for a slow peer are left, and the worker
+			// cannot sleep on its event fd while UCX queues sends (arming
+			// reports busy): poll at a pace instead (slowPeerPoll), in
+			// both modes and with waiters parked too (before 2026-11-25
+			// only in direct mode with none parked, and a rank spun a
+			// whole core otherwise).
+			pacing = true
+			continue
+		}
 		idle = time.Time{}
 		oneP = runtime.GOMAXPROCS(0) == 1 // it takes the scheduler's lock: not on every pass
 		t.mu.Lock()
@@ -811,9 +818,21 @@ func (t *Transport) loop() {
 		err := t.w.Arm()
 		pending := len(t.submit) > 0
 		t.mu.Unlock()
-		if pending || ucx.StatusOf(err) == ucx.StatusBusy {
+		if pending {
 			continue
 		}
+		if ucx.StatusOf(err) == ucx.StatusBusy {
+			// UCX has work it will not wake us for: sends in its queue
+			// for a peer that is not taking them (queue mode's sends are
+			// requests, which slowPeer does not count). Twice in a row,
+			// a spin time apart with nothing done, is no passing
+			// event: pace.
+			if busyArms++; busyArms > 1 {
+				pacing = true
+			}
+			continue
+		}
+		busyArms = 0
 		if err != nil {
 			t.log.Warn("ucp_worker_arm failed; polling instead", zap.Error(err))
 			continue
