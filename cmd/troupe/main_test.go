@@ -1,8 +1,11 @@
 package main
 
 import (
+	"fmt"
 	"os"
 	"testing"
+
+	"github.com/troupe-hpc/troupe/transport/bootstrap"
 )
 
 // envTestMain makes the test binary act as the troupe command: the
@@ -14,6 +17,13 @@ func TestMain(m *testing.M) {
 	if os.Getenv(envTestMain) == "1" {
 		main()
 		os.Exit(0)
+	}
+	// A rank of a job that a test started by mistake (a flag check that
+	// let a benchmark through) would run the whole test suite, which
+	// starts jobs of its own: fail the rank at once instead.
+	if os.Getenv(bootstrap.EnvRdv) != "" {
+		fmt.Fprintf(os.Stderr, "test binary started as a rank without %s=1\n", envTestMain)
+		os.Exit(2)
 	}
 	os.Exit(m.Run())
 }
