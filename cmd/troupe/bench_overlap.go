@@ -87,7 +87,9 @@ for 64 KiB ... 4 MiB, how much of a message's transfer hides behind the
 receiver's computation: the receiver posts the receive, computes for about
 the pure communication time without calling the transport, then waits.
 overlap% = 100 x (1 - (t_total - t_compute) / t_comm), clamped at 0 as OSU
-does. Mode expected: the receive is posted before the message is sent.
+does. Each row is one round (job) of --rounds, the one whose overlap% is
+the median (the lower middle one of an even number), so that its times
+give its overlap%. Mode expected: the receive is posted before the message is sent.
 Mode unexpected: the receiver is late; the message arrives while it computes
 before posting the receive. The 8 B latency is measured in the same jobs.
 Then a skewed gather (rank 0 late by --gather-delay, the others send to it)
@@ -100,7 +102,7 @@ shows how long the senders wait for the late root, engine off and on.`,
 	fl.IntVar(&f.minSize, "min", 64<<10, "smallest message size in bytes")
 	fl.IntVar(&f.maxSize, "max", 4<<20, "largest message size in bytes")
 	fl.Float64Var(&f.scale, "scale", 1, "iteration count multiplier")
-	fl.IntVar(&f.rounds, "rounds", 3, "jobs per engine setting, interleaved off/on; rows report the median")
+	fl.IntVar(&f.rounds, "rounds", 3, "jobs per engine setting, interleaved off/on; each row is the round of median overlap%")
 	fl.BoolVar(&f.calibrate, "calibrate", true, "fit the engine's alpha and beta with a short ping-pong at start-up")
 	fl.IntVar(&f.gatherRanks, "gather-ranks", 3, "ranks of the skewed gather (0 skips it)")
 	fl.IntVar(&f.gatherSize, "gather-size", 1<<20, "bytes each sender contributes to the gather")
@@ -199,23 +201,9 @@ func overlapRun(ctx context.Context, out io.Writer, f overlapFlags) error {
 		}
 		return a.engine < b.engine
 	})
-	med := func(rs []overlapRow, get func(overlapRow) float64) float64 {
-		xs := make([]float64, len(rs))
-		for i, r := range rs {
-			xs[i] = get(r)
-		}
-		return median(xs)
-	}
 	var final []overlapRow
 	for _, k := range order {
-		rs := rows[k]
-		final = append(final, overlapRow{Size: k.size, Mode: k.mode, Engine: k.engine,
-			OverlapPct: med(rs, func(r overlapRow) float64 { return r.OverlapPct }),
-			TCommUs:    med(rs, func(r overlapRow) float64 { return r.TCommUs }),
-			TComputeUs: med(rs, func(r overlapRow) float64 { return r.TComputeUs }),
-			TTotalUs:   med(rs, func(r overlapRow) float64 { return r.TTotalUs }),
-			SenderUs:   med(rs, func(r overlapRow) float64 { return r.SenderUs }),
-		})
+		final = append(final, medianRound(rows[k]))
 	}
 	gmed := func(engine string, get func(overlapExtra) float64) float64 {
 		xs := []float64{}
@@ -251,7 +239,7 @@ func overlapRun(ctx context.Context, out io.Writer, f overlapFlags) error {
 	if f.typed {
 		what = ", typed messages (vector of 1 KiB blocks, stride 2 KiB)"
 	}
-	fmt.Fprintf(out, "# troupe overlap, 2 ranks, UCX_TLS=%s%s, %d round(s) per engine setting (medians)\n", bootstrap.UCXTLS(f.tls), what, f.rounds)
+	fmt.Fprintf(out, "# troupe overlap, 2 ranks, UCX_TLS=%s%s, %d round(s) per engine setting (each row: the round of median overlap%%; latency and gather: medians)\n", bootstrap.UCXTLS(f.tls), what, f.rounds)
 	fmt.Fprintf(out, "# rank 1 (sender) waits parked, without spinning (docs/overlap.md, section 8)\n")
 	// The ranks inherit this process's environment and CPUs, so they get
 	// the GOMAXPROCS it has.
@@ -293,6 +281,23 @@ func overlapRun(ctx context.Context, out io.Writer, f overlapFlags) error {
 		}
 	}
 	return nil
+}
+
+// medianRound is the row of the round whose overlap% is the median of
+// rs (of an even number of rounds, the lower of the middle two; of equal
+// ones, the earliest): one whole round, so that its times give its
+// overlap% (a median of each field taken separately mixed rounds, and the
+// row's times did not give its overlap%).
+func medianRound(rs []overlapRow) overlapRow {
+	if len(rs) == 0 {
+		return overlapRow{}
+	}
+	idx := make([]int, len(rs))
+	for i := range idx {
+		idx[i] = i
+	}
+	sort.SliceStable(idx, func(a, b int) bool { return rs[idx[a]].OverlapPct < rs[idx[b]].OverlapPct })
+	return rs[idx[(len(rs)-1)/2]]
 }
 
 // compute spins on arithmetic for d without calling the transport and

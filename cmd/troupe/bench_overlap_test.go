@@ -22,3 +22,45 @@ func TestRoundRatios(t *testing.T) {
 		t.Fatalf("no engine-on rounds: got %v, want none", r)
 	}
 }
+
+// A row is one whole round, the one of median overlap%, so that its times
+// give its overlap% (a median of each field mixed rounds: with these three
+// rounds, 50 % beside times that give 0 %).
+func TestOverlapMedianRound(t *testing.T) {
+	row := func(comm, comp, total float64) overlapRow {
+		pct := math.Max(100*(1-(total-comp)/comm), 0)
+		return overlapRow{Size: 1 << 20, Mode: "expected", Engine: "on", OverlapPct: math.Round(pct*10) / 10,
+			TCommUs: comm, TComputeUs: comp, TTotalUs: total, SenderUs: comm / 2}
+	}
+	rounds := []overlapRow{
+		row(100, 100, 110), // 90 %
+		row(200, 50, 250),  // 0 %
+		row(400, 300, 500), // 50 %
+	}
+	got := medianRound(rounds)
+	if got != rounds[2] {
+		t.Fatalf("medianRound = %+v, want the 50 %% round %+v", got, rounds[2])
+	}
+	check := func(r overlapRow) {
+		t.Helper()
+		pct := math.Max(100*(1-(r.TTotalUs-r.TComputeUs)/r.TCommUs), 0)
+		if math.Abs(pct-r.OverlapPct) > 0.05 {
+			t.Errorf("row %+v: its times give %.1f %%, it says %.1f %%", r, pct, r.OverlapPct)
+		}
+	}
+	check(got)
+	// Of an even number, the lower middle round; of equal ones, the first.
+	if got := medianRound(rounds[:2]); got != rounds[1] {
+		t.Errorf("two rounds: %+v, want the 0 %% round", got)
+	}
+	tie := []overlapRow{row(100, 100, 150), row(200, 200, 300), row(300, 0, 300)}
+	if got := medianRound(tie); got != tie[0] {
+		t.Errorf("equal overlap%%: %+v, want the first round", got)
+	}
+	if got := medianRound(rounds[:1]); got != rounds[0] {
+		t.Errorf("one round: %+v", got)
+	}
+	if got := medianRound(nil); got != (overlapRow{}) {
+		t.Errorf("no rounds: %+v", got)
+	}
+}
