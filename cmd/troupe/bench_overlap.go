@@ -107,7 +107,7 @@ shows how long the senders wait for the late root, engine off and on.`,
 	fl.IntVar(&f.gatherRanks, "gather-ranks", 3, "ranks of the skewed gather (0 skips it)")
 	fl.IntVar(&f.gatherSize, "gather-size", 1<<20, "bytes each sender contributes to the gather")
 	fl.DurationVar(&f.gatherDelay, "gather-delay", 2*time.Millisecond, "how late the gather's root is")
-	fl.BoolVar(&f.typed, "typed", false, "send typed (derived-datatype) messages instead of bytes: a vector of 1 KiB blocks at a 2 KiB stride, size packed bytes, the adaptive scheme")
+	fl.BoolVar(&f.typed, "typed", false, "send typed (derived-datatype) messages instead of bytes: a vector of 1 KiB blocks at a 2 KiB stride, size packed bytes (--min a multiple of 1024), the adaptive scheme")
 	fl.StringVar(&f.engine, "engine", "off", "overlap engine of this rank (internal)")
 	_ = fl.MarkHidden("engine")
 	setBenchRun(cmd, func(ctx context.Context) error { return overlapRank(ctx, f) },
@@ -117,6 +117,11 @@ shows how long the senders wait for the late root, engine off and on.`,
 			}
 			if err := checkCounts("--scale", f.scale, "--rounds", f.rounds); err != nil {
 				return err
+			}
+			// Every size of the sweep is --min doubled: it packs exactly
+			// that many bytes when --min is a whole number of blocks.
+			if f.typed && f.minSize%ovTypedBlock != 0 {
+				return fmt.Errorf("--typed with --min %d: want a multiple of %d (typed messages are vectors of 1 KiB blocks)", f.minSize, ovTypedBlock)
 			}
 			if f.gatherRanks > 1 && (f.gatherSize < 1 || f.gatherSize > maxBenchSize) {
 				return fmt.Errorf("--gather-size %d: want 1 to %d", f.gatherSize, maxBenchSize)
@@ -519,14 +524,23 @@ type ovMessage struct {
 	dt  *datatype.Type
 }
 
+// ovTypedBlock is the block of --typed messages: a vector of such blocks
+// at twice their stride packs a multiple of it, so --typed sizes must be
+// multiples of it.
+const ovTypedBlock = 1 << 10
+
 // newOvMessage returns the data message of size bytes (typed: packed
-// bytes of a vector of 1 KiB blocks at a 2 KiB stride).
+// bytes of a vector of 1 KiB blocks at a 2 KiB stride; size a multiple of
+// 1 KiB).
 func newOvMessage(size int, typed bool) (ovMessage, error) {
 	if !typed {
 		return ovMessage{buf: make([]byte, size)}, nil
 	}
-	const block = 1 << 10
-	vec, err := datatype.Vector(int64(max(size/block, 1)), block, 2*block, datatype.Byte)
+	if size <= 0 || size%ovTypedBlock != 0 {
+		return ovMessage{}, fmt.Errorf("--typed: a message of %d bytes is not a whole number of %d-byte blocks", size, ovTypedBlock)
+	}
+	const block = ovTypedBlock
+	vec, err := datatype.Vector(int64(size/block), block, 2*block, datatype.Byte)
 	if err != nil {
 		return ovMessage{}, err
 	}

@@ -64,3 +64,30 @@ func TestOverlapMedianRound(t *testing.T) {
 		t.Errorf("no rounds: %+v", got)
 	}
 }
+
+// A --typed message packs exactly the row's size; a size that is not a
+// whole number of 1 KiB blocks is refused (100 B packed 1024, 1536 B
+// packed 1024).
+func TestOvMessageTypedSize(t *testing.T) {
+	for _, size := range []int{1024, 2048, 3072, 64 << 10} {
+		m, err := newOvMessage(size, true)
+		if err != nil {
+			t.Fatalf("size %d: %v", size, err)
+		}
+		if n, err := m.dt.PackedSize(1); err != nil || n != int64(size) {
+			t.Errorf("size %d: packs %d bytes (%v)", size, n, err)
+		}
+		if len(m.buf) != 2*size-1024 {
+			t.Errorf("size %d: buffer of %d bytes, want the vector's extent %d", size, len(m.buf), 2*size-1024)
+		}
+	}
+	for _, size := range []int{100, 1000, 1536, 0} {
+		if m, err := newOvMessage(size, true); err == nil {
+			n, _ := m.dt.PackedSize(1)
+			t.Errorf("size %d accepted (packs %d bytes)", size, n)
+		}
+	}
+	if m, err := newOvMessage(100, false); err != nil || len(m.buf) != 100 || m.dt != nil {
+		t.Errorf("untyped 100 B: %d bytes, %v", len(m.buf), err)
+	}
+}

@@ -28,6 +28,7 @@ func TestBenchFlagsRefused(t *testing.T) {
 		{newOverlapCmd, []string{"--rounds", "0"}, "--rounds 0"},
 		{newNoncontigCmd, []string{"--point-time", "-1s"}, "--point-time -1s"},
 		{newNoncontigCmd, []string{"--scale", "-3"}, "--scale -3"},
+		{newOverlapCmd, []string{"--typed", "--min", "1536"}, "--min 1536"},
 	} {
 		cmd := c.cmd()
 		cmd.SetArgs(c.args)
