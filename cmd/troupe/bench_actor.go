@@ -84,7 +84,7 @@ executable or on PATH) and prints both side by side.`,
 	fl.IntVar(&f.rtts, "rtts", 20000, "round trips to time (0 skips the round-trip tests)")
 	fl.IntSliceVar(&f.sizes, "sizes", []int{64, 64 << 10, 1 << 20}, "message sizes of the throughput tests")
 	fl.IntSliceVar(&f.rttSize, "rtt-sizes", []int{8}, "payload sizes of the actor round trip (both ways)")
-	fl.Float64Var(&f.scale, "scale", 1, "message count multiplier for the throughput tests")
+	fl.Float64Var(&f.scale, "scale", 1, "message count multiplier for the throughput tests (positive, finite)")
 	fl.BoolVar(&f.compare, "compare", false, "also run protoactor-go's gRPC remote (protobench) and compare")
 	fl.BoolVar(&f.inline, "inline", false, "run the echo actor inline on the progress goroutine (synchronized dispatcher)")
 	fl.IntVar(&f.repeat, "repeat", 3, "measure this many times, troupe and (with --compare) protoactor in turn, and report each one's best")

@@ -62,7 +62,7 @@ that wait for the scheduler can move the mean by several times.`,
 	fl.BoolVar(&f.json, "json", false, `print one JSON object per point: {"api":"messaging|channel|staged","backend":"host|cuda","size":...,"lat_us":...,"bw_MBps":...}`)
 	fl.IntVar(&f.minSize, "min", 8, "smallest message size in bytes")
 	fl.IntVar(&f.maxSize, "max", 4<<20, "largest message size in bytes")
-	fl.Float64Var(&f.scale, "scale", 1, "iteration count multiplier")
+	fl.Float64Var(&f.scale, "scale", 1, "iteration count multiplier (positive, finite)")
 	fl.IntVar(&f.window, "window", 16, "messages in flight for bandwidth")
 	fl.StringVar(&f.stat, "stat", "mean", "latency statistic: mean (of the round trips, as OSU) or median")
 	setBenchRun(cmd, func(ctx context.Context) error { return gpuBenchRank(ctx, f) },
@@ -73,8 +73,8 @@ that wait for the scheduler can move the mean by several times.`,
 			if err := checkSizes(f.minSize, f.maxSize); err != nil {
 				return err
 			}
-			if f.window < 1 {
-				return fmt.Errorf("--window %d: want at least 1", f.window)
+			if err := checkCounts("--scale", f.scale, "--window", f.window); err != nil {
+				return err
 			}
 			pts, err := runGPUBenchJob(ctx, f)
 			if err != nil {

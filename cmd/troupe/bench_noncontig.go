@@ -241,7 +241,7 @@ each way's best batch is reported.`,
 	fl.StringVar(&f.tls, "tls", "shm", "UCX transports: shm, tcp, or a UCX_TLS value")
 	fl.StringVar(&f.procs, "procs", "split", `GOMAXPROCS of each rank as in troupe run: "split" (this process's processors halved), a count, or "" for Go's default`)
 	fl.BoolVar(&f.json, "json", false, `print one JSON object per point: {"layout":"vec_4096x64","scheme":"pack|sgl|zcopy|adaptive","lat_us":...}`)
-	fl.Float64Var(&f.scale, "scale", 1, "iteration count multiplier")
+	fl.Float64Var(&f.scale, "scale", 1, "iteration count multiplier (positive, finite)")
 	fl.IntVar(&f.rounds, "rounds", 4, "rounds per point at least; in each the schemes take turns in batches, each scheme 3 batches (4 with --aa)")
 	fl.IntVar(&f.maxRounds, "max-rounds", 16, "rounds per point at most: after --rounds, rounds go on while a scheme's statistic still moves by more than 1% in three rounds")
 	fl.StringVar(&f.stat, "stat", "best", "what is reported per scheme: best (batch) or median (of the individual ping-pongs)")

@@ -101,7 +101,7 @@ shows how long the senders wait for the late root, engine off and on.`,
 	fl.BoolVar(&f.json, "json", false, `print one JSON object per row: {"size":...,"mode":"expected|unexpected","engine":"on|off","overlap_pct":...,"t_comm_us":...}`)
 	fl.IntVar(&f.minSize, "min", 64<<10, "smallest message size in bytes")
 	fl.IntVar(&f.maxSize, "max", 4<<20, "largest message size in bytes")
-	fl.Float64Var(&f.scale, "scale", 1, "iteration count multiplier")
+	fl.Float64Var(&f.scale, "scale", 1, "iteration count multiplier (positive, finite)")
 	fl.IntVar(&f.rounds, "rounds", 3, "jobs per engine setting, interleaved off/on; each row is the round of median overlap%")
 	fl.BoolVar(&f.calibrate, "calibrate", true, "fit the engine's alpha and beta with a short ping-pong at start-up")
 	fl.IntVar(&f.gatherRanks, "gather-ranks", 3, "ranks of the skewed gather (0 skips it)")

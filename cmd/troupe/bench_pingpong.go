@@ -55,13 +55,16 @@ ucx_perftest (8 B tag_lat, 1 MiB tag_bw) and prints medians and ratios.`,
 	fl.StringVar(&f.plot, "plot", "", "draw latency and bandwidth curves into this PNG file")
 	fl.IntVar(&f.minSize, "min", 8, "smallest message size in bytes")
 	fl.IntVar(&f.maxSize, "max", 4<<20, "largest message size in bytes")
-	fl.Float64Var(&f.scale, "scale", 1, "iteration count multiplier")
+	fl.Float64Var(&f.scale, "scale", 1, "iteration count multiplier (positive, finite)")
 	fl.StringVar(&f.progress, "progress", "direct", "transport progress mode: direct or queue")
 	fl.IntVar(&f.compare, "compare", 0, "interleave N rounds against raw ucx_perftest and report medians")
 	fl.BoolVar(&f.any, "any-source", false, "receive every message with transport.AnySource (what wildcard matching costs)")
 	setBenchRun(cmd, func(ctx context.Context) error { return pingpongRank(ctx, f) },
 		func(ctx context.Context, out io.Writer) error {
 			if err := checkSizes(f.minSize, f.maxSize); err != nil {
+				return err
+			}
+			if err := checkCounts("--scale", f.scale); err != nil {
 				return err
 			}
 			if f.progress != "direct" && f.progress != "queue" {

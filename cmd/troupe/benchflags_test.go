@@ -29,6 +29,15 @@ func TestBenchFlagsRefused(t *testing.T) {
 		{newNoncontigCmd, []string{"--point-time", "-1s"}, "--point-time -1s"},
 		{newNoncontigCmd, []string{"--scale", "-3"}, "--scale -3"},
 		{newOverlapCmd, []string{"--typed", "--min", "1536"}, "--min 1536"},
+		{newPingpongCmd, []string{"--scale", "0"}, "--scale 0"},
+		{newPingpongCmd, []string{"--scale", "-1"}, "--scale -1"},
+		{newPingpongCmd, []string{"--scale", "NaN"}, "--scale NaN"},
+		{newGPUBenchCmd, []string{"--scale", "0"}, "--scale 0"},
+		{newGPUBenchCmd, []string{"--scale", "-0.5"}, "--scale -0.5"},
+		{newGPUBenchCmd, []string{"--scale", "+Inf"}, "--scale +Inf"},
+		{newOverlapCmd, []string{"--scale", "Inf"}, "--scale +Inf"},
+		{newNoncontigCmd, []string{"--scale", "NaN"}, "--scale NaN"},
+		{newActorBenchCmd, []string{"--scale", "-Inf"}, "--scale -Inf"},
 	} {
 		cmd := c.cmd()
 		cmd.SetArgs(c.args)

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"os/signal"
 	"runtime/pprof"
@@ -191,21 +192,25 @@ func shutdownRank(rt *actor.Runtime) {
 
 // checkCounts refuses counts, multipliers and durations a benchmark cannot
 // run with: each named value must be positive (a zero or negative one was
-// once silently replaced by a default or ran nothing).
+// once silently replaced by a default or ran nothing), and a multiplier
+// finite (NaN or Inf times an iteration count converted to int gave the
+// benchmark's minimum count).
 func checkCounts(vals ...any) error {
 	for i := 0; i+1 < len(vals); i += 2 {
 		name := vals[i].(string)
 		var ok bool
+		want := "a positive value"
 		switch v := vals[i+1].(type) {
 		case int:
 			ok = v > 0
 		case float64:
-			ok = v > 0
+			ok = v > 0 && !math.IsInf(v, 0) // NaN > 0 is false
+			want = "a positive finite number"
 		case time.Duration:
 			ok = v > 0
 		}
 		if !ok {
-			return fmt.Errorf("%s %v: want a positive value", name, vals[i+1])
+			return fmt.Errorf("%s %v: want %s", name, vals[i+1], want)
 		}
 	}
 	return nil
