@@ -46,7 +46,8 @@ func newPingpongCmd() *cobra.Command {
 		Long: `pingpong starts a two-rank job through the embedded launcher and prints
 one-way latency (half the round trip) and bandwidth with 64 messages in flight
 for 8 B ... 4 MiB. --compare N interleaves N rounds of troupe and raw
-ucx_perftest (8 B tag_lat, 1 MiB tag_bw) and prints medians and ratios.`,
+ucx_perftest (8 B tag_lat, 1 MiB tag_bw) and prints a text table of the
+rounds, medians and ratios; it takes none of --json, --plot, --min and --max.`,
 		Args: cobra.NoArgs,
 	}
 	fl := cmd.Flags()
@@ -57,7 +58,7 @@ ucx_perftest (8 B tag_lat, 1 MiB tag_bw) and prints medians and ratios.`,
 	fl.IntVar(&f.maxSize, "max", 4<<20, "largest message size in bytes")
 	fl.Float64Var(&f.scale, "scale", 1, "iteration count multiplier (positive, finite)")
 	fl.StringVar(&f.progress, "progress", "direct", "transport progress mode: direct or queue")
-	fl.IntVar(&f.compare, "compare", 0, "interleave N rounds against raw ucx_perftest and report medians")
+	fl.IntVar(&f.compare, "compare", 0, "interleave N rounds against raw ucx_perftest and report medians (8 B and 1 MiB, a text table: not with --json, --plot, --min, --max)")
 	fl.BoolVar(&f.any, "any-source", false, "receive every message with transport.AnySource (what wildcard matching costs)")
 	setBenchRun(cmd, func(ctx context.Context) error { return pingpongRank(ctx, f) },
 		func(ctx context.Context, out io.Writer) error {
@@ -70,7 +71,20 @@ ucx_perftest (8 B tag_lat, 1 MiB tag_bw) and prints medians and ratios.`,
 			if f.progress != "direct" && f.progress != "queue" {
 				return fmt.Errorf("--progress %q: want direct or queue", f.progress)
 			}
+			if f.compare < 0 {
+				return fmt.Errorf("--compare %d: want a number of rounds (0: no comparison)", f.compare)
+			}
 			if f.compare > 0 {
+				// The comparison measures 8 B and 1 MiB and prints a table
+				// of its own: flags of the sweep would be ignored.
+				for _, c := range []struct {
+					name string
+					set  bool
+				}{{"json", f.json}, {"plot", f.plot != ""}, {"min", cmd.Flags().Changed("min")}, {"max", cmd.Flags().Changed("max")}} {
+					if c.set {
+						return fmt.Errorf("--compare measures 8 B latency and 1 MiB bandwidth and prints a text table: --%s does not apply to it", c.name)
+					}
+				}
 				return pingpongCompare(ctx, out, f)
 			}
 			pts, err := runPingpongJob(ctx, f, f.minSize, f.maxSize)

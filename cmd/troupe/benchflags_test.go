@@ -38,6 +38,11 @@ func TestBenchFlagsRefused(t *testing.T) {
 		{newOverlapCmd, []string{"--scale", "Inf"}, "--scale +Inf"},
 		{newNoncontigCmd, []string{"--scale", "NaN"}, "--scale NaN"},
 		{newActorBenchCmd, []string{"--scale", "-Inf"}, "--scale -Inf"},
+		{newPingpongCmd, []string{"--compare", "2", "--json"}, "--json"},
+		{newPingpongCmd, []string{"--compare", "2", "--plot", "pp.png"}, "--plot"},
+		{newPingpongCmd, []string{"--compare", "2", "--min", "64"}, "--min"},
+		{newPingpongCmd, []string{"--compare", "2", "--max", "64"}, "--max"},
+		{newPingpongCmd, []string{"--compare", "-1"}, "--compare -1"},
 	} {
 		cmd := c.cmd()
 		cmd.SetArgs(c.args)
