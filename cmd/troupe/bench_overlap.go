@@ -104,9 +104,9 @@ shows how long the senders wait for the late root, engine off and on.`,
 	fl.Float64Var(&f.scale, "scale", 1, "iteration count multiplier (positive, finite)")
 	fl.IntVar(&f.rounds, "rounds", 3, "jobs per engine setting, interleaved off/on; each row is the round of median overlap%")
 	fl.BoolVar(&f.calibrate, "calibrate", true, "fit the engine's alpha and beta with a short ping-pong at start-up")
-	fl.IntVar(&f.gatherRanks, "gather-ranks", 3, "ranks of the skewed gather (0 skips it)")
+	fl.IntVar(&f.gatherRanks, "gather-ranks", 3, "ranks of the skewed gather, root included: 0 skips it, else at least 2")
 	fl.IntVar(&f.gatherSize, "gather-size", 1<<20, "bytes each sender contributes to the gather")
-	fl.DurationVar(&f.gatherDelay, "gather-delay", 2*time.Millisecond, "how late the gather's root is")
+	fl.DurationVar(&f.gatherDelay, "gather-delay", 2*time.Millisecond, "how late the gather's root is (0 or more)")
 	fl.BoolVar(&f.typed, "typed", false, "send typed (derived-datatype) messages instead of bytes: a vector of 1 KiB blocks at a 2 KiB stride, size packed bytes (--min a multiple of 1024), the adaptive scheme")
 	fl.StringVar(&f.engine, "engine", "off", "overlap engine of this rank (internal)")
 	_ = fl.MarkHidden("engine")
@@ -122,6 +122,13 @@ shows how long the senders wait for the late root, engine off and on.`,
 			// that many bytes when --min is a whole number of blocks.
 			if f.typed && f.minSize%ovTypedBlock != 0 {
 				return fmt.Errorf("--typed with --min %d: want a multiple of %d (typed messages are vectors of 1 KiB blocks)", f.minSize, ovTypedBlock)
+			}
+			// A gather needs its root and at least one sender.
+			if f.gatherRanks < 0 || f.gatherRanks == 1 {
+				return fmt.Errorf("--gather-ranks %d: want 0 (no gather) or at least 2 (the root and its senders)", f.gatherRanks)
+			}
+			if f.gatherDelay < 0 {
+				return fmt.Errorf("--gather-delay %v: want 0 or more (how late the root is)", f.gatherDelay)
 			}
 			if f.gatherRanks > 1 && (f.gatherSize < 1 || f.gatherSize > maxBenchSize) {
 				return fmt.Errorf("--gather-size %d: want 1 to %d", f.gatherSize, maxBenchSize)

@@ -43,6 +43,9 @@ func TestBenchFlagsRefused(t *testing.T) {
 		{newPingpongCmd, []string{"--compare", "2", "--min", "64"}, "--min"},
 		{newPingpongCmd, []string{"--compare", "2", "--max", "64"}, "--max"},
 		{newPingpongCmd, []string{"--compare", "-1"}, "--compare -1"},
+		{newOverlapCmd, []string{"--gather-delay=-1ms"}, "--gather-delay -1ms"},
+		{newOverlapCmd, []string{"--gather-ranks", "1"}, "--gather-ranks 1"},
+		{newOverlapCmd, []string{"--gather-ranks", "-2"}, "--gather-ranks -2"},
 	} {
 		cmd := c.cmd()
 		cmd.SetArgs(c.args)
