@@ -53,7 +53,8 @@ gpu.Buffer field, landing where the receiver's PostReceiveDevice hook
 says; latency is half an echoed round trip, bandwidth a window of messages
 acknowledged by one actor message). --stat median reports the median round
 trip's half instead of the mean's: on a shared machine a few round trips
-that wait for the scheduler can move the mean by several times.`,
+that wait for the scheduler can move the mean by several times. Sizes:
+--min, then steps of x4, and --max as the last point.`,
 		Args: cobra.NoArgs,
 	}
 	fl := cmd.Flags()
@@ -186,7 +187,7 @@ func gpuBenchRank(ctx context.Context, f gpuBenchFlags) error {
 	if err := boot.Barrier(ctx, "bench.gpu.actors"); err != nil {
 		return err
 	}
-	for size := f.minSize; size <= f.maxSize; size *= 4 {
+	for _, size := range gpuSizes(f.minSize, f.maxSize) {
 		for _, api := range []string{"messaging", "channel", "staged"} {
 			if err := boot.Barrier(ctx, fmt.Sprintf("bench.gpu.%s.%d", api, size)); err != nil {
 				return err
@@ -206,11 +207,25 @@ func gpuBenchRank(ctx context.Context, f gpuBenchFlags) error {
 				}
 			}
 		}
-		if size == 0 {
-			break
-		}
 	}
 	return boot.Barrier(ctx, "bench.gpu.done")
+}
+
+// gpuSizes lists the benchmark's sizes: minSize, then x4 steps up to
+// maxSize, and maxSize itself when the steps skip it (checkSizes keeps
+// minSize at least 1; a size below 1 steps to 1).
+func gpuSizes(minSize, maxSize int) []int {
+	var s []int
+	for size := minSize; size <= maxSize; size = max(size*4, 1) {
+		s = append(s, size)
+		if size > maxSize/4 {
+			break // the next step passes maxSize (or would overflow)
+		}
+	}
+	if len(s) > 0 && s[len(s)-1] != maxSize {
+		s = append(s, maxSize)
+	}
+	return s
 }
 
 // gpuBench holds the buffers of one rank: a window of device buffers and, for

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"slices"
 	"testing"
 	"time"
 )
@@ -27,5 +28,29 @@ func TestOneWayUs(t *testing.T) {
 	}
 	if got := oneWayUs(nil, "median"); got != 0 {
 		t.Errorf("no round trips: %v", got)
+	}
+}
+
+// The sizes step by 4 from --min and end at --max even where the steps
+// skip it (--min 1024 --max 3072 measured 1024 only; the default range
+// ended at 2 MiB, not 4 MiB).
+func TestGPUSizes(t *testing.T) {
+	for _, c := range []struct {
+		min, max int
+		want     []int
+	}{
+		{8, 4 << 20, []int{8, 32, 128, 512, 2048, 8192, 32768, 131072, 524288, 2097152, 4194304}},
+		{1024, 3072, []int{1024, 3072}},
+		{1024, 4096, []int{1024, 4096}},
+		{1024, 1024, []int{1024}},
+		{1, 16, []int{1, 4, 16}},
+		{1, 17, []int{1, 4, 16, 17}},
+		{1 << 29, 1 << 30, []int{1 << 29, 1 << 30}},
+		{0, 4, []int{0, 1, 4}},
+		{8, 4, nil},
+	} {
+		if got := gpuSizes(c.min, c.max); !slices.Equal(got, c.want) {
+			t.Errorf("gpuSizes(%d, %d) = %v, want %v", c.min, c.max, got, c.want)
+		}
 	}
 }
