@@ -247,7 +247,7 @@ each way's best batch is reported.`,
 	fl.StringVar(&f.stat, "stat", "best", "what is reported per scheme: best (batch) or median (of the individual ping-pongs)")
 	fl.BoolVar(&f.aa, "aa", false, "measure pack a second time (column pack2) as a check of the run's resolution")
 	fl.DurationVar(&f.budget, "point-time", 20*time.Second, "no further round of a point starts after this much time on it")
-	fl.StringSliceVar(&f.layouts, "layout", nil, "only these layouts (vec_<block>x<count> or DDTBench names)")
+	fl.StringSliceVar(&f.layouts, "layout", nil, "only these layouts (vec_<block>x<count> or DDTBench names; not empty)")
 	fl.BoolVar(&f.noVec, "no-vectors", false, "skip the vector sweep")
 	fl.BoolVar(&f.anySource, "any-source", false, "receive every typed message with transport.AnySource (not with --actor)")
 	fl.BoolVar(&f.noApp, "no-apps", false, "skip the DDTBench layouts")
@@ -268,6 +268,14 @@ each way's best batch is reported.`,
 				return fmt.Errorf("--burst %d: a count of at least 1, above 1 only with --actor", f.burst)
 			}
 			if err := checkCounts("--scale", f.scale, "--rounds", f.rounds, "--max-rounds", f.maxRounds, "--point-time", f.budget); err != nil {
+				return err
+			}
+			// --layout "" leaves the list empty, which means all layouts.
+			if cmd.Flags().Changed("layout") && len(f.layouts) == 0 {
+				return fmt.Errorf("--layout: an empty layout name")
+			}
+			// Refuse an unknown or excluded layout before the job starts.
+			if _, err := noncontigCases(f); err != nil {
 				return err
 			}
 			pts, err := runNoncontigJob(ctx, f)
@@ -332,6 +340,12 @@ func noncontigCases(f noncontigFlags) ([]ncCase, error) {
 	for _, name := range f.layouts {
 		if found[name] {
 			continue
+		}
+		if name == "" {
+			return nil, fmt.Errorf("--layout: an empty layout name")
+		}
+		if slices.Contains(layouts.Names, name) { // only --no-apps skips one
+			return nil, fmt.Errorf("layout %q is a DDTBench layout, which --no-apps leaves out", name)
 		}
 		var b, n int64
 		if _, err := fmt.Sscanf(name, "vec_%dx%d", &b, &n); err != nil || name != fmt.Sprintf("vec_%dx%d", b, n) {

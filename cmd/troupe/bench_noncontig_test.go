@@ -260,3 +260,17 @@ func TestNoncontigCasesByName(t *testing.T) {
 		t.Error("a vector layout accepted with --no-vectors")
 	}
 }
+
+// A DDTBench layout named with --no-apps is refused as left out (the error
+// said it was unknown and listed it as a choice), and so is an empty name.
+func TestNoncontigCasesExcluded(t *testing.T) {
+	_, err := noncontigCases(noncontigFlags{layouts: []string{"milc_zd"}, noApp: true})
+	if err == nil || !strings.Contains(err.Error(), "--no-apps") || strings.Contains(err.Error(), "unknown") {
+		t.Errorf("milc_zd with --no-apps: %v, want an error naming --no-apps", err)
+	}
+	for _, names := range [][]string{{""}, {"milc_zd", ""}} {
+		if _, err := noncontigCases(noncontigFlags{layouts: names}); err == nil || !strings.Contains(err.Error(), "empty") {
+			t.Errorf("layouts %q: %v, want an error about the empty name", names, err)
+		}
+	}
+}

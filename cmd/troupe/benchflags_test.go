@@ -46,6 +46,9 @@ func TestBenchFlagsRefused(t *testing.T) {
 		{newOverlapCmd, []string{"--gather-delay=-1ms"}, "--gather-delay -1ms"},
 		{newOverlapCmd, []string{"--gather-ranks", "1"}, "--gather-ranks 1"},
 		{newOverlapCmd, []string{"--gather-ranks", "-2"}, "--gather-ranks -2"},
+		{newNoncontigCmd, []string{"--layout", "milc_zd", "--no-apps"}, "--no-apps"},
+		{newNoncontigCmd, []string{"--layout", "bogus"}, `unknown layout "bogus"`},
+		{newNoncontigCmd, []string{"--layout", ""}, "empty layout name"},
 	} {
 		cmd := c.cmd()
 		cmd.SetArgs(c.args)
