@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -44,7 +45,7 @@ func init() {
 	ddtCmd.Flags().Bool("json", false, "print one JSON object per layout")
 	ddtCmd.Flags().Duration("round", 60*time.Millisecond, "duration of one measurement round")
 	ddtCmd.Flags().Int("rounds", 3, "rounds per measurement (best is reported)")
-	ddtCmd.Flags().StringSlice("layout", nil, "layouts to run (default: all)")
+	ddtCmd.Flags().StringSlice("layout", nil, "layouts to run (default: all; no empty name)")
 	ddtCmd.Flags().Int("repeat", 1, "with --mpi: measure troupe and each MPI program this many times, alternating, and keep the best of each")
 	ddtCmd.Flags().Int("workers", 1, "goroutines per pack and unpack of page-bound layouts (1: the plain single-threaded Pack)")
 	ddtCmd.Flags().StringSlice("mpi", nil, "MPI reference programs to compare with (bin/mpi_pack-openmpi,bin/mpi_pack-mpich)")
@@ -64,6 +65,27 @@ type ddtRow struct {
 	MPI []mpiResult `json:"mpi,omitempty"`
 }
 
+// ddtLayouts returns the layouts --layout names (set: the flag was given),
+// all of them when it was not given; an empty or unknown name is an error
+// (--layout "" gives an empty list, which ran every layout).
+func ddtLayouts(names []string, set bool) ([]string, error) {
+	if !set {
+		return layouts.Names, nil
+	}
+	if len(names) == 0 {
+		return nil, fmt.Errorf("--layout: an empty layout name")
+	}
+	for _, n := range names {
+		if n == "" {
+			return nil, fmt.Errorf("--layout: an empty layout name")
+		}
+		if !slices.Contains(layouts.Names, n) {
+			return nil, fmt.Errorf("--layout: unknown layout %q: want one of %s", n, strings.Join(layouts.Names, ", "))
+		}
+	}
+	return names, nil
+}
+
 func runDDT(cmd *cobra.Command, _ []string) error {
 	asJSON, _ := cmd.Flags().GetBool("json")
 	round, _ := cmd.Flags().GetDuration("round")
@@ -78,8 +100,9 @@ func runDDT(cmd *cobra.Command, _ []string) error {
 	if len(mpiProgs) == 0 || repeat < 1 {
 		repeat = 1
 	}
-	if len(names) == 0 {
-		names = layouts.Names
+	names, err := ddtLayouts(names, cmd.Flags().Changed("layout"))
+	if err != nil {
+		return err
 	}
 	out := cmd.OutOrStdout()
 	var tw *tabwriter.Writer
