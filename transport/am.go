@@ -13,8 +13,12 @@ import (
 // AMHandler handles an active message. It runs on whichever goroutine
 // progressed the worker (the progress goroutine, or a waiter), one message
 // at a time and in arrival order, without the worker lock: it may call the
-// transport. The message's header and eager data are valid only until the
-// handler returns, unless it calls Keep.
+// transport to start operations (sends, receives, PostAM, RecvData), but
+// not wait for one (Wait, Recv, Send, Probe, WaitAny, Await...): nothing
+// would progress the worker meanwhile, so such a wait fails at once with
+// ErrInHandler; hand the waiting to another goroutine. The message's
+// header and eager data are valid only until the handler returns, unless
+// it calls Keep.
 type AMHandler func(m *AMMessage)
 
 // AMMessage is an arrived active message.
@@ -457,11 +461,13 @@ func (t *Transport) deliverAM() {
 // held.
 func (t *Transport) deliverBatch(q []ucx.Event) {
 	done := q[:0] // the events handled and left for release, in place
+	t.handling.Store(true)
 	for i := range q {
 		if t.deliverOne(&q[i]) {
 			done = append(done, q[i])
 		}
 	}
+	t.handling.Store(false)
 	t.mu.Lock()
 	if t.w != nil {
 		t.w.AMRelease(done)

@@ -302,6 +302,9 @@ func waitRequest(ctx context.Context, r *Request) (Status, error) {
 		return r.status, r.err
 	}
 	t := r.t
+	if err := t.waitInHandler(r.op, -1, 0); err != nil {
+		return Status{}, err
+	}
 	if t.spinWait(r.fin.Load) {
 		return r.status, r.err
 	}

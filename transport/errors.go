@@ -9,6 +9,12 @@ import (
 var (
 	// ErrClosed: the transport was closed before or during the operation.
 	ErrClosed = errors.New("transport: closed")
+	// ErrInHandler: an active-message handler waited for an operation
+	// (Wait, Recv, Probe, WaitAny, Await...). Handlers run on the
+	// goroutine that progresses the worker, one batch at a time: the wait
+	// could never end. A handler may start operations and leave the
+	// waiting to another goroutine.
+	ErrInHandler = errors.New("transport: an active-message handler may not wait for an operation")
 	// ErrPeerLost: the peer's process died or became unreachable.
 	ErrPeerLost = errors.New("transport: peer lost")
 	// ErrTruncated: the receive buffer was smaller than the message.

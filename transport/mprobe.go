@@ -101,6 +101,9 @@ func (m *Message) Irecv(buf []byte) (*Request, error) {
 
 // Recv receives the message into buf and waits (MPI_Mrecv).
 func (m *Message) Recv(ctx context.Context, buf []byte) (Status, error) {
+	if err := m.t.waitInHandler("matched recv", -1, 0); err != nil {
+		return Status{}, err // the message stays to be received
+	}
 	r, err := m.Irecv(buf)
 	if err != nil {
 		return Status{}, err

@@ -511,6 +511,9 @@ func (t *Transport) SendTypedWith(ctx context.Context, dst, tag int, buf []byte,
 	if err != nil {
 		return err
 	}
+	if err := t.waitInHandler("typed send", dst, tag); err != nil {
+		return err // refused before it takes its number
+	}
 	_, err = nc.send(ctx, c, nc.nextSendSeq(c.seqKey()))
 	return err
 }
@@ -555,6 +558,9 @@ func (t *Transport) RecvTypedWith(ctx context.Context, src, tag int, buf []byte,
 	nc, c, err := t.typedCall("typed recv", src, tag, buf, dt, count, o)
 	if err != nil {
 		return Status{}, err
+	}
+	if err := t.waitInHandler("typed recv", src, tag); err != nil {
+		return Status{}, err // refused before it takes its number
 	}
 	seq, w, p := nc.placeRecv(c)
 	return nc.recvPlaced(ctx, c, seq, w, p)

@@ -243,6 +243,9 @@ func (t *Transport) Put(ctx context.Context, key RemoteKey, off int, src []byte)
 
 // Get reads from the remote region into dst and waits until dst holds it.
 func (t *Transport) Get(ctx context.Context, key RemoteKey, off int, dst []byte) error {
+	if err := t.waitInHandler("get", -1, 0); err != nil {
+		return err
+	}
 	r, err := t.Iget(key, off, dst)
 	if err != nil {
 		return err

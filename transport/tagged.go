@@ -276,6 +276,9 @@ func (t *Transport) Recv(ctx context.Context, src, tag int, buf []byte) (Status,
 	if err := t.checkRecv(src, tag); err != nil {
 		return Status{}, err
 	}
+	if err := t.waitInHandler("recv", src, tag); err != nil {
+		return Status{}, err // refused before the receive is posted: it could take a message nobody waits for
+	}
 	r := t.pooledRequest("recv", src, tag, len(buf))
 	r.recv = true
 	r.b = ucx.Buffer{Ptr: bytesPtr(buf), Len: len(buf)}
@@ -297,6 +300,9 @@ func (t *Transport) Sendrecv(ctx context.Context, dst, sendTag int, sendBuf []by
 	if err := t.checkSend(dst, sendTag); err != nil {
 		return Status{}, err
 	}
+	if err := t.waitInHandler("sendrecv", src, recvTag); err != nil {
+		return Status{}, err
+	}
 	rr, err := t.Irecv(src, recvTag, recvBuf)
 	if err != nil {
 		return Status{}, err
@@ -315,6 +321,9 @@ func (t *Transport) Sendrecv(ctx context.Context, dst, sendTag int, sendBuf []by
 
 // RecvIOV receives one message scattered over bufs.
 func (t *Transport) RecvIOV(ctx context.Context, src, tag int, bufs [][]byte) (Status, error) {
+	if err := t.waitInHandler("recv", src, tag); err != nil {
+		return Status{}, err
+	}
 	r, err := t.IrecvIOV(src, tag, bufs)
 	if err != nil {
 		return Status{}, err
@@ -372,6 +381,9 @@ func (t *Transport) Probe(ctx context.Context, src, tag int) (Status, error) {
 // probeWait calls look until it finds something or fails: for WaitSpin
 // at once, then each time something has arrived, until ctx ends.
 func (t *Transport) probeWait(ctx context.Context, look func() (bool, error)) error {
+	if err := t.waitInHandler("probe", -1, 0); err != nil {
+		return err
+	}
 	spinUntil := time.Now().Add(t.opts.WaitSpin)
 	for {
 		ok, err := look()

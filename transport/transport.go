@@ -15,6 +15,7 @@ package transport
 import (
 	"context"
 	"fmt"
+	"reflect"
 	"runtime"
 	"slices"
 	"sync"
@@ -226,6 +227,8 @@ type Transport struct {
 	amSpare []ucx.Event // the other of amq's two buffers (also under mu)
 	amMsg   *AMMessage  // reused for messages their handlers do not keep
 	amh     atomic.Pointer[map[uint16]amHandler]
+	// handling: deliverBatch is running handlers (waitInHandler).
+	handling atomic.Bool
 
 	postFailed    uint64        // PostFailed's count once the worker is gone
 	foreign       atomic.Uint64 // messages dropped for naming a rank outside the job
@@ -571,6 +574,39 @@ func (t *Transport) wake() {
 	t.pace.wake()
 	if t.sleeping.Load() {
 		_ = t.w.Signal()
+	}
+}
+
+// waitInHandler refuses a wait made by an active-message handler (see
+// AMHandler): the goroutine running it is the one that would have to
+// progress the worker, and it holds the delivery lock that progress takes.
+// It looks at the caller's stack only while handlers run.
+func (t *Transport) waitInHandler(op string, peer, tag int) error {
+	if !t.handling.Load() || !onHandlerStack() {
+		return nil
+	}
+	if peer < 0 {
+		return fmt.Errorf("transport: %s: %w", op, ErrInHandler)
+	}
+	return fmt.Errorf("transport: %s rank %d tag %d: %w", op, peer, tag, ErrInHandler)
+}
+
+// deliverBatchName is the name runtime.Frame gives deliverBatch.
+var deliverBatchName = runtime.FuncForPC(reflect.ValueOf((*Transport).deliverBatch).Pointer()).Name()
+
+// onHandlerStack reports whether deliverBatch is among the calling
+// goroutine's frames (within 512 of them).
+func onHandlerStack() bool {
+	var pcs [512]uintptr
+	frames := runtime.CallersFrames(pcs[:runtime.Callers(3, pcs[:])])
+	for {
+		f, more := frames.Next()
+		if f.Function == deliverBatchName {
+			return true
+		}
+		if !more {
+			return false
+		}
 	}
 }
 
@@ -1108,6 +1144,14 @@ func (t *Transport) inFlight() bool {
 // transport (actor requests) use it to wait for results that a message
 // handler delivers.
 func (t *Transport) Await(ctx context.Context, done <-chan struct{}) error {
+	select {
+	case <-done:
+		return nil
+	default:
+	}
+	if err := t.waitInHandler("await", -1, 0); err != nil {
+		return err
+	}
 	if t.awaitSpin(done) {
 		return nil
 	}
@@ -1127,6 +1171,14 @@ func (t *Transport) Await(ctx context.Context, done <-chan struct{}) error {
 // waits this way for every reply.
 func (t *Transport) AwaitFor(done <-chan struct{}, d time.Duration) bool {
 	start := time.Now()
+	select {
+	case <-done:
+		return true
+	default:
+	}
+	if t.waitInHandler("await", -1, 0) != nil {
+		return false // the wait could never end (ErrInHandler)
+	}
 	if t.awaitSpin(done) {
 		return true
 	}
@@ -1183,6 +1235,10 @@ func (r *Request) wait(ctx context.Context, cancel bool) (Status, error) {
 		return r.status, r.err
 	}
 	t := r.t
+	// Not r.peer: an any-source receive's changes meanwhile.
+	if err := t.waitInHandler(r.op, -1, 0); err != nil {
+		return Status{}, err // the operation goes on
+	}
 	if t.spinWait(r.fin.Load) {
 		return r.status, r.err
 	}

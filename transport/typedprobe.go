@@ -314,6 +314,9 @@ func (m *TypedMessage) RecvWith(ctx context.Context, buf []byte, dt *datatype.Ty
 	if err != nil {
 		return Status{}, err
 	}
+	if err := nc.t.waitInHandler("typed matched recv", -1, 0); err != nil {
+		return Status{}, err // the message stays to be received
+	}
 	// The probe matched it: the transfer runs to completion whatever ctx
 	// does, or the message would be lost (recvPlaced).
 	return nc.recvMatched(context.WithoutCancel(ctx), c, m.hdr)

@@ -32,6 +32,11 @@ func WaitAny(ctx context.Context, reqs []*Request) (int, Status, error) {
 		return -1, Status{}, nil
 	}
 	done := func() bool { return first() >= 0 }
+	if !done() {
+		if err := ts[0].waitInHandler("wait any", -1, 0); err != nil {
+			return -1, Status{}, err
+		}
+	}
 	if !done() && !ts[0].spinWait(done) {
 		// Park until a request's Done channel or ctx's closes; every
 		// transport involved keeps progressing meanwhile.

@@ -1,0 +1,65 @@
+package transport
+
+import (
+	"errors"
+	"testing"
+)
+
+// An active-message handler that waits for an operation (a blocking
+// receive, a Wait on a request it started, a probe) is refused at once
+// with ErrInHandler, in both progress modes: handlers run on the goroutine
+// that progresses the worker, and before 2026-11-25 such a wait never
+// ended (in queue mode not even when its context did, and Close then hung;
+// found by review). Nothing is lost: the refused Recv posted nothing, so
+// its message goes to a receive outside the handler, and the request the
+// handler started completes when waited for elsewhere.
+func TestHandlerWaitRefused(t *testing.T) {
+	forModes(t, func(t *testing.T, mode ProgressMode) {
+		ts := localJob(t, 2, mode)
+		ctx := testCtx(t)
+		type result struct {
+			recv, wait, probe error
+			req               *Request
+		}
+		res := make(chan result, 1)
+		started := make([]byte, 4)
+		if err := ts[1].SetAMHandler(30, func(m *AMMessage) {
+			var r result
+			_, r.recv = ts[1].Recv(ctx, 0, 6, make([]byte, 4))
+			if r.req, r.wait = ts[1].Irecv(0, 7, started); r.wait == nil {
+				_, r.wait = r.req.Wait(ctx)
+			}
+			_, r.probe = ts[1].Probe(ctx, 0, 8)
+			res <- r
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if err := ts[0].PostAM(1, 30, nil, nil); err != nil {
+			t.Fatal(err)
+		}
+		var r result
+		select {
+		case r = <-res:
+		case <-ctx.Done():
+			t.Fatal("the handler's waits never returned")
+		}
+		for name, err := range map[string]error{"Recv": r.recv, "Wait": r.wait, "Probe": r.probe} {
+			if !errors.Is(err, ErrInHandler) {
+				t.Fatalf("%s in a handler: %v, want ErrInHandler", name, err)
+			}
+		}
+		if err := ts[0].Send(ctx, 1, 6, []byte("six!")); err != nil {
+			t.Fatal(err)
+		}
+		if err := ts[0].Send(ctx, 1, 7, []byte("7777")); err != nil {
+			t.Fatal(err)
+		}
+		got := make([]byte, 4)
+		if _, err := ts[1].Recv(ctx, 0, 6, got); err != nil || string(got) != "six!" {
+			t.Fatalf("receive outside the handler: %q %v", got, err)
+		}
+		if _, err := r.req.Wait(ctx); err != nil || string(started) != "7777" {
+			t.Fatalf("the handler's receive, waited for outside it: %q %v", started, err)
+		}
+	})
+}
