@@ -386,3 +386,41 @@ func TestSendToPIDOutsideJob(t *testing.T) {
 		t.Fatalf("request on rank 1 itself: %v %v", local, err)
 	}
 }
+
+// A rank lost while the runtime runs closes Lost, and LostErr names the
+// first rank lost; a rank leaving while the runtime shuts down does not
+// count. (watchPeers calls peerLost with each of the transport's PeerLost
+// events.)
+func TestLostRank(t *testing.T) {
+	rts := startLocal(t, 3)
+	rt := rts[0]
+	select {
+	case <-rt.Lost():
+		t.Fatal("Lost closed before any rank was lost")
+	default:
+	}
+	if err := rt.LostErr(); err != nil {
+		t.Fatalf("LostErr before any loss: %v", err)
+	}
+	rt.peerLost(transport.PeerEvent{Rank: 2, Reason: "killed by the test"})
+	rt.peerLost(transport.PeerEvent{Rank: 1, Reason: "lost second"})
+	select {
+	case <-rt.Lost():
+	default:
+		t.Fatal("Lost still open after rank 2 was lost")
+	}
+	err := rt.LostErr()
+	var pl *transport.PeerLostError
+	if !errors.As(err, &pl) || pl.Rank != 2 || !errors.Is(err, transport.ErrPeerLost) ||
+		!strings.Contains(err.Error(), "rank 2 lost: killed by the test") {
+		t.Fatalf("LostErr = %v, want rank 2's loss", err)
+	}
+
+	// Shutdown marks the runtime closed first; ranks leaving the job then
+	// look like lost peers.
+	rts[1].closed.Store(true)
+	rts[1].peerLost(transport.PeerEvent{Rank: 2, Reason: "left at shutdown"})
+	if err := rts[1].LostErr(); err != nil {
+		t.Fatalf("rank leaving at shutdown: LostErr = %v, want nil", err)
+	}
+}

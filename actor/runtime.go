@@ -201,6 +201,9 @@ type Runtime struct {
 
 	closed   atomic.Bool
 	stop     chan struct{}
+	lost     chan struct{} // closed when the first rank is lost (Lost)
+	lostOnce sync.Once
+	lostErr  error // that rank's *transport.PeerLostError, set before lost closes
 	bg       sync.WaitGroup
 	stats    Stats
 	shutOnce sync.Once
@@ -364,6 +367,7 @@ func start(ctx context.Context, t *transport.Transport, opts Options) (*Runtime,
 		log:     log.With(zap.Int("rank", t.Rank())),
 		credits: opts.Credits,
 		stop:    make(chan struct{}),
+		lost:    make(chan struct{}),
 		dev:     opts.Device,
 		reqs:    map[string]pendingRequest{},
 	}
@@ -596,6 +600,27 @@ func (rt *Runtime) stopLocalActors() {
 	}
 }
 
+// Lost returns a channel that is closed when a rank of the job is lost
+// (its process died or its connection broke) while the runtime runs; it
+// stays closed. A program whose ranks wait for one another (for messages
+// only another rank sends) should also wait on it: the runtime fails sends
+// and Requests to a lost rank at once, but nothing else tells an actor
+// waiting for a message that will not come. Ranks leaving at Shutdown do
+// not count. LostErr says which rank it was.
+func (rt *Runtime) Lost() <-chan struct{} { return rt.lost }
+
+// LostErr returns the loss that closed Lost (a *transport.PeerLostError
+// naming the first rank lost, errors.Is ErrPeerLost), or nil while no rank
+// was lost.
+func (rt *Runtime) LostErr() error {
+	select {
+	case <-rt.lost:
+		return rt.lostErr
+	default:
+		return nil
+	}
+}
+
 // lostRank reports whether rank r was lost.
 func (rt *Runtime) lostRank(r int) bool { return rt.out[r].lostErr() != nil }
 
@@ -624,6 +649,10 @@ func (rt *Runtime) peerLost(ev transport.PeerEvent) {
 		rt.log.Debug("rank gone at shutdown", zap.Int("peer", ev.Rank), zap.String("reason", ev.Reason))
 	} else {
 		rt.log.Warn("rank lost", zap.Int("peer", ev.Rank), zap.String("reason", ev.Reason))
+		rt.lostOnce.Do(func() {
+			rt.lostErr = &transport.PeerLostError{Rank: ev.Rank, Op: "actor", Reason: ev.Reason}
+			close(rt.lost)
+		})
 	}
 	rt.out[ev.Rank].close(&transport.PeerLostError{Rank: ev.Rank, Op: "actor-send", Reason: ev.Reason})
 	rt.devSends.failRank(ev.Rank, &transport.PeerLostError{Rank: ev.Rank, Op: "actor-send-device", Reason: ev.Reason})
