@@ -132,6 +132,31 @@ func TestProcessesGPU(t *testing.T) {
 	}
 }
 
+// A rank whose jacobi3d process dies mid-run while its wrapper exits 0 (so
+// the launcher sees no failure): the survivors must fail promptly, naming
+// the lost rank, not wait for -timeout. The script plays the dying rank:
+// it kills its jacobi3d 1.5 s after starting it, well into the run (started
+// within about 0.5 s here; a kill before the run would fail the survivors
+// in a collective, without the message checked for).
+func TestPeerLostMidRun(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	var out bytes.Buffer
+	script := `if [ "$TROUPE_RANK" = 1 ]; then "$0" "$@" & p=$!; sleep 1.5; kill -9 $p; exit 0; fi; exec "$0" "$@"`
+	start := time.Now()
+	err := bootstrap.Launch(ctx, bootstrap.LaunchConfig{
+		N: 3, Program: "sh",
+		Args: []string{"-c", script, os.Args[0], "-grid", "48", "-iters", "1000000", "-timeout", "30s"},
+		Env:  []string{asMainEnv + "=1", "UCX_LOG_LEVEL=error"},
+		TLS:  "shm", Stdout: &out, Stderr: &out,
+	})
+	took := time.Since(start)
+	if err == nil || took > 10*time.Second ||
+		!strings.Contains(out.String(), "[0] jacobi3d: rank 0: jacobi: the run cannot go on: transport: actor: peer rank 1 lost") {
+		t.Fatalf("rank 1 lost: Launch returned %v after %v\n%s", err, took.Round(time.Millisecond), out.String())
+	}
+}
+
 func TestBadFlags(t *testing.T) {
 	out, err := launch(t, 2, "-blocks", "2x2")
 	if err == nil || !strings.Contains(out, "want AxBxC") {

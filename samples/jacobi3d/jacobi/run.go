@@ -369,7 +369,7 @@ func runBlocks(ctx context.Context, rt *actor.Runtime, cfg Config, rs *rankState
 		return nil, fmt.Errorf("jacobi: creating the block array: %w", err)
 	}
 	if rt.Rank() != 0 {
-		return nil, rs.wait(ctx)
+		return nil, rs.wait(ctx, rt)
 	}
 	if err := rt.Send(driverPID, &startRun{arr: arr}); err != nil {
 		return nil, fmt.Errorf("jacobi: starting the driver: %w", err)
@@ -379,6 +379,8 @@ func runBlocks(ctx context.Context, rt *actor.Runtime, cfg Config, rs *rankState
 	case res = <-results:
 	case err := <-rs.errc:
 		return nil, err
+	case <-rt.Lost():
+		return nil, lostErr(rt)
 	case <-ctx.Done():
 		return nil, fmt.Errorf("jacobi: waiting for the driver: %w", ctx.Err())
 	}
@@ -388,7 +390,7 @@ func runBlocks(ctx context.Context, rt *actor.Runtime, cfg Config, rs *rankState
 	if err := arr.Broadcast(&Done{}); err != nil {
 		return nil, fmt.Errorf("jacobi: broadcasting done: %w", err)
 	}
-	if err := rs.wait(ctx); err != nil {
+	if err := rs.wait(ctx, rt); err != nil {
 		return nil, err
 	}
 	out := res.res
@@ -520,16 +522,30 @@ func (rs *rankState) fail(err error) {
 	rs.errOnce.Do(func() { rs.errc <- err })
 }
 
-// wait waits until every local block heard Done, or an error.
-func (rs *rankState) wait(ctx context.Context) error {
+// wait waits until every local block heard Done, or an error, or a rank of
+// the job is lost (its blocks' halos, or the driver's messages, will not
+// come).
+func (rs *rankState) wait(ctx context.Context, rt *actor.Runtime) error {
 	select {
 	case <-rs.done:
 		return nil
 	case err := <-rs.errc:
 		return err
+	case <-rt.Lost():
+		select {
+		case <-rs.done: // the run is over: the loss does not matter
+			return nil
+		default:
+		}
+		return lostErr(rt)
 	case <-ctx.Done():
 		return fmt.Errorf("jacobi: waiting for the run to finish: %w", ctx.Err())
 	}
+}
+
+// lostErr is the error of a run that cannot go on because a rank was lost.
+func lostErr(rt *actor.Runtime) error {
+	return fmt.Errorf("jacobi: the run cannot go on: %w", rt.LostErr())
 }
 
 // block is one array element: a sub-grid with ghost layers.
