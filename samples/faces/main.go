@@ -10,8 +10,10 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"syscall"
@@ -23,14 +25,44 @@ import (
 )
 
 func main() {
-	L := flag.Int("L", 8, "cells per block edge")
-	iters := flag.Int("iters", 20, "iterations per mode")
-	mode := flag.String("mode", "both", "exchange: queue (stream-triggered), plain (host-driven sends) or both")
-	flag.Parse()
-	if err := run(*L, *iters, *mode); err != nil {
+	f, status := parseFlags(os.Args[1:], os.Stderr)
+	if status >= 0 {
+		os.Exit(status)
+	}
+	if err := run(f.L, f.iters, f.mode); err != nil {
 		fmt.Fprintln(os.Stderr, "faces:", err)
 		os.Exit(1)
 	}
+}
+
+// flags are the command line.
+type flags struct {
+	L, iters int
+	mode     string
+}
+
+// parseFlags parses the command line. status is -1 when the program should
+// run, else its exit status: 0 after -h, 2 after a usage error (printed to
+// stderr).
+func parseFlags(args []string, stderr io.Writer) (f flags, status int) {
+	fs := flag.NewFlagSet("faces", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.IntVar(&f.L, "L", 8, "cells per block edge")
+	fs.IntVar(&f.iters, "iters", 20, "iterations per mode")
+	fs.StringVar(&f.mode, "mode", "both", "exchange: queue (stream-triggered), plain (host-driven sends) or both")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return f, 0
+		}
+		return f, 2
+	}
+	if fs.NArg() > 0 {
+		// The flag package stops at the first argument that is not a
+		// flag: every flag after it would be ignored.
+		fmt.Fprintf(stderr, "faces: unexpected argument %q (faces takes flags only; see -h)\n", fs.Arg(0))
+		return f, 2
+	}
+	return f, -1
 }
 
 func run(L, iters int, mode string) error {

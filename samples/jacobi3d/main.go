@@ -65,6 +65,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
+	if fs.NArg() > 0 {
+		// The flag package stops at the first argument that is not a
+		// flag: every flag after it would be ignored.
+		fmt.Fprintf(stderr, "jacobi3d: unexpected argument %q (jacobi3d takes flags only; see -h)\n", fs.Arg(0))
+		return 2
+	}
 	cfg := jacobi.Config{NX: *grid, NY: *grid, NZ: *grid, Warmup: *warmup, Iters: *iters, Tol: *tol, ReduceEvery: *every, WholeSweep: *wholeSweep}
 	if err := gpuFlags(fs, *useGPU, *gpuAPI, &cfg); err != nil {
 		fmt.Fprintln(stderr, "jacobi3d:", err)

@@ -174,6 +174,16 @@ func TestBadFlags(t *testing.T) {
 	}
 }
 
+// An argument that is not a flag is refused: the flag package stops
+// there, and every flag after it was ignored (-iters 1 ran 100 sweeps).
+func TestStrayArgument(t *testing.T) {
+	var stderr strings.Builder
+	status := run([]string{"-grid", "8", "stray", "-iters", "1"}, io.Discard, &stderr)
+	if status != 2 || !strings.Contains(stderr.String(), `unexpected argument "stray"`) {
+		t.Fatalf("status %d, stderr %q", status, stderr.String())
+	}
+}
+
 func TestParseBlocks(t *testing.T) {
 	if b, err := parseBlocks("4x3x2"); err != nil || b != [3]int{4, 3, 2} {
 		t.Fatalf("parseBlocks: %v %v", b, err)

@@ -7,8 +7,10 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"syscall"
@@ -20,15 +22,47 @@ import (
 )
 
 func main() {
-	maxSize := flag.Int("max", 4<<20, "largest message size in bytes")
-	scale := flag.Float64("scale", 1, "iteration count multiplier")
-	progress := flag.String("progress", "direct", "progress mode: direct or queue")
-	idle := flag.Duration("idle", 0, "after the sweep, stay idle this long and report the CPU time used")
-	flag.Parse()
-	if err := run(*maxSize, *scale, *progress, *idle); err != nil {
+	f, status := parseFlags(os.Args[1:], os.Stderr)
+	if status >= 0 {
+		os.Exit(status)
+	}
+	if err := run(f.maxSize, f.scale, f.progress, f.idle); err != nil {
 		fmt.Fprintln(os.Stderr, "pingpong:", err)
 		os.Exit(1)
 	}
+}
+
+// flags are the command line.
+type flags struct {
+	maxSize  int
+	scale    float64
+	progress string
+	idle     time.Duration
+}
+
+// parseFlags parses the command line. status is -1 when the program should
+// run, else its exit status: 0 after -h, 2 after a usage error (printed to
+// stderr).
+func parseFlags(args []string, stderr io.Writer) (f flags, status int) {
+	fs := flag.NewFlagSet("pingpong", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.IntVar(&f.maxSize, "max", 4<<20, "largest message size in bytes")
+	fs.Float64Var(&f.scale, "scale", 1, "iteration count multiplier")
+	fs.StringVar(&f.progress, "progress", "direct", "progress mode: direct or queue")
+	fs.DurationVar(&f.idle, "idle", 0, "after the sweep, stay idle this long and report the CPU time used")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return f, 0
+		}
+		return f, 2
+	}
+	if fs.NArg() > 0 {
+		// The flag package stops at the first argument that is not a
+		// flag: every flag after it would be ignored.
+		fmt.Fprintf(stderr, "pingpong: unexpected argument %q (pingpong takes flags only; see -h)\n", fs.Arg(0))
+		return f, 2
+	}
+	return f, -1
 }
 
 func run(maxSize int, scale float64, progress string, idle time.Duration) error {

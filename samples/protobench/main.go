@@ -15,6 +15,7 @@ package main
 
 import (
 	"bufio"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -35,11 +36,30 @@ import (
 const childEnv = "PROTOBENCH_CHILD"
 
 func main() {
-	if err := run(os.Args[1:], os.Stdin, os.Stdout); err != nil {
-		fmt.Fprintln(os.Stderr, "protobench:", err)
-		os.Exit(1)
+	os.Exit(exitStatus(run(os.Args[1:], os.Stdin, os.Stdout), os.Stderr))
+}
+
+// exitStatus prints run's error and returns the exit status: 0 without an
+// error and after -h, 2 for a bad command line, 1 for another error.
+func exitStatus(err error, stderr io.Writer) int {
+	var usage *usageError
+	switch {
+	case err == nil, errors.Is(err, flag.ErrHelp):
+		return 0
+	case errors.As(err, &usage):
+		fmt.Fprintln(stderr, "protobench:", err)
+		return 2
+	default:
+		fmt.Fprintln(stderr, "protobench:", err)
+		return 1
 	}
 }
+
+// usageError is a bad command line (exit status 2).
+type usageError struct{ err error }
+
+func (e *usageError) Error() string { return e.err.Error() }
+func (e *usageError) Unwrap() error { return e.err }
 
 // options are the parsed command line.
 type options struct {
@@ -73,7 +93,15 @@ func parse(args []string) (options, error) {
 	fs.DurationVar(&o.cfg.Timeout, "timeout", def.Timeout, "limit for one round, and for the server to answer first")
 	fs.BoolVar(&o.cfg.Verbose, "v", false, "let protoactor log to stderr")
 	if err := fs.Parse(args); err != nil {
-		return o, err
+		if errors.Is(err, flag.ErrHelp) {
+			return o, err
+		}
+		return o, &usageError{err}
+	}
+	if fs.NArg() > 0 {
+		// The flag package stops at the first argument that is not a
+		// flag: every flag after it would be ignored.
+		return o, &usageError{fmt.Errorf("unexpected argument %q (protobench takes flags only; see -h)", fs.Arg(0))}
 	}
 	o.cfg.Host = def.Host
 	for _, s := range strings.Split(*sizes, ",") {
@@ -83,7 +111,7 @@ func parse(args []string) (options, error) {
 		}
 		n, err := strconv.Atoi(s)
 		if err != nil || n <= 0 {
-			return o, fmt.Errorf("bad -sizes entry %q", s)
+			return o, &usageError{fmt.Errorf("bad -sizes entry %q", s)}
 		}
 		o.cfg.TputSizes = append(o.cfg.TputSizes, n)
 	}

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"io"
 	"os"
 	"os/exec"
 	"strings"
@@ -33,6 +34,21 @@ func childCmd(t *testing.T, args ...string) *exec.Cmd {
 	cmd := exec.Command(exe, args...)
 	cmd.Env = append(os.Environ(), childEnv+"=1")
 	return cmd
+}
+
+// An argument that is not a flag is refused: the flag package stops
+// there, and every flag after it was ignored (here -peer: "-role client
+// needs -peer").
+func TestStrayArgument(t *testing.T) {
+	var stderr strings.Builder
+	status := exitStatus(run([]string{"-role", "client", "stray", "-peer", "127.0.0.1:1"}, nil, io.Discard), &stderr)
+	if status != 2 || !strings.Contains(stderr.String(), `unexpected argument "stray"`) {
+		t.Fatalf("status %d, stderr %q", status, stderr.String())
+	}
+	stderr.Reset()
+	if status := exitStatus(run([]string{"-sizes", "x"}, nil, io.Discard), &stderr); status != 2 {
+		t.Fatalf("-sizes x: status %d, stderr %q", status, stderr.String())
+	}
 }
 
 // TestSelfSpawnJSON runs "protobench -selfspawn -json" (a tiny run) in a
