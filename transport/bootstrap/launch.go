@@ -4,6 +4,7 @@ package bootstrap
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -222,9 +223,10 @@ func (s *sink) write(w io.Writer, b []byte) {
 	s.mu.Unlock()
 }
 
-// maxOutputLine is the longest line of a rank's output passed on whole;
-// a longer one is cut into lines of this length, so that a rank writing
-// without newlines cannot make the launcher hold unbounded memory.
+// maxOutputLine is the longest line of a rank's output passed on whole
+// (not counting its newline); a longer one is cut into lines of this
+// length (the last piece may be shorter), so that a rank writing without
+// newlines cannot make the launcher hold unbounded memory.
 const maxOutputLine = 1 << 20
 
 func (s *sink) pump(rp *rankProc, r io.Reader, w io.Writer) {
@@ -232,18 +234,36 @@ func (s *sink) pump(rp *rankProc, r io.Reader, w io.Writer) {
 	prefix := fmt.Sprintf("[%d] ", rp.rank)
 	br := bufio.NewReaderSize(r, 64<<10)
 	var line, buf []byte
+	emit := func(text []byte) {
+		buf = append(buf[:0], prefix...)
+		buf = append(buf, text...)
+		buf = append(buf, '\n')
+		s.write(w, buf)
+		rp.addTail(string(text))
+	}
 	for {
 		part, err := br.ReadSlice('\n')
 		line = append(line, part...)
 		full := errors.Is(err, bufio.ErrBufferFull)
-		if len(line) > 0 && (!full || len(line) >= maxOutputLine) {
-			text := strings.TrimRight(string(line), "\r\n")
-			buf = append(buf[:0], prefix...)
-			buf = append(buf, text...)
-			buf = append(buf, '\n')
-			s.write(w, buf)
-			rp.addTail(text)
+		// A piece is cut only once the line is longer than maxOutputLine
+		// without its end: a line of exactly maxOutputLine bytes and its
+		// newline is one line (it was cut before its newline, which came
+		// out as an empty line of its own).
+		text := line
+		if !full {
+			text = bytes.TrimRight(line, "\r\n")
+		}
+		for len(text) > maxOutputLine {
+			emit(text[:maxOutputLine])
+			text = text[maxOutputLine:]
+		}
+		switch {
+		case !full && len(line) > 0:
+			emit(text)
 			line = line[:0]
+		case len(text) < len(line):
+			// Keep the uncut rest (full: text is a suffix of line).
+			line = append(line[:0], text...)
 		}
 		if err != nil && !full {
 			return

@@ -210,6 +210,68 @@ func TestLaunchLongLines(t *testing.T) {
 	assert.Equal(t, "[0] "+strings.Repeat("b", 10), lines[2])
 }
 
+// A line of exactly maxOutputLine bytes is passed on whole: it came out
+// as that line and an empty one (the cut came before its newline).
+func TestLaunchLineOfMaxLength(t *testing.T) {
+	stdout, stderr := &lockedBuffer{}, &lockedBuffer{}
+	err := Launch(t.Context(), LaunchConfig{
+		N: 1, Program: "sh",
+		Args:   []string{"-c", fmt.Sprintf(`head -c %d /dev/zero | tr '\0' b; echo; echo next`, maxOutputLine)},
+		Stdout: stdout, Stderr: stderr, Grace: time.Second,
+	})
+	require.NoError(t, err, stderr.String())
+	lines := strings.Split(strings.TrimSuffix(stdout.String(), "\n"), "\n")
+	if len(lines) != 2 || lines[0] != "[0] "+strings.Repeat("b", maxOutputLine) || lines[1] != "[0] next" {
+		t.Fatalf("got lines of %v bytes, want [0] and %d b's, then [0] next", lineLengths(lines), maxOutputLine)
+	}
+}
+
+// lineLengths returns the length of each line (they are too long to print).
+func lineLengths(lines []string) []int {
+	n := make([]int, len(lines))
+	for i, l := range lines {
+		n[i] = len(l)
+	}
+	return n
+}
+
+// pump cuts a line only where it is longer than maxOutputLine, into pieces
+// of that length and a shorter rest, never leaving an empty piece; lines
+// end at "\n" or "\r\n", and the output's end ends the last one.
+func TestPumpLineLengths(t *testing.T) {
+	const m = maxOutputLine
+	x := func(n int) string { return strings.Repeat("x", n) }
+	for _, tc := range []struct {
+		name string
+		in   string
+		want []string
+	}{
+		{"max-1", x(m-1) + "\n", []string{x(m - 1)}},
+		{"max", x(m) + "\nnext\n", []string{x(m), "next"}},
+		{"max crlf", x(m) + "\r\nnext\n", []string{x(m), "next"}},
+		{"max+1", x(m+1) + "\n", []string{x(m), "x"}},
+		{"2max", x(2*m) + "\n\n", []string{x(m), x(m), ""}},
+		{"2max+1", x(2*m+1) + "\n", []string{x(m), x(m), "x"}},
+		{"max at end", x(m), []string{x(m)}},
+		{"max+64k at end", x(m + 64<<10), []string{x(m), x(64 << 10)}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rp := &rankProc{rank: 3}
+			rp.outWG.Add(1)
+			var out bytes.Buffer
+			(&sink{}).pump(rp, strings.NewReader(tc.in), &out)
+			var want strings.Builder
+			for _, l := range tc.want {
+				want.WriteString("[3] " + l + "\n")
+			}
+			if out.String() != want.String() {
+				got := strings.Split(strings.TrimSuffix(out.String(), "\n"), "\n")
+				t.Fatalf("got lines of %v bytes (prefix included), want %v", lineLengths(got), lineLengths(tc.want))
+			}
+		})
+	}
+}
+
 func TestLaunchProcsPerRank(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
