@@ -84,7 +84,7 @@ func gomaxprocs(cfg LaunchConfig) (string, error) {
 	case cfg.ProcsPerRank > 0:
 		return fmt.Sprintf("GOMAXPROCS=%d", cfg.ProcsPerRank), nil
 	}
-	return "", fmt.Errorf("troupe: processors per rank must be >= 1, 0 (Go's default) or ProcsSplit, got %d", cfg.ProcsPerRank)
+	return "", fmt.Errorf("bootstrap: processors per rank must be >= 1, 0 (Go's default) or ProcsSplit, got %d", cfg.ProcsPerRank)
 }
 
 // EnvSpin is the actor runtime's TROUPE_SPIN (actor.EnvSpin): how long a
@@ -292,10 +292,10 @@ type exitEvent struct {
 // killed.
 func Launch(ctx context.Context, cfg LaunchConfig) error {
 	if cfg.N < 1 {
-		return fmt.Errorf("troupe: need at least one rank, got -n %d", cfg.N)
+		return fmt.Errorf("bootstrap: need at least one rank, got -n %d", cfg.N)
 	}
 	if cfg.Program == "" {
-		return errors.New("troupe: no program to run")
+		return errors.New("bootstrap: no program to run")
 	}
 	procs, err := gomaxprocs(cfg)
 	if err != nil {
@@ -319,7 +319,7 @@ func Launch(ctx context.Context, cfg LaunchConfig) error {
 	}
 	path, err := exec.LookPath(cfg.Program)
 	if err != nil {
-		return fmt.Errorf("troupe: %w", err)
+		return fmt.Errorf("bootstrap: %w", err)
 	}
 
 	token, err := NewToken()
@@ -448,7 +448,7 @@ func Launch(ctx context.Context, cfg LaunchConfig) error {
 			}
 			if !stopping {
 				stopping = true
-				stopErr = fmt.Errorf("troupe: interrupted by %v", sig)
+				stopErr = fmt.Errorf("bootstrap: interrupted by %v", sig)
 				killC = time.After(cfg.Grace)
 			}
 		case <-ctxDone:
@@ -493,7 +493,7 @@ func spawnAll(cfg LaunchConfig, path string, env []string, ranks []*rankProc, ou
 			pr, pw, err := os.Pipe()
 			if err != nil {
 				closeAll()
-				return fmt.Errorf("troupe: rank %d: %w", r, err)
+				return fmt.Errorf("bootstrap: rank %d: %w", r, err)
 			}
 			rp.pipes = append(rp.pipes, pr)
 			writers = append(writers, pw)
@@ -501,7 +501,7 @@ func spawnAll(cfg LaunchConfig, path string, env []string, ranks []*rankProc, ou
 		cmd.Stdout, cmd.Stderr = writers[0], writers[1]
 		if err := cmd.Start(); err != nil {
 			closeAll()
-			return fmt.Errorf("troupe: starting rank %d: %w", r, err)
+			return fmt.Errorf("bootstrap: starting rank %d: %w", r, err)
 		}
 		for _, w := range writers {
 			w.Close()
