@@ -34,6 +34,14 @@ var ErrQueueFreed = errors.New("transport: queue freed")
 // so an enqueued send matches an ordinary Recv/Irecv and an enqueued receive
 // matches an ordinary Send/Isend. Operations of one queue are issued in the
 // order they were enqueued. There are no wildcards.
+//
+// Errors are sticky, as a stream's are: the first operation that fails (its
+// peer lost, the transport closed, a truncated receive, a staging failure)
+// puts the queue in error. The completion counter still advances, so the
+// stream's waits end, but the failed operation's buffer holds no data, and
+// Err, Start, Wait and the Enqueue calls report the error from then on.
+// Batches triggered after the failure are not issued: their operations fail
+// with the same error at once (a GPU runs nothing more after a fault).
 type Queue struct {
 	t      *Transport
 	stream *gpu.Stream
@@ -53,6 +61,8 @@ type Queue struct {
 	issued    []*qbatch  // issued, not yet complete
 	starts    uint64     // Start calls so far: the last trigger value
 	freed     bool
+	freeDone  chan struct{} // closed when Free has finished
+	err       error         // first operation failure: sticky
 	kickStart chan struct{}
 	kickDone  chan struct{}
 }
@@ -93,7 +103,7 @@ func (t *Transport) NewQueue(stream *gpu.Stream) (*Queue, error) {
 	if err != nil {
 		return nil, fmt.Errorf("transport: NewQueue: counters: %w", err)
 	}
-	q := &Queue{t: t, stream: stream, sys: sys, words: words,
+	q := &Queue{t: t, stream: stream, sys: sys, words: words, freeDone: make(chan struct{}),
 		kickStart: make(chan struct{}, 1), kickDone: make(chan struct{}, 1)}
 	q.trig, _ = words.Slice(0, 8)
 	q.comp, _ = words.Slice(8, 8)
@@ -158,6 +168,9 @@ func (q *Queue) enqueue(send bool, buf gpu.Buffer, peer, tag int) (*QueueOp, err
 	if q.freed {
 		return nil, fmt.Errorf("transport: %s: %w", op, ErrQueueFreed)
 	}
+	if q.err != nil {
+		return nil, fmt.Errorf("transport: %s: queue in error: %w", op, q.err)
+	}
 	q.pending = append(q.pending, o)
 	return o, nil
 }
@@ -169,12 +182,16 @@ func (q *Queue) staged(buf gpu.Buffer) bool {
 
 // Start enqueues on the stream the trigger of every operation enqueued since
 // the previous Start: a stream write of the trigger counter. It returns at
-// once.
+// once. Once the queue is in error (Err) it enqueues nothing and returns
+// that error.
 func (q *Queue) Start() error {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if q.freed {
 		return fmt.Errorf("transport: queue Start: %w", ErrQueueFreed)
+	}
+	if q.err != nil {
+		return fmt.Errorf("transport: queue Start: queue in error: %w", q.err)
 	}
 	seq := q.starts + 1
 	if err := gpu.WriteValue64(q.stream, q.trig, seq); err != nil {
@@ -189,7 +206,10 @@ func (q *Queue) Start() error {
 
 // Wait enqueues on the stream a wait until every operation started so far
 // has completed: a stream wait on the completion counter. Work enqueued on
-// the stream afterwards sees received data. It returns at once.
+// the stream afterwards sees received data. It returns at once. Once the
+// queue is in error (Err) it still enqueues the wait (the counter advances
+// over failed operations too, so that later stream work never runs
+// alongside an operation still in flight) and returns that error.
 func (q *Queue) Wait() error {
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -199,7 +219,22 @@ func (q *Queue) Wait() error {
 	if err := gpu.WaitValue64(q.stream, q.comp, q.starts, gpu.GEQ); err != nil {
 		return fmt.Errorf("transport: queue Wait: %w", err)
 	}
+	if q.err != nil {
+		return fmt.Errorf("transport: queue Wait: queue in error: %w", q.err)
+	}
 	return nil
+}
+
+// Err returns the first failure of an operation of the queue (a
+// *PeerLostError, ErrClosed, a *TruncatedError, ...), or nil. It is set
+// before the completion counter covering that operation advances: after
+// the stream passes a Wait (Synchronize returned), Err reports any failure
+// of the operations that Wait covered. Operations ended by Free do not set
+// it.
+func (q *Queue) Err() error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.err
 }
 
 // Free stops the queue's agent and releases its counters. Operations not
@@ -208,15 +243,19 @@ func (q *Queue) Wait() error {
 // be recalled: they end as they would have (Wait reports how) and their
 // staging buffers go back then. Stream waits on the queue are released. As
 // with MPIX_Free_queue the caller should first let the stream pass the
-// last Wait.
+// last Wait. Free may be called from any goroutine, for instance when a
+// context ends while the stream waits for a peer that never sends: it then
+// ends that wait. A second call waits until the first has finished.
 func (q *Queue) Free() error {
 	q.mu.Lock()
 	if q.freed {
 		q.mu.Unlock()
+		<-q.freeDone
 		return nil
 	}
 	q.freed = true
 	q.mu.Unlock()
+	defer close(q.freeDone)
 	q.cancel()
 	q.wg.Wait()
 	q.mu.Lock()
@@ -274,7 +313,15 @@ func (q *Queue) triggerAgent() {
 		if err := gpu.WaitValue64Host(q.ctx, q.trig, b.seq, gpu.GEQ); err != nil {
 			return // freed (or the gpu system closed): Free fails what is left
 		}
+		q.mu.Lock()
+		sticky := q.err
+		q.mu.Unlock()
 		for _, o := range b.ops {
+			if sticky != nil {
+				// The queue is in error: later work is skipped.
+				o.fail(fmt.Errorf("transport: queue %s rank %d tag %d: not issued, queue in error: %w", o.kind(), o.peer, o.tag, sticky))
+				continue
+			}
 			o.issue()
 		}
 		q.mu.Lock()
@@ -380,6 +427,7 @@ func (o *QueueOp) fail(err error) { o.err = err }
 func (o *QueueOp) complete(ctx context.Context) bool {
 	if o.err != nil {
 		o.releaseSlot()
+		o.q.setErr(o.err)
 		o.finish(o.err)
 		return true
 	}
@@ -405,8 +453,20 @@ func (o *QueueOp) complete(ctx context.Context) bool {
 	}
 	o.releaseSlot()
 	o.status = st
+	if err != nil && !errors.Is(err, ErrQueueFreed) {
+		o.q.setErr(err)
+	}
 	o.finish(err)
 	return true
+}
+
+// setErr records the queue's first operation failure.
+func (q *Queue) setErr(err error) {
+	q.mu.Lock()
+	if q.err == nil {
+		q.err = err
+	}
+	q.mu.Unlock()
 }
 
 // settle waits for a send the queue was freed under and finishes it with
