@@ -296,7 +296,9 @@ func (r *Rank) pack() error {
 	return nil
 }
 
-// Iterate runs cfg.Iters iterations in mode and returns the time spent.
+// Iterate runs cfg.Iters iterations in mode and returns the time spent. It
+// fails with the first failed operation (a lost peer, say) and ends when
+// ctx does, even while the stream waits for a neighbour that never sends.
 func (r *Rank) Iterate(ctx context.Context, mode string) (time.Duration, error) {
 	var q *transport.Queue
 	if mode == ModeQueue {
@@ -305,6 +307,10 @@ func (r *Rank) Iterate(ctx context.Context, mode string) (time.Duration, error) 
 			return 0, err
 		}
 		defer q.Free()
+		// The stream's wait on the queue does not watch ctx: freeing the
+		// queue releases it (and fails what is in flight).
+		stop := context.AfterFunc(ctx, func() { _ = q.Free() })
+		defer stop()
 	} else if mode != ModePlain {
 		return 0, fmt.Errorf("facesim: unknown mode %q", mode)
 	}
@@ -315,6 +321,9 @@ func (r *Rank) Iterate(ctx context.Context, mode string) (time.Duration, error) 
 	}
 	start := time.Now()
 	for it := 0; it < r.cfg.Iters; it++ {
+		if err := ctx.Err(); err != nil {
+			return 0, err
+		}
 		for i := range r.u {
 			r.u[i] = compute(r.u[i], it)
 			binary.LittleEndian.PutUint64(up[i*8:], r.u[i])
@@ -349,6 +358,14 @@ func (r *Rank) Iterate(ctx context.Context, mode string) (time.Duration, error) 
 				}
 			}
 			if err := r.stream.Synchronize(); err != nil {
+				return 0, err
+			}
+			// The stream passed the Wait even if an exchange failed: the
+			// queue's sticky error says whether the faces arrived.
+			if err := ctx.Err(); err != nil {
+				return 0, err
+			}
+			if err := q.Err(); err != nil {
 				return 0, err
 			}
 		case ModePlain:
