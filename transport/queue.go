@@ -113,7 +113,13 @@ func (t *Transport) NewQueue(stream *gpu.Stream) (*Queue, error) {
 			return nil, fmt.Errorf("transport: NewQueue: counters: %w", err)
 		}
 	}
-	q.pool, err = sys.NewPinnedPool(gpu.PoolConfig{MinSize: 64 << 10, MaxSize: QueueMaxMessage, MaxBytes: 4 * QueueMaxMessage})
+	// Keep up to 64 idle staging buffers per size class (MaxBytes still
+	// bounds them): with the pool's default of 8, a batch of more staged
+	// operations than that (Faces has 12) freed the surplus and allocated
+	// it again on every batch, pinned memory allocation in the trigger
+	// agent's path and, on cuda, a cuMemFreeHost that waits for the device.
+	q.pool, err = sys.NewPinnedPool(gpu.PoolConfig{MinSize: 64 << 10, MaxSize: QueueMaxMessage,
+		MaxBytes: 4 * QueueMaxMessage, MaxIdlePerClass: 64})
 	if err != nil {
 		_ = gpu.Free(words)
 		return nil, fmt.Errorf("transport: NewQueue: staging pool: %w", err)

@@ -161,3 +161,64 @@ func TestQueueTransportClosed(t *testing.T) {
 		}
 	})
 }
+
+// TestQueueStagingReused: batches of 12 staged operations (Faces' six faces
+// each way) reuse the queue's pinned staging buffers. The pool kept only 8
+// idle buffers per size class, so every batch freed 4 and allocated 4 new
+// ones (mmap, or cuMemHostAlloc and a device-synchronising cuMemFreeHost on
+// cuda) in the trigger agent's path: where goroutine dumps of a busy
+// queue-mode Faces always found it.
+func TestQueueStagingReused(t *testing.T) {
+	ts := localJob(t, 1, ProgressDirect)
+	ctx := testCtx(t)
+	sys := hostSystem(t)
+	s, err := sys.Devices()[0].NewStream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	q, err := ts[0].NewQueue(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer q.Free()
+	const faces = 6
+	var send, recv [faces]gpu.Buffer
+	for d := range send {
+		send[d] = devBuf(t, sys, 512, pattern(512, d))
+		recv[d] = devBuf(t, sys, 512, nil)
+	}
+	held0 := -1
+	for iter := 0; iter < 3; iter++ {
+		for d := 0; d < faces; d++ {
+			if _, err := q.EnqueueRecv(recv[d], 0, d); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for d := 0; d < faces; d++ {
+			if _, err := q.EnqueueSend(send[d], 0, d); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := q.Start(); err != nil {
+			t.Fatal(err)
+		}
+		if err := q.Wait(); err != nil {
+			t.Fatal(err)
+		}
+		if err := syncOrFail(ctx, t, s); err != nil {
+			t.Fatal(err)
+		}
+		if err := q.Err(); err != nil {
+			t.Fatal(err)
+		}
+		held, inUse, idle := q.pool.Stats()
+		if inUse != 0 || idle != 2*faces {
+			t.Fatalf("batch %d: %d staging buffers in use, %d idle; want 0 and %d (all kept for the next batch)", iter, inUse, idle, 2*faces)
+		}
+		if held0 < 0 {
+			held0 = held
+		} else if held != held0 {
+			t.Fatalf("batch %d: pool holds %d bytes, %d after the first batch", iter, held, held0)
+		}
+	}
+}
