@@ -85,12 +85,11 @@ type sendPlan struct {
 // completion, or until the transport closes or the peer is lost, whatever
 // ctx does: given up before its RTS left, it would leave a hole in its
 // (peer, tag) sequence, and after, a receiver that had matched the RTS
-// waiting for its data for ever. So the protocol runs in a goroutine of
-// its own, which the caller leaves when ctx ends, where it could need to
-// (a context that can end and an RTS that must wait for its turn or that
-// starts a rendezvous); elsewhere in the calling goroutine (an inline RTS
-// once posted carries the whole message: the caller may leave the waits
-// for its completion).
+// waiting for its data for ever. It runs in the calling goroutine, which
+// hands the rest to a goroutine of its own only when ctx ends while the
+// transfer waits for the receiver (run); a send whose RTS must wait for
+// its turn behind another send runs in such a goroutine from the start
+// when ctx can end.
 func (nc *noncontig) send(ctx context.Context, c typedCall, seq uint32) (Status, error) {
 	p, err := nc.plan(c)
 	if err != nil {
@@ -99,7 +98,7 @@ func (nc *noncontig) send(ctx context.Context, c typedCall, seq uint32) (Status,
 		}
 		return Status{}, err
 	}
-	if ctx.Done() == nil || (p.inline && (c.space != KindTyped || nc.rtsTurnNow(c.seqKey(), seq))) {
+	if ctx.Done() == nil || c.space != KindTyped || nc.rtsTurnNow(c.seqKey(), seq) {
 		st, err := nc.run(ctx, c, seq, p)
 		if err != nil && ctx.Err() != nil && errors.Is(err, ctx.Err()) {
 			return st, inFlight(ctx, c)
@@ -172,12 +171,45 @@ func (nc *noncontig) plan(c typedCall) (p sendPlan, err error) {
 	return p, nil
 }
 
+// errPaused: a step of a typed send stopped because the caller's context
+// ended while the step waited for the receiver; the step's state is
+// intact and running it again goes on.
+var errPaused = errors.New("transport: typed send paused")
+
+// paused reports whether err is ctx's ending while r still runs.
+func paused(ctx context.Context, r *Request, err error) bool {
+	return err != nil && ctx.Err() != nil && !r.fin.Load() && errors.Is(err, ctx.Err())
+}
+
 // run posts a planned typed send's RTS when its turn comes (only Close
-// stops that wait) and carries the transfer out, waiting with ctx.
+// stops that wait) and carries the transfer out, waiting with ctx until
+// the receiver has matched the RTS: ctx ending before then hands the rest
+// to a goroutine (the caller returns ctx's error, the message still
+// goes), and after it the transfer runs to completion in the caller, its
+// pace the receiver's (a matched receive runs to completion too). Waits
+// left when ctx ends after the data has gone (the RTS's or last chunk's
+// send completion, the receiver's acknowledgement) are left to finish by
+// themselves.
 func (nc *noncontig) run(ctx context.Context, c typedCall, seq uint32, p sendPlan) (Status, error) {
 	t := nc.t
-	defer nc.done(p.ls)
-	ls, h, sig, proposal, inline := p.ls, p.h, p.sig, p.h.proposal, p.inline
+	detached := false
+	defer func() {
+		if !detached {
+			nc.done(p.ls)
+		}
+	}()
+	// detach runs rest in a goroutine, which releases the layout.
+	detach := func(rest func() error) error {
+		detached = true
+		go func() {
+			defer nc.done(p.ls)
+			if err := rest(); err != nil {
+				t.log.Debug("typed send left by its caller failed", zap.Int("peer", c.peer), zap.Int("tag", c.tag), zap.Error(err))
+			}
+		}()
+		return inFlight(ctx, c)
+	}
+	h, proposal := p.h, p.h.proposal
 	me := uint32(t.rank)
 	replyIdx := uint32(idxCTS)
 	if proposal == datatype.SchemePack {
@@ -196,68 +228,131 @@ func (nc *noncontig) run(ctx context.Context, c typedCall, seq uint32, p sendPla
 	if c.space == KindTyped {
 		nc.endRTSTurn(c.seqKey(), seq)
 	}
-	final := proposal
+	x := &sendXfer{nc: nc, c: c, p: p, sr: sr, rr: rr, reply: reply, sent: sent, final: proposal}
 	if proposal == datatype.SchemePack {
-		if inline {
+		if p.inline {
 			nc.c.eager.Add(1)
-		} else if err := nc.packSend(ctx, c, h.xid); err != nil {
-			return Status{}, err
+		} else {
+			ps := nc.newPackSender(c, h.xid)
+			if err := ps.run(ctx); errors.Is(err, errPaused) {
+				return Status{}, detach(func() error {
+					if err := ps.run(context.Background()); err != nil {
+						return err
+					}
+					return x.finish(context.Background())
+				})
+			} else if err != nil {
+				return Status{}, err
+			}
 		}
 	} else {
-		if _, err := sr.Wait(ctx); err != nil {
+		m, err := x.awaitCTS(ctx)
+		if errors.Is(err, errPaused) {
+			x.resumed = true
+			return Status{}, detach(func() error {
+				m, err := x.awaitCTS(context.Background())
+				if err != nil {
+					return err
+				}
+				if err := x.transfer(m); err != nil {
+					return err
+				}
+				return x.finish(context.Background())
+			})
+		}
+		if err != nil {
 			return Status{}, err
 		}
-		if _, err := rr.wait(ctx, false); err != nil {
+		if err := x.transfer(m); err != nil {
 			return Status{}, err
 		}
-		nc.noteRTT(c.peer, time.Since(sent))
+	}
+	return Status{}, x.finish(ctx)
+}
+
+// sendXfer is a typed send whose RTS has left: what its remaining steps
+// share, so that a goroutine can take them over (run's detach).
+type sendXfer struct {
+	nc      *noncontig
+	c       typedCall
+	p       sendPlan
+	sr, rr  *Request // the RTS's send; the receive of the CTS or acknowledgement
+	reply   []byte   // where rr lands
+	sent    time.Time
+	resumed bool // awaitCTS runs again in a goroutine that took over
+	final   datatype.Scheme
+}
+
+// awaitCTS waits for the receiver's CTS (the RTS proposed SGL or
+// zero-copy) and checks it; errPaused when ctx ends first.
+func (x *sendXfer) awaitCTS(ctx context.Context) (cts, error) {
+	nc, c := x.nc, x.c
+	for _, r := range []*Request{x.sr, x.rr} {
+		if _, err := r.wait(ctx, false); paused(ctx, r, err) {
+			return cts{}, errPaused
+		} else if err != nil {
+			return cts{}, err
+		}
+	}
+	if !x.resumed { // else the time includes the receiver's lateness
+		nc.noteRTT(c.peer, time.Since(x.sent))
+	}
+	var m cts
+	if err := m.decode(x.reply); err != nil {
+		return cts{}, err
+	}
+	if m.status != stOK {
+		return cts{}, nc.replyError(c, m, x.p.sig)
+	}
+	x.final = m.scheme
+	if ls := x.p.ls; m.flags&ctsVerdict != 0 && ls != nil {
+		ls.setVerdict(c.peer, x.final)
+		nc.noteSentVerdict(crossKey{c.peer, ls.lay.Stats.MinBlock, ls.lay.Stats.Segments, c.bytes}, x.final)
+	}
+	return m, nil
+}
+
+// transfer moves the data by the scheme the CTS chose. The receiver has
+// matched: it runs to completion (its pace is the receiver's).
+func (x *sendXfer) transfer(m cts) error {
+	nc, c, ls, xid := x.nc, x.c, x.p.ls, x.p.h.xid
+	ctx := context.Background()
+	switch x.final {
+	case datatype.SchemePack:
+		x.rr = nc.t.ncRecv(c.peer, ncXferTag(dirReply, uint32(c.peer), xid, idxAck), bufOf(x.reply), nil)
+		return nc.newPackSender(c, xid).run(ctx)
+	case datatype.SchemeSGL:
+		x.rr = nil
+		return nc.sglSend(ctx, c, ls, xid, m.chunk)
+	case datatype.SchemeZCopy:
+		x.rr = nil
+		return nc.zcopySend(ctx, c, ls, xid, m)
+	}
+	return nil
+}
+
+// finish waits for the RTS's send and the receiver's acknowledgement, if
+// any, and counts the transfer. The data has gone: when ctx ends first
+// they are left to finish by themselves.
+func (x *sendXfer) finish(ctx context.Context) error {
+	nc, c := x.nc, x.c
+	if _, err := x.sr.wait(ctx, false); err != nil {
+		return err
+	}
+	if x.rr != nil {
+		if _, err := x.rr.wait(ctx, false); err != nil {
+			return err
+		}
 		var m cts
-		if err := m.decode(reply); err != nil {
-			return Status{}, err
+		if err := m.decode(x.reply); err != nil {
+			return err
 		}
 		if m.status != stOK {
-			return Status{}, nc.replyError(c, m, sig)
-		}
-		final = m.scheme
-		if m.flags&ctsVerdict != 0 && ls != nil {
-			ls.setVerdict(c.peer, final)
-			nc.noteSentVerdict(crossKey{c.peer, ls.lay.Stats.MinBlock, ls.lay.Stats.Segments, c.bytes}, final)
-		}
-		switch final {
-		case datatype.SchemePack:
-			rr = t.ncRecv(c.peer, ncXferTag(dirReply, uint32(c.peer), h.xid, idxAck), bufOf(reply), nil)
-			if err := nc.packSend(ctx, c, h.xid); err != nil {
-				return Status{}, err
-			}
-		case datatype.SchemeSGL:
-			if err := nc.sglSend(ctx, c, ls, h.xid, m.chunk); err != nil {
-				return Status{}, err
-			}
-			rr = nil
-		case datatype.SchemeZCopy:
-			if err := nc.zcopySend(ctx, c, ls, h.xid, m); err != nil {
-				return Status{}, err
-			}
-			rr = nil
+			return nc.replyError(c, m, x.p.sig)
 		}
 	}
-	if _, err := sr.Wait(ctx); err != nil {
-		return Status{}, err
-	}
-	if rr != nil {
-		if _, err := rr.wait(ctx, false); err != nil {
-			return Status{}, err
-		}
-		var m cts
-		if err := m.decode(reply); err != nil {
-			return Status{}, err
-		}
-		if m.status != stOK {
-			return Status{}, nc.replyError(c, m, sig)
-		}
-	}
-	nc.c.sent[final].Add(1)
-	return Status{}, nil
+	nc.c.sent[x.final].Add(1)
+	return nil
 }
 
 func (nc *noncontig) replyError(c typedCall, m cts, sig datatype.Signature) error {
@@ -270,41 +365,68 @@ func (nc *noncontig) replyError(c typedCall, m cts, sig datatype.Signature) erro
 // packSend packs the payload chunk by chunk into bounce buffers and sends
 // each, with PackDepth chunks in flight: chunk k+1 is packed while chunk k
 // travels.
-func (nc *noncontig) packSend(ctx context.Context, c typedCall, xid uint32) error {
-	t := nc.t
+func (nc *noncontig) newPackSender(c typedCall, xid uint32) *packSender {
+	return &packSender{nc: nc, c: c, xid: xid, n: datatype.Chunks(c.bytes, int64(nc.opts.PackChunk)), w: nc.packWorkers(c)}
+}
+
+// packSender is the sending side of a pack transfer. It can be resumed:
+// run returns errPaused, its state intact, when ctx ends while a chunk's
+// send still waits for the receiver, and running it again goes on.
+type packSender struct {
+	nc    *noncontig
+	c     typedCall
+	xid   uint32
+	n, k  int64 // chunks in all; the next to pack
+	w     int   // pack workers
+	q     []packFlight
+	first error
+}
+
+// packFlight is a chunk's send in flight and its bounce buffer.
+type packFlight struct {
+	r *Request
+	b []byte
+}
+
+func (ps *packSender) run(ctx context.Context) error {
+	nc, c := ps.nc, ps.c
 	chunk := int64(nc.opts.PackChunk)
-	n := datatype.Chunks(c.bytes, chunk)
-	type flight struct {
-		r *Request
-		b []byte
-	}
-	var q []flight
-	var first error
-	drain := func(keep int) {
-		for len(q) > keep {
-			if _, err := q[0].r.Wait(ctx); err != nil && first == nil {
-				first = err
+	drain := func(keep int) error {
+		for len(ps.q) > keep {
+			r := ps.q[0].r
+			if _, err := r.wait(ctx, false); paused(ctx, r, err) {
+				return errPaused
+			} else if err != nil && ps.first == nil {
+				ps.first = err
 			}
-			if q[0].r.fin.Load() {
-				nc.putBounce(q[0].b)
+			if r.fin.Load() {
+				nc.putBounce(ps.q[0].b)
 			}
-			q = q[1:]
+			ps.q = ps.q[1:]
 		}
+		return nil
 	}
-	w := nc.packWorkers(c)
-	for k := int64(0); k < n && first == nil; k++ {
-		off := k * chunk
+	if err := drain(nc.opts.PackDepth - 1); err != nil { // a resumed run's queue first
+		return err
+	}
+	for ps.k < ps.n && ps.first == nil {
+		off := ps.k * chunk
 		b := nc.getBounce(min(chunk, c.bytes-off))
-		if _, err := c.dt.PackParallel(datatype.SliceRegion(b), datatype.SliceRegion(c.buf), c.base, c.count, off, w); err != nil {
+		if _, err := c.dt.PackParallel(datatype.SliceRegion(b), datatype.SliceRegion(c.buf), c.base, c.count, off, ps.w); err != nil {
 			return fmt.Errorf("%w: typed send: packing: %v", ErrInvalid, err)
 		}
-		nc.countParallel(w, len(b))
-		r := t.ncSend(c.peer, ncXferTag(dirData, uint32(t.rank), xid, uint32(k)), bufOf(b), nil)
-		q = append(q, flight{r, b})
-		drain(nc.opts.PackDepth - 1)
+		nc.countParallel(ps.w, len(b))
+		r := nc.t.ncSend(c.peer, ncXferTag(dirData, uint32(nc.t.rank), ps.xid, uint32(ps.k)), bufOf(b), nil)
+		ps.q = append(ps.q, packFlight{r, b})
+		ps.k++
+		if err := drain(nc.opts.PackDepth - 1); err != nil {
+			return err
+		}
 	}
-	drain(0)
-	return first
+	if err := drain(0); err != nil {
+		return err
+	}
+	return ps.first
 }
 
 // packWorkers returns how many goroutines pack or unpack one chunk of c:

@@ -23,23 +23,30 @@ func TestTypedSendContextEndsAfterRTS(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// 2 MiB packed: 16 chunks, more than the 4 in flight a pack sender
+	// keeps, so that it stops waiting for the receiver.
+	large, err := datatype.Vector(2048, 128, 256, datatype.Float64)
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, c := range []struct {
 		name          string
 		scheme        datatype.Scheme
-		small         bool
+		dt            *datatype.Type
 		block, stride int
 	}{
-		{"inline", datatype.SchemePack, true, 4, 8},
-		{"pack", datatype.SchemePack, false, 1024, 2048},
-		{"sgl", datatype.SchemeSGL, false, 1024, 2048},
-		{"zcopy", datatype.SchemeZCopy, false, 1024, 2048},
+		{"inline", datatype.SchemePack, small, 4, 8},
+		{"pack", datatype.SchemePack, nil, 1024, 2048},
+		{"pack-chunked", datatype.SchemePack, large, 1024, 2048},
+		{"sgl", datatype.SchemeSGL, nil, 1024, 2048},
+		{"zcopy", datatype.SchemeZCopy, nil, 1024, 2048},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			ts := localJob(t, 2, ProgressQueue)
 			ctx := testCtx(t)
 			vec := probeVector(t)
-			if c.small {
-				vec = small
+			if c.dt != nil {
+				vec = c.dt
 			}
 			o := TypedOptions{Scheme: c.scheme}
 			span := int(vec.Extent())
