@@ -502,10 +502,12 @@ func (t *Transport) SendTyped(ctx context.Context, dst, tag int, buf []byte, dt 
 }
 
 // SendTypedWith is SendTyped with a scheme and origin of its own. Once
-// called, the message goes, as a Send's does: when ctx ends first,
-// SendTypedWith returns ctx's error (the transfer still in flight) while
-// the transfer runs to completion in the background, and buf must not be
-// modified until then (IsendTypedWith's request tells when).
+// called, the message goes, as a Send's does: when ctx ends while the
+// send waits for the receiver, SendTypedWith returns ctx's error (the
+// transfer still in flight) while the transfer runs to completion in the
+// background, and buf must not be modified until then (IsendTypedWith's
+// request tells when). Once the receiver has matched the message, the
+// data moves at the receiver's pace whatever ctx does.
 func (t *Transport) SendTypedWith(ctx context.Context, dst, tag int, buf []byte, dt *datatype.Type, count int, o TypedOptions) error {
 	nc, c, err := t.typedCall("typed send", dst, tag, buf, dt, count, o)
 	if err != nil {
