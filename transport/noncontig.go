@@ -638,6 +638,9 @@ func (t *Transport) PrepareRecvTyped(src, tag int, buf []byte, dt *datatype.Type
 // landed; its sender waits for the answer); transfers with other sequence
 // numbers go on.
 func (x *TypedTransfer) Run(ctx context.Context) (Status, error) {
+	if err := x.nc.t.waitInHandler("typed transfer", x.c.peer, x.c.tag); err != nil {
+		return Status{}, err // refused before anything is posted: it can still run elsewhere
+	}
 	if x.ran.Swap(true) {
 		return Status{}, fmt.Errorf("%w: typed transfer run twice", ErrInvalid)
 	}

@@ -100,7 +100,7 @@ func (nc *noncontig) send(ctx context.Context, c typedCall, seq uint32) (Status,
 	}
 	if ctx.Done() == nil || c.space != KindTyped || nc.rtsTurnNow(c.seqKey(), seq) {
 		st, err := nc.run(ctx, c, seq, p)
-		if err != nil && ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+		if errors.Is(err, errPaused) {
 			return st, inFlight(ctx, c)
 		}
 		return st, err
@@ -108,6 +108,9 @@ func (nc *noncontig) send(ctx context.Context, c typedCall, seq uint32) (Status,
 	done := make(chan error, 1)
 	go func() {
 		_, err := nc.run(context.Background(), c, seq, p)
+		if err != nil && ctx.Err() != nil {
+			nc.t.log.Debug("typed send left by its caller failed", zap.Int("peer", c.peer), zap.Int("tag", c.tag), zap.Error(err))
+		}
 		done <- err
 	}()
 	select {
@@ -176,9 +179,21 @@ func (nc *noncontig) plan(c typedCall) (p sendPlan, err error) {
 // intact and running it again goes on.
 var errPaused = errors.New("transport: typed send paused")
 
-// paused reports whether err is ctx's ending while r still runs.
-func paused(ctx context.Context, r *Request, err error) bool {
-	return err != nil && ctx.Err() != nil && !r.fin.Load() && errors.Is(err, ctx.Err())
+// waitStep waits for r, one step of a typed send, with ctx: errPaused
+// when ctx ends with r still running; else r's own result, also when ctx
+// ended just as r finished (a paused step would be resumed, a failed one
+// would not, so the two must not be confused).
+func waitStep(ctx context.Context, r *Request) error {
+	_, err := r.wait(ctx, false)
+	switch {
+	case err == nil:
+		return nil
+	case r.fin.Load():
+		return r.err
+	case ctx.Err() != nil && errors.Is(err, ctx.Err()):
+		return errPaused
+	}
+	return err
 }
 
 // run posts a planned typed send's RTS when its turn comes (only Close
@@ -288,9 +303,7 @@ type sendXfer struct {
 func (x *sendXfer) awaitCTS(ctx context.Context) (cts, error) {
 	nc, c := x.nc, x.c
 	for _, r := range []*Request{x.sr, x.rr} {
-		if _, err := r.wait(ctx, false); paused(ctx, r, err) {
-			return cts{}, errPaused
-		} else if err != nil {
+		if err := waitStep(ctx, r); err != nil {
 			return cts{}, err
 		}
 	}
@@ -336,11 +349,11 @@ func (x *sendXfer) transfer(m cts) error {
 // they are left to finish by themselves.
 func (x *sendXfer) finish(ctx context.Context) error {
 	nc, c := x.nc, x.c
-	if _, err := x.sr.wait(ctx, false); err != nil {
-		return err
+	if err := waitStep(ctx, x.sr); err != nil {
+		return err // errPaused: left to finish by itself
 	}
 	if x.rr != nil {
-		if _, err := x.rr.wait(ctx, false); err != nil {
+		if err := waitStep(ctx, x.rr); err != nil {
 			return err
 		}
 		var m cts
@@ -394,8 +407,8 @@ func (ps *packSender) run(ctx context.Context) error {
 	drain := func(keep int) error {
 		for len(ps.q) > keep {
 			r := ps.q[0].r
-			if _, err := r.wait(ctx, false); paused(ctx, r, err) {
-				return errPaused
+			if err := waitStep(ctx, r); errors.Is(err, errPaused) {
+				return err
 			} else if err != nil && ps.first == nil {
 				ps.first = err
 			}
