@@ -34,20 +34,11 @@ func TestQueuePeerLost(t *testing.T) {
 	forModes(t, func(t *testing.T, mode ProgressMode) {
 		ts := localJob(t, 3, mode)
 		ctx := testCtx(t)
-		sys := hostSystem(t)
-		s, err := sys.Devices()[0].NewStream()
-		if err != nil {
-			t.Fatal(err)
-		}
-		q, err := ts[0].NewQueue(s)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer q.Free()
+		sys, s, q := hostQueue(t, ts[0])
 		// Connect to rank 1 first, so that the loss finds the operations
 		// posted on its endpoint, as in a running job.
 		ts[0].mu.Lock()
-		_, err = ts[0].peerLocked(1, "test")
+		_, err := ts[0].peerLocked(1, "test")
 		ts[0].mu.Unlock()
 		if err != nil {
 			t.Fatal(err)
@@ -126,16 +117,7 @@ func TestQueueTransportClosed(t *testing.T) {
 	forModes(t, func(t *testing.T, mode ProgressMode) {
 		ts := localJob(t, 2, mode)
 		ctx := testCtx(t)
-		sys := hostSystem(t)
-		s, err := sys.Devices()[0].NewStream()
-		if err != nil {
-			t.Fatal(err)
-		}
-		q, err := ts[0].NewQueue(s)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer q.Free()
+		sys, s, q := hostQueue(t, ts[0])
 		op, err := q.EnqueueRecv(devBuf(t, sys, 64, nil), 1, 3)
 		if err != nil {
 			t.Fatal(err)
@@ -171,16 +153,7 @@ func TestQueueTransportClosed(t *testing.T) {
 func TestQueueStagingReused(t *testing.T) {
 	ts := localJob(t, 1, ProgressDirect)
 	ctx := testCtx(t)
-	sys := hostSystem(t)
-	s, err := sys.Devices()[0].NewStream()
-	if err != nil {
-		t.Fatal(err)
-	}
-	q, err := ts[0].NewQueue(s)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer q.Free()
+	sys, s, q := hostQueue(t, ts[0])
 	const faces = 6
 	var send, recv [faces]gpu.Buffer
 	for d := range send {

@@ -166,6 +166,23 @@ func waitIssued(ctx context.Context, t *testing.T, q *Queue) {
 	}
 }
 
+// hostQueue makes a queue of tr on a new stream of the host backend's
+// first device; it is freed when the test ends, if not before.
+func hostQueue(t *testing.T, tr *Transport) (*gpu.System, *gpu.Stream, *Queue) {
+	t.Helper()
+	sys := hostSystem(t)
+	s, err := sys.Devices()[0].NewStream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	q, err := tr.NewQueue(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = q.Free() })
+	return sys, s, q
+}
+
 // Free with a receive and a send already issued: the receive is withdrawn
 // and fails with ErrQueueFreed (an ordinary receive then gets the message
 // meant for it); the send cannot be recalled, so it is delivered, its op
@@ -173,15 +190,7 @@ func waitIssued(ctx context.Context, t *testing.T, q *Queue) {
 func TestQueueFreeWithOpsInFlight(t *testing.T) {
 	ts := localJob(t, 2, ProgressDirect)
 	ctx := testCtx(t)
-	sys := hostSystem(t)
-	s, err := sys.Devices()[0].NewStream()
-	if err != nil {
-		t.Fatal(err)
-	}
-	q, err := ts[0].NewQueue(s)
-	if err != nil {
-		t.Fatal(err)
-	}
+	sys, s, q := hostQueue(t, ts[0])
 	const n = 1 << 20
 	recvOp, err := q.EnqueueRecv(devBuf(t, sys, 8, nil), 1, 3)
 	if err != nil {

@@ -10,7 +10,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -20,6 +19,7 @@ import (
 
 	"github.com/troupe-hpc/troupe/gpu"
 	"github.com/troupe-hpc/troupe/samples/faces/facesim"
+	"github.com/troupe-hpc/troupe/samples/internal/cli"
 	"github.com/troupe-hpc/troupe/transport"
 	"github.com/troupe-hpc/troupe/transport/bootstrap"
 )
@@ -46,23 +46,10 @@ type flags struct {
 // stderr).
 func parseFlags(args []string, stderr io.Writer) (f flags, status int) {
 	fs := flag.NewFlagSet("faces", flag.ContinueOnError)
-	fs.SetOutput(stderr)
 	fs.IntVar(&f.L, "L", 8, "cells per block edge")
 	fs.IntVar(&f.iters, "iters", 20, "iterations per mode")
 	fs.StringVar(&f.mode, "mode", "both", "exchange: queue (stream-triggered), plain (host-driven sends) or both")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return f, 0
-		}
-		return f, 2
-	}
-	if fs.NArg() > 0 {
-		// The flag package stops at the first argument that is not a
-		// flag: every flag after it would be ignored.
-		fmt.Fprintf(stderr, "faces: unexpected argument %q (faces takes flags only; see -h)\n", fs.Arg(0))
-		return f, 2
-	}
-	return f, -1
+	return f, cli.Parse(fs, args, stderr)
 }
 
 func run(L, iters int, mode string) error {

@@ -31,6 +31,7 @@ import (
 	"time"
 
 	"github.com/troupe-hpc/troupe/actor"
+	"github.com/troupe-hpc/troupe/samples/internal/cli"
 	"github.com/troupe-hpc/troupe/samples/jacobi3d/jacobi"
 )
 
@@ -62,14 +63,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	traceOut := fs.String("trace", "", "write each rank's Go execution trace (go tool trace) to FILE.RANK")
 	useGPU := fs.Bool("gpu", false, "keep the fields in gpu device memory and run the stencil on the device (TROUPE_GPU picks the backend; only host runs kernels)")
 	gpuAPI := fs.String("gpu-api", jacobi.APIMessaging, "with -gpu, how device halos travel: messaging (actor messages with a gpu.Buffer field) or channel")
-	if err := fs.Parse(args); err != nil {
-		return 2
-	}
-	if fs.NArg() > 0 {
-		// The flag package stops at the first argument that is not a
-		// flag: every flag after it would be ignored.
-		fmt.Fprintf(stderr, "jacobi3d: unexpected argument %q (jacobi3d takes flags only; see -h)\n", fs.Arg(0))
-		return 2
+	if status := cli.Parse(fs, args, stderr); status >= 0 {
+		return status
 	}
 	cfg := jacobi.Config{NX: *grid, NY: *grid, NZ: *grid, Warmup: *warmup, Iters: *iters, Tol: *tol, ReduceEvery: *every, WholeSweep: *wholeSweep}
 	if err := gpuFlags(fs, *useGPU, *gpuAPI, &cfg); err != nil {

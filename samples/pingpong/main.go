@@ -7,7 +7,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -16,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/troupe-hpc/troupe/samples/internal/cli"
 	"github.com/troupe-hpc/troupe/transport"
 	"github.com/troupe-hpc/troupe/transport/bootstrap"
 	"github.com/troupe-hpc/troupe/transport/perf"
@@ -45,24 +45,11 @@ type flags struct {
 // stderr).
 func parseFlags(args []string, stderr io.Writer) (f flags, status int) {
 	fs := flag.NewFlagSet("pingpong", flag.ContinueOnError)
-	fs.SetOutput(stderr)
 	fs.IntVar(&f.maxSize, "max", 4<<20, "largest message size in bytes")
 	fs.Float64Var(&f.scale, "scale", 1, "iteration count multiplier")
 	fs.StringVar(&f.progress, "progress", "direct", "progress mode: direct or queue")
 	fs.DurationVar(&f.idle, "idle", 0, "after the sweep, stay idle this long and report the CPU time used")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return f, 0
-		}
-		return f, 2
-	}
-	if fs.NArg() > 0 {
-		// The flag package stops at the first argument that is not a
-		// flag: every flag after it would be ignored.
-		fmt.Fprintf(stderr, "pingpong: unexpected argument %q (pingpong takes flags only; see -h)\n", fs.Arg(0))
-		return f, 2
-	}
-	return f, -1
+	return f, cli.Parse(fs, args, stderr)
 }
 
 func run(maxSize int, scale float64, progress string, idle time.Duration) error {
