@@ -92,8 +92,75 @@ func TestSlowPeerPacing(t *testing.T) {
 				if mode == ProgressDirect && !ts[0].slowPeer() {
 					t.Fatal("the posts for the slow peer left: nothing was measured")
 				}
+				if ts[0].paceNaps.Load() == 0 {
+					t.Error("rank 0 never paced")
+				}
 				if used > wall/2 {
 					t.Errorf("rank 0, blocked while its posts wait for a slow peer, used %v CPU in %v", used, wall)
+				}
+			})
+		}
+	}
+}
+
+// Ordinary traffic is never paced: round trips of blocking Send/Recv and
+// of active messages answered by a handler, with the requester parked in
+// Await, each after a quiet gap in which the progress goroutines go idle
+// (ucp_worker_arm reports busy then too), take no pacing nap (found by
+// review, 2026-11-25: a first version paced whenever Arm reported busy
+// twice, 2,000-5,600 naps in 300 such round trips, and the first message
+// after a gap waited for one).
+func TestQuietTrafficNotPaced(t *testing.T) {
+	const iters = 40
+	for _, mode := range []ProgressMode{ProgressDirect, ProgressQueue} {
+		for _, kind := range []string{"recv", "am"} {
+			t.Run(fmt.Sprintf("%v/%s", mode, kind), func(t *testing.T) {
+				ts := localJob(t, 2, mode)
+				ctx := testCtx(t)
+				buf := make([]byte, 8)
+				replies := make(chan chan struct{}, 1)
+				if kind == "recv" {
+					go func() {
+						b := make([]byte, 8)
+						for range iters {
+							if _, err := ts[1].Recv(ctx, 0, 1, b); err != nil {
+								return
+							}
+							if err := ts[1].Send(ctx, 0, 2, b); err != nil {
+								return
+							}
+						}
+					}()
+				} else {
+					if err := ts[1].SetAMHandler(40, func(m *AMMessage) { _ = ts[1].PostAM(0, 41, nil, buf) }); err != nil {
+						t.Fatal(err)
+					}
+					if err := ts[0].SetAMHandler(41, func(m *AMMessage) { close(<-replies) }); err != nil {
+						t.Fatal(err)
+					}
+				}
+				for range iters {
+					time.Sleep(2 * time.Millisecond) // the quiet gap (the scenario), not synchronisation
+					if kind == "recv" {
+						if err := ts[0].Send(ctx, 1, 1, buf); err != nil {
+							t.Fatal(err)
+						}
+						if _, err := ts[0].Recv(ctx, 1, 2, buf); err != nil {
+							t.Fatal(err)
+						}
+						continue
+					}
+					done := make(chan struct{})
+					replies <- done
+					if err := ts[0].PostAM(1, 40, nil, buf); err != nil {
+						t.Fatal(err)
+					}
+					if err := ts[0].Await(ctx, done); err != nil {
+						t.Fatal(err)
+					}
+				}
+				if n := ts[0].paceNaps.Load() + ts[1].paceNaps.Load(); n != 0 {
+					t.Fatalf("%d pacing naps in %d quiet round trips with no slow peer", n, iters)
 				}
 			})
 		}

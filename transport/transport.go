@@ -262,8 +262,9 @@ type Transport struct {
 	asideLong atomic.Bool
 	stopping  atomic.Bool
 	kick      chan struct{}
-	aside     nap // the progress goroutine standing aside for a short while
-	pace      nap // the progress goroutine pacing its polls for a slow peer (slowPeerPoll)
+	aside     nap          // the progress goroutine standing aside for a short while
+	pace      nap          // the progress goroutine pacing its polls for a slow peer (slowPeerPoll)
+	paceNaps  atomic.Int64 // naps taken pacing (tests)
 	loopDone  chan struct{}
 }
 
@@ -610,6 +611,17 @@ func onHandlerStack() bool {
 	}
 }
 
+// sendRequestPending reports whether a send request (not a receive) is
+// in flight; the worker lock is held. It stops at the first one found.
+func (t *Transport) sendRequestPending() bool {
+	for _, r := range t.ops {
+		if r != nil && !r.recv {
+			return true
+		}
+	}
+	return false
+}
+
 // kicked reports whether a kick waits for the progress goroutine.
 func (t *Transport) kicked() bool { return len(t.kick) > 0 }
 
@@ -694,7 +706,6 @@ func (t *Transport) loop() {
 	var idle time.Time
 	polls := 0
 	pacing := false
-	busyArms := 0 // ucp_worker_arm reported busy with nothing done in between
 	// oneP: the process runs Go code on one thread at a time (GOMAXPROCS
 	// 1, as a rank bound to one core gets), so this goroutine and the ones
 	// it serves take turns on it: it yields instead of spinning or
@@ -711,6 +722,7 @@ func (t *Transport) loop() {
 				select {
 				case <-t.kick: // go round at once
 				default:
+					t.paceNaps.Add(1)
 					t.pace.sleepUnless(slowPeerPoll, t.kicked)
 				}
 			} else {
@@ -773,7 +785,7 @@ func (t *Transport) loop() {
 			continue
 		}
 		if active, handed := t.progressHandled(); active {
-			idle, polls, pacing, busyArms = time.Time{}, 0, false, 0
+			idle, polls, pacing = time.Time{}, 0, false
 			if handed {
 				// Handlers may have made goroutines runnable (an actor's
 				// mailbox, a waiter's channel): they were queued on this
@@ -853,22 +865,20 @@ func (t *Transport) loop() {
 		}
 		err := t.w.Arm()
 		pending := len(t.submit) > 0
+		busy := ucx.StatusOf(err) == ucx.StatusBusy
+		if busy && !pending && t.sendRequestPending() {
+			// UCX has work it will not wake us for with a send request
+			// still pending: queue mode's posts (requests, which slowPeer
+			// does not count) waiting for a peer that is not taking them.
+			// Arm also reports busy in ordinary traffic, with nothing but
+			// receives pending: that is not paced (a reply would wait
+			// for the nap).
+			pacing = true
+		}
 		t.mu.Unlock()
-		if pending {
+		if pending || busy {
 			continue
 		}
-		if ucx.StatusOf(err) == ucx.StatusBusy {
-			// UCX has work it will not wake us for: sends in its queue
-			// for a peer that is not taking them (queue mode's sends are
-			// requests, which slowPeer does not count). Twice in a row,
-			// a spin time apart with nothing done, is no passing
-			// event: pace.
-			if busyArms++; busyArms > 1 {
-				pacing = true
-			}
-			continue
-		}
-		busyArms = 0
 		if err != nil {
 			t.log.Warn("ucp_worker_arm failed; polling instead", zap.Error(err))
 			continue
@@ -884,6 +894,7 @@ func (t *Transport) loop() {
 			ew.wait(100*time.Millisecond, oneP)
 		}
 		t.sleeping.Store(false)
+		pacing = false
 		select {
 		case <-t.kick:
 		default:
