@@ -128,7 +128,7 @@ func (m *AMMessage) Release() {
 		t.amDropped(m.ov)
 	}
 	if m.cma != nil && !t.closed {
-		t.cmaAck(m.cma.from, m.cma.d.id, 0) // dropped: the sender may go on
+		t.cmaAck(m.cma.from, m.cma.d.word, 0) // dropped: the sender may go on
 	}
 	if t.w != nil {
 		if m.Rendezvous && m.cma == nil {

@@ -7,12 +7,22 @@ package transport
 // on one host a large message would travel through the shared-memory FIFO
 // and be copied twice (about 3 to 10 GB/s for 1 MiB). Instead, a tagged
 // send of at least Options.CMAThreshold bytes to a rank on the same host
-// sends a 32-byte descriptor (address, length, id) under the message's own
-// tag with the top kind bit set; the receiver's tagged receives ignore that
-// bit, so the descriptor matches exactly like the message would, in order.
-// The receiver then copies the bytes straight from the sender's memory with
-// one process_vm_readv (Linux cross-memory attach) into the receive buffer,
-// and acknowledges with a small active message, which completes the send.
+// sends a 32-byte descriptor (address, length, validity word) under the
+// message's own tag with the top kind bit set; the receiver's tagged
+// receives ignore that bit, so the descriptor matches exactly like the
+// message would, in order. The receiver then copies the bytes straight from
+// the sender's memory with one process_vm_readv (Linux cross-memory attach)
+// into the receive buffer, and acknowledges with a small active message,
+// which completes the send.
+//
+// The validity word is an 8-byte word of the sender's memory that holds
+// cmaValid while the send waits for its acknowledgement (cmaword.go). A
+// sender that fails the send otherwise (Close, the receiver lost) clears it
+// before the send completes, since the buffer then goes back to its
+// application, which may write it while the descriptor still waits at the
+// receiver. The receiver reads the word after the data, in the same call: a
+// cleared word fails the receive with ErrWithdrawn instead of delivering
+// whatever the buffer holds now.
 //
 // Each rank publishes at start-up whether it takes part (Linux, the
 // syscall works, UCX_TLS allows shared memory, TROUPE_CMA is not "off"), its
@@ -100,12 +110,12 @@ const (
 // cmaState is the transport's CMA state; guarded by the worker lock except
 // where noted.
 type cmaState struct {
-	on     bool       // this rank takes part (read-only after New)
-	off    string     // why not (read-only after New)
-	thresh int        // read-only after New
-	peers  []*cmaPeer // by rank; nil entries do not take part (read-only after New)
-	next   uint64
-	sends  map[uint64]*Request // sends waiting for their acknowledgement
+	on     bool                // this rank takes part (read-only after New)
+	off    string              // why not (read-only after New)
+	thresh int                 // read-only after New
+	peers  []*cmaPeer          // by rank; nil entries do not take part (read-only after New)
+	sends  map[uint64]*Request // sends waiting for their acknowledgement, by validity word address
+	words  []*uint64           // idle validity words (cmaword.go)
 	held   map[uint64]cmaDesc  // descriptors taken out of UCX by Iprobe, by wire tag
 	// probing: descriptors Iprobe took out of UCX that are still being
 	// received, by wire tag, with the receive posted meanwhile (if any).
@@ -117,15 +127,18 @@ type cmaState struct {
 
 // cmaSend is the sender's state of one CMA message.
 type cmaSend struct {
-	id     uint64
+	word   *uint64 // its validity word, until the send completes
+	id     uint64  // the word's address: names the send in descriptor and acknowledgement
 	desc   [cmaDescSize]byte
 	acked  bool
 	ackErr error
 }
 
-// cmaDesc is a decoded descriptor.
+// cmaDesc is a decoded descriptor: the message's address and length in the
+// sender's memory, and the address of its validity word there, which also
+// names the message in the acknowledgement.
 type cmaDesc struct {
-	addr, n, id uint64
+	addr, n, word uint64
 }
 
 // cmaJob is a read waiting to run outside the worker lock.
@@ -408,8 +421,23 @@ func (t *Transport) useCMA(dst, n int, pull bool) bool {
 // cmaRead copies len(sum of dst) bytes from address addr of process pid
 // into dst.
 func cmaRead(pid int, addr uint64, dst [][]byte) error {
+	total := 0
+	for _, b := range dst {
+		total += len(b)
+	}
+	return cmaReadv(pid, []unix.RemoteIovec{{Base: uintptr(addr), Len: total}}, dst)
+}
+
+// cmaReadv copies the bytes of the ranges remote of process pid, in order,
+// into dst, which holds as many bytes as the ranges. The kernel reads the
+// ranges of one process_vm_readv in order; a read cut short goes on with a
+// new call from where it stopped, so a range is always read after those
+// before it.
+func cmaReadv(pid int, remote []unix.RemoteIovec, dst [][]byte) error {
 	const maxIOV = 1024
+	remote = append([]unix.RemoteIovec(nil), remote...) // advanced as it is read
 	local := make([]unix.Iovec, 0, min(len(dst), maxIOV))
+	var rv []unix.RemoteIovec
 	for len(dst) > 0 {
 		local = local[:0]
 		total := 0
@@ -423,17 +451,36 @@ func cmaRead(pid int, addr uint64, dst [][]byte) error {
 			dst = dst[1:]
 		}
 		for total > 0 {
-			remote := []unix.RemoteIovec{{Base: uintptr(addr), Len: total}}
-			n, err := unix.ProcessVMReadv(pid, local, remote, 0)
+			// The next total bytes of remote.
+			rv = rv[:0]
+			for i, k := 0, total; i < len(remote) && k > 0 && len(rv) < maxIOV; i++ {
+				if remote[i].Len == 0 {
+					continue
+				}
+				v := remote[i]
+				v.Len = min(v.Len, k)
+				rv = append(rv, v)
+				k -= v.Len
+			}
+			n, err := unix.ProcessVMReadv(pid, local, rv, 0)
 			if err != nil {
 				return err
 			}
 			if n <= 0 {
 				return fmt.Errorf("process_vm_readv read %d of %d bytes", n, total)
 			}
-			addr += uint64(n)
 			total -= n
-			// Drop what was read from the local vector.
+			// Drop what was read from both vectors.
+			for k := n; k > 0; {
+				if remote[0].Len <= k {
+					k -= remote[0].Len
+					remote = remote[1:]
+					continue
+				}
+				remote[0].Base += uintptr(k)
+				remote[0].Len -= k
+				k = 0
+			}
 			for n > 0 {
 				l := int(local[0].Len)
 				if n >= l {
@@ -450,20 +497,31 @@ func cmaRead(pid int, addr uint64, dst [][]byte) error {
 	return nil
 }
 
+// encodeDesc writes the descriptor of n bytes at addr whose validity word
+// is at word into b (cmaDescSize bytes): magic(8) addr(8) n(8) word(8).
+func encodeDesc(b []byte, addr, n, word uint64) {
+	binary.LittleEndian.PutUint64(b[0:], cmaMagic)
+	binary.LittleEndian.PutUint64(b[8:], addr)
+	binary.LittleEndian.PutUint64(b[16:], n)
+	binary.LittleEndian.PutUint64(b[24:], word)
+}
+
 // startCMASend sends r's descriptor; the worker lock is held. r completes
 // when the receiver acknowledges.
 func startCMASend(t *Transport, r *Request) {
+	c, err := t.cmaNewSend()
+	if err != nil {
+		t.log.Warn("same-host zero copy (CMA) send goes through UCX", zap.Error(err))
+		startSend(t, r)
+		return
+	}
 	p, wire, ok := t.sendTo(r)
 	if !ok {
+		t.cmaWordIdle(c)
 		return
 	}
 	t.bundleFlush(r.peer) // posts before this send leave before it
-	c := &cmaSend{id: t.cma.next}
-	t.cma.next++
-	binary.LittleEndian.PutUint64(c.desc[0:], cmaMagic)
-	binary.LittleEndian.PutUint64(c.desc[8:], uint64(uintptr(r.b.Ptr)))
-	binary.LittleEndian.PutUint64(c.desc[16:], uint64(r.b.Len))
-	binary.LittleEndian.PutUint64(c.desc[24:], c.id)
+	encodeDesc(c.desc[:], uint64(uintptr(r.b.Ptr)), uint64(r.b.Len), c.id)
 	r.cma = c
 	ureq, err := t.w.TagSend(p.ep, ucx.Buffer{Ptr: unsafe.Pointer(&c.desc[0]), Len: cmaDescSize}, wire|cmaBit)
 	if err != nil {
@@ -501,7 +559,7 @@ func (t *Transport) cmaSendDone(r *Request) {
 }
 
 // onCMAAck completes the send an acknowledgement names: id(8) code(8)
-// receiver rank(8). code 0: read (or truncated, which only the receiver
+// receiver rank(8), the id being the address of the send's validity word. code 0: read (or truncated, which only the receiver
 // reports); otherwise the receiver could not read the sender's memory.
 func (t *Transport) onCMAAck(m *AMMessage) {
 	if len(m.Header) != cmaAckSize {
@@ -602,6 +660,9 @@ func scatter(dst [][]byte, src []byte) {
 	}
 }
 
+// decodeDesc reads a descriptor encodeDesc wrote. A size of 2^63 bytes or
+// more, or a validity word address that is zero or not 8-byte aligned, is
+// a protocol error.
 func decodeDesc(b []byte, peer, tag int) (cmaDesc, error) {
 	if len(b) != cmaDescSize || binary.LittleEndian.Uint64(b) != cmaMagic {
 		return cmaDesc{}, fmt.Errorf("%w: recv from rank %d tag %d: malformed CMA descriptor (%d bytes)", ErrProtocol, peer, tag, len(b))
@@ -609,10 +670,13 @@ func decodeDesc(b []byte, peer, tag int) (cmaDesc, error) {
 	d := cmaDesc{
 		addr: binary.LittleEndian.Uint64(b[8:]),
 		n:    binary.LittleEndian.Uint64(b[16:]),
-		id:   binary.LittleEndian.Uint64(b[24:]),
+		word: binary.LittleEndian.Uint64(b[24:]),
 	}
 	if d.n > math.MaxInt64 {
 		return cmaDesc{}, fmt.Errorf("%w: recv from rank %d tag %d: CMA descriptor of %d bytes", ErrProtocol, peer, tag, d.n)
+	}
+	if d.word == 0 || d.word%8 != 0 {
+		return cmaDesc{}, fmt.Errorf("%w: recv from rank %d tag %d: CMA descriptor with validity word at %#x", ErrProtocol, peer, tag, d.word)
 	}
 	return d, nil
 }
@@ -620,7 +684,7 @@ func decodeDesc(b []byte, peer, tag int) (cmaDesc, error) {
 // cmaArrived serves receive r from descriptor d; the worker lock is held.
 func (t *Transport) cmaArrived(r *Request, d cmaDesc) {
 	if d.n > uint64(r.bufLen) {
-		t.cmaAck(r.peer, d.id, 0)
+		t.cmaAck(r.peer, d.word, 0)
 		r.status = Status{Source: r.peer, Tag: r.tag, Size: int(d.n)}
 		t.fail(r, &TruncatedError{Source: r.peer, Tag: r.tag, Size: int(d.n), BufLen: r.bufLen})
 		return
@@ -629,7 +693,9 @@ func (t *Transport) cmaArrived(r *Request, d cmaDesc) {
 }
 
 // runCMAJobs copies the messages of jobs, then acknowledges and completes
-// them. All but the first cmaDescSize bytes of each message are copied
+// them. Each message's validity word is read after its bytes, in the same
+// call (cmaReadWithWord): a message whose sender withdrew it fails with
+// ErrWithdrawn and is not acknowledged. All but the first cmaDescSize bytes of each message are copied
 // into place without the worker lock; those first bytes are read into a
 // staging array with them and put in place under the lock, because
 // a descriptor of a later message may land there: a program that posts
@@ -650,7 +716,7 @@ func (t *Transport) runCMAJobs(jobs []cmaJob) {
 		}
 		n := int(j.d.n)
 		_, tail := splitHead(limit(j.r.userBufs(), n), cmaDescSize)
-		errs[i] = cmaRead(pid, j.d.addr, append([][]byte{heads[i][:min(n, cmaDescSize)]}, tail...))
+		errs[i] = cmaReadWithWord(pid, j.d, append([][]byte{heads[i][:min(n, cmaDescSize)]}, tail...))
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -662,12 +728,14 @@ func (t *Transport) runCMAJobs(jobs []cmaJob) {
 		}
 		r, err := j.r, errs[i]
 		code := errCode(err)
-		if !t.closed {
-			t.cmaAck(r.peer, j.d.id, code)
+		if !t.closed && err != ErrWithdrawn {
+			t.cmaAck(r.peer, j.d.word, code)
 		}
 		switch {
 		case err == nil:
 			t.cma.recvd.Add(1)
+		case err == ErrWithdrawn:
+			err = withdrawnError("recv", r.peer, r.tag)
 		case errors.Is(err, unix.ESRCH):
 			err = &PeerLostError{Rank: r.peer, Op: "recv", Reason: "its process is gone (process_vm_readv: no such process)"}
 		default:
@@ -683,6 +751,36 @@ func (t *Transport) runCMAJobs(jobs []cmaJob) {
 		r.status = Status{Source: r.peer, Tag: r.tag, Size: int(j.d.n)}
 		t.complete(r)
 	}
+}
+
+// cmaReadWithWord reads the message of descriptor d from process pid into
+// dst, then its validity word, in one process_vm_readv when it can. It
+// returns ErrWithdrawn if the word no longer holds cmaValid.
+//
+// Why the bytes are then the message: the sender clears the word before it
+// completes the send, and its application may write the buffer only after
+// it saw the send complete; the kernel reads the word after the bytes (the
+// ranges of one call are read in order, each range's pages are unpinned
+// with a fully ordered atomic before the next range is read, and on x86
+// loads are not reordered anyway). So a word still valid was read before
+// the clear, and the bytes before it, before any write of the
+// application's. A read that ends just after the clear reports the message
+// withdrawn although its bytes were whole; the sender has reported failure
+// either way.
+func cmaReadWithWord(pid int, d cmaDesc, dst [][]byte) error {
+	var w uint64
+	dst = append(dst, unsafe.Slice((*byte)(unsafe.Pointer(&w)), 8))
+	err := cmaReadv(pid, []unix.RemoteIovec{{Base: uintptr(d.addr), Len: int(d.n)}, {Base: uintptr(d.word), Len: 8}}, dst)
+	if err == nil && w != cmaValid {
+		return ErrWithdrawn
+	}
+	return err
+}
+
+// withdrawnError is the error of a receive whose sender withdrew its CMA
+// message.
+func withdrawnError(op string, peer, tag int) error {
+	return fmt.Errorf("transport: %s from rank %d tag %d: %w (the sender's send failed, as when it closed its transport, before this rank read the message; its buffer is the sender's again)", op, peer, tag, ErrWithdrawn)
 }
 
 // errCode is the acknowledgement code of a read's outcome: 0, or an errno.
@@ -843,6 +941,8 @@ func (t *Transport) cmaPeerLost(rank int, err error) {
 
 // cmaClose fails what CMA still has in flight; the worker lock is held.
 func (t *Transport) cmaClose() {
+	cmaWordsReturn(t.cma.words) // t.closed is set: later ones go straight back
+	t.cma.words = nil
 	for id, r := range t.cma.sends {
 		delete(t.cma.sends, id)
 		if !r.ureq.Pending() {
@@ -876,14 +976,14 @@ func (t *Transport) startCMAAM(r *Request, id uint16, header []byte) {
 		t.fail(r, err)
 		return
 	}
+	c, err := t.cmaNewSend()
+	if err != nil {
+		t.fail(r, fmt.Errorf("transport: am-send rank %d: %w", r.peer, err))
+		return
+	}
 	t.bundleFlush(r.peer) // posts before this send leave before it
-	c := &cmaSend{id: t.cma.next}
-	t.cma.next++
 	d := make([]byte, cmaAMSize)
-	binary.LittleEndian.PutUint64(d[0:], cmaMagic)
-	binary.LittleEndian.PutUint64(d[8:], uint64(uintptr(r.b.Ptr)))
-	binary.LittleEndian.PutUint64(d[16:], uint64(r.b.Len))
-	binary.LittleEndian.PutUint64(d[24:], c.id)
+	encodeDesc(d, uint64(uintptr(r.b.Ptr)), uint64(r.b.Len), c.id)
 	binary.LittleEndian.PutUint64(d[32:], uint64(t.rank))
 	binary.LittleEndian.PutUint64(d[40:], uint64(id))
 	r.cma = c
@@ -923,13 +1023,13 @@ func (t *Transport) cmaRecvAM(m *AMMessage, r *Request, dst []byte) {
 	c := m.cma
 	err := error(unix.ESRCH)
 	if t.cma.peers != nil && t.cma.peers[c.from] != nil {
-		err = cmaRead(t.cma.peers[c.from].pid, c.d.addr, [][]byte{dst})
+		err = cmaReadWithWord(t.cma.peers[c.from].pid, cmaDesc{addr: c.d.addr, n: uint64(len(dst)), word: c.d.word}, [][]byte{dst})
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	code := errCode(err)
-	if !t.closed {
-		t.cmaAck(c.from, c.d.id, code)
+	if !t.closed && err != ErrWithdrawn {
+		t.cmaAck(c.from, c.d.word, code)
 	}
 	if t.w != nil {
 		m.ev.ReleaseData(t.w)
@@ -940,6 +1040,8 @@ func (t *Transport) cmaRecvAM(m *AMMessage, r *Request, dst []byte) {
 	case err == nil:
 		t.cma.recvd.Add(1)
 		t.complete(r)
+	case err == ErrWithdrawn:
+		t.fail(r, withdrawnError("am-recv", c.from, int(c.amID)))
 	case errors.Is(err, unix.ESRCH):
 		t.fail(r, &PeerLostError{Rank: c.from, Op: "am-recv", Reason: "its process is gone (process_vm_readv: no such process)"})
 	default:

@@ -25,6 +25,11 @@ var (
 	ErrInvalid = errors.New("transport: invalid argument")
 	// ErrProtocol: a peer sent something troupe's protocol does not allow.
 	ErrProtocol = errors.New("transport: protocol error")
+	// ErrWithdrawn: the sender of a same-host zero-copy (CMA) message
+	// failed its send (it closed its transport, or lost this rank) before
+	// this rank read the message. The sender's buffer was its
+	// application's again, so what was read is not reported.
+	ErrWithdrawn = errors.New("transport: message withdrawn by its sender")
 )
 
 // TruncatedError reports a receive buffer smaller than the message.

@@ -1317,6 +1317,9 @@ func (t *Transport) complete(r *Request) {
 	if r.fin.Load() {
 		return
 	}
+	if r.cma != nil {
+		t.cmaSendComplete(r.cma) // withdraws the message unless acknowledged
+	}
 	if r.amov != nil {
 		t.amDone(r.amov)
 		r.amov = nil

@@ -1,0 +1,109 @@
+package transport
+
+import (
+	"bytes"
+	"errors"
+	"testing"
+)
+
+// cmaClosedSend sends n bytes from buf by CMA from ts[0] to ts[1] under
+// tag 5, waits until ts[1] holds the descriptor (arrived(ts[1]) reports
+// true), closes ts[0], checks that the send failed with ErrClosed and
+// overwrites buf, as the application may once its send failed. It returns
+// the send's error.
+func cmaClosedSend(t *testing.T, ts []*Transport, buf []byte, arrived func() bool) error {
+	t.Helper()
+	ctx := testCtx(t)
+	// A first message connects rank 1 to rank 0 (and back).
+	if err := ts[1].Send(ctx, 0, 9, []byte("hi")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ts[0].Recv(ctx, 1, 9, make([]byte, 2)); err != nil {
+		t.Fatal(err)
+	}
+	s, err := ts[0].Isend(1, 5, buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for !arrived() {
+		if ctx.Err() != nil {
+			t.Fatal("descriptor never arrived")
+		}
+	}
+	if err := ts[0].Close(); err != nil {
+		t.Fatal(err)
+	}
+	_, serr := s.Wait(ctx)
+	if !errors.Is(serr, ErrClosed) {
+		t.Fatalf("send after Close: %v, want ErrClosed", serr)
+	}
+	for i := range buf {
+		buf[i] = 0xEE
+	}
+	return serr
+}
+
+// A CMA send failed by Close hands its buffer back to the application,
+// while its descriptor, taken out of UCX by Iprobe, waits at the receiver.
+// A later receive must not read what the application wrote since as if it
+// were the message: it fails with ErrWithdrawn (it completed with the
+// overwritten bytes before the descriptor named a validity word).
+func TestCMASendClosedThenReceived(t *testing.T) {
+	forModes(t, func(t *testing.T, mode ProgressMode) {
+		ts := cmaJob2(t, mode)
+		ctx := testCtx(t)
+		const n = 256 << 10
+		want := pattern(n, 1)
+		serr := cmaClosedSend(t, ts, bytes.Clone(want), func() bool {
+			st, ok, err := ts[1].Iprobe(0, 5)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ok && st.Size != n {
+				t.Fatalf("probe: %+v", st)
+			}
+			return ok
+		})
+		got := make([]byte, n)
+		st, rerr := ts[1].Recv(ctx, 0, 5, got)
+		if rerr == nil && !bytes.Equal(got, want) {
+			t.Fatalf("send failed with %q, yet the receive succeeded (%+v) with the bytes the sender wrote after its send failed (got[0]=%#x, want %#x)", serr, st, got[0], want[0])
+		}
+		if !errors.Is(rerr, ErrWithdrawn) {
+			t.Fatalf("receive of a withdrawn message: %+v %v, want ErrWithdrawn", st, rerr)
+		}
+		t.Logf("receive: %+v %v", st, rerr)
+	})
+}
+
+// The same with the descriptor still in UCX's unexpected queue when the
+// sender closes (no probe took it out).
+func TestCMASendClosedInUCXQueueThenReceived(t *testing.T) {
+	forModes(t, func(t *testing.T, mode ProgressMode) {
+		ts := cmaJob2(t, mode)
+		ctx := testCtx(t)
+		const n = 256 << 10
+		want := pattern(n, 2)
+		wire := MakeUserTag(0, 5, 0)
+		serr := cmaClosedSend(t, ts, bytes.Clone(want), func() bool {
+			// Progress rank 1 without touching tag 5, then look into UCX's
+			// queue without taking the descriptor out.
+			if _, _, err := ts[1].Iprobe(0, 77); err != nil {
+				t.Fatal(err)
+			}
+			ts[1].mu.Lock()
+			defer ts[1].mu.Unlock()
+			_, info, ok := ts[1].w.TagProbe(wire, ts[1].userMask(), false)
+			return ok && info.Tag&cmaBit != 0
+		})
+		got := make([]byte, n)
+		st, rerr := ts[1].Recv(ctx, 0, 5, got)
+		if rerr == nil && !bytes.Equal(got, want) {
+			t.Fatalf("send failed with %q, yet the receive succeeded (%+v) with the bytes the sender wrote after its send failed (got[0]=%#x, want %#x)", serr, st, got[0], want[0])
+		}
+		if !errors.Is(rerr, ErrWithdrawn) {
+			t.Fatalf("receive of a withdrawn message: %+v %v, want ErrWithdrawn", st, rerr)
+		}
+		t.Logf("receive: %+v %v", st, rerr)
+	})
+}
