@@ -2,10 +2,10 @@ package transport
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/troupe-hpc/troupe/datatype"
 )
@@ -177,21 +177,24 @@ func TestForeignSourceRank(t *testing.T) {
 }
 
 // CMA descriptors: one naming a rank outside the job is dropped by an
-// any-source receive; one announcing 2^63 bytes or more is a protocol
-// error (its size came out negative).
+// any-source receive; one announcing 2^63 bytes or more, or naming a
+// validity word at 0 or at an address not 8-byte aligned, is a protocol
+// error (its size came out negative); one whose word does not hold
+// cmaValid is a withdrawn message, and one whose word cannot be read fails
+// the receive; one with a valid word is read.
 func TestHostileCMADescriptors(t *testing.T) {
 	ts := cmaJob2(t, ProgressDirect)
 	ctx := testCtx(t)
-	desc := func(addr, n uint64) []byte {
+	valid, withdrawn := uint64(cmaValid), uint64(0)
+	validAt := uint64(uintptr(unsafe.Pointer(&valid)))
+	desc := func(addr, n, word uint64) []byte {
 		d := make([]byte, cmaDescSize)
-		binary.LittleEndian.PutUint64(d[0:], cmaMagic)
-		binary.LittleEndian.PutUint64(d[8:], addr)
-		binary.LittleEndian.PutUint64(d[16:], n)
-		binary.LittleEndian.PutUint64(d[24:], 12345)
+		encodeDesc(d, addr, n, word)
 		return d
 	}
-	src := make([]byte, 4096)
-	if _, err := ts[0].ncSend(1, MakeUserTag(999, 5, 0)|cmaBit, bufOf(desc(uint64(uintptr(bytesPtr(src))), 4096)), nil).Wait(ctx); err != nil {
+	src := pattern(4096, 3)
+	srcAt := uint64(uintptr(bytesPtr(src)))
+	if _, err := ts[0].ncSend(1, MakeUserTag(999, 5, 0)|cmaBit, bufOf(desc(srcAt, 4096, validAt)), nil).Wait(ctx); err != nil {
 		t.Fatal(err)
 	}
 	want := pattern(4096, 1)
@@ -206,13 +209,59 @@ func TestHostileCMADescriptors(t *testing.T) {
 	if _, err := sr.Wait(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := ts[0].ncSend(1, MakeUserTag(0, 6, 0)|cmaBit, bufOf(desc(4096, 1<<63)), nil).Wait(ctx); err != nil {
-		t.Fatal(err)
+	for i, c := range []struct {
+		name    string
+		d       []byte
+		wantErr error // nil: received whole; errAny: any error but ErrWithdrawn
+	}{
+		{"2^63 bytes", desc(4096, 1<<63, validAt), ErrProtocol},
+		{"word at 0", desc(srcAt, 4096, 0), ErrProtocol},
+		{"word not aligned", desc(srcAt, 4096, validAt+1), ErrProtocol},
+		{"word cleared", desc(srcAt, 4096, uint64(uintptr(unsafe.Pointer(&withdrawn)))), ErrWithdrawn},
+		{"word unreadable", desc(srcAt, 4096, 8), errAny},
+		{"word valid", desc(srcAt, 4096, validAt), nil},
+	} {
+		tag := 10 + i
+		if _, err := ts[0].ncSend(1, MakeUserTag(0, uint16(tag), 0)|cmaBit, bufOf(c.d), nil).Wait(ctx); err != nil {
+			t.Fatal(err)
+		}
+		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		clear(got)
+		st, err := ts[1].Recv(rctx, 0, tag, got)
+		cancel()
+		switch {
+		case c.wantErr == nil:
+			if err != nil || st.Size != 4096 || string(got) != string(src) {
+				t.Fatalf("descriptor with %s: %+v %v, want the message", c.name, st, err)
+			}
+		case c.wantErr == errAny:
+			if err == nil || errors.Is(err, ErrWithdrawn) || errors.Is(err, context.DeadlineExceeded) {
+				t.Fatalf("descriptor with %s: %+v %v, want a read error", c.name, st, err)
+			}
+		case !errors.Is(err, c.wantErr):
+			t.Fatalf("descriptor with %s: %+v %v, want %v", c.name, st, err, c.wantErr)
+		}
+		t.Logf("%s: %v", c.name, err)
 	}
-	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	if _, err := ts[1].Recv(rctx, 0, 6, got); !errors.Is(err, ErrProtocol) {
-		t.Fatalf("descriptor of 2^63 bytes: %v, want ErrProtocol", err)
+}
+
+// errAny stands for any error in a table of wanted errors.
+var errAny = errors.New("any error")
+
+// Descriptors round-trip through encodeDesc and decodeDesc.
+func TestCMADescriptorWire(t *testing.T) {
+	b := make([]byte, cmaDescSize)
+	encodeDesc(b, 0x7f0012345678, 1<<20, 0x7f00aaaa0008)
+	d, err := decodeDesc(b, 0, 5)
+	if err != nil || d != (cmaDesc{addr: 0x7f0012345678, n: 1 << 20, word: 0x7f00aaaa0008}) {
+		t.Fatalf("decoded %+v %v", d, err)
+	}
+	if _, err := decodeDesc(b[:cmaDescSize-1], 0, 5); !errors.Is(err, ErrProtocol) {
+		t.Fatalf("short descriptor: %v", err)
+	}
+	b[0] ^= 1
+	if _, err := decodeDesc(b, 0, 5); !errors.Is(err, ErrProtocol) {
+		t.Fatalf("bad magic: %v", err)
 	}
 }
 
