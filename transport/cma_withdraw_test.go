@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"testing"
+	"time"
 )
 
 // cmaClosedSend sends n bytes from buf by CMA from ts[0] to ts[1] under
@@ -105,5 +106,70 @@ func TestCMASendClosedInUCXQueueThenReceived(t *testing.T) {
 			t.Fatalf("receive of a withdrawn message: %+v %v, want ErrWithdrawn", st, rerr)
 		}
 		t.Logf("receive: %+v %v", st, rerr)
+	})
+}
+
+// The sender closes while the receiver may be reading its message, then
+// overwrites the buffer its failed send gave back. Whatever the timing, the
+// receive gets the message whole or fails; it never succeeds with bytes the
+// sender wrote after its send failed.
+func TestCMASendClosedWhileRead(t *testing.T) {
+	forModes(t, func(t *testing.T, mode ProgressMode) {
+		const n, rounds = 16 << 20, 16
+		want := pattern(n, 3)
+		buf := make([]byte, n)
+		got := make([]byte, n)
+		var whole, withdrawn, other int
+		for i := 0; i < rounds; i++ {
+			ts := cmaJob2(t, mode)
+			ctx := testCtx(t)
+			copy(buf, want)
+			clear(got)
+			rr, err := ts[1].Irecv(0, 5, got)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var st Status
+			var rerr error
+			done := make(chan struct{})
+			go func() { // progresses rank 1, which reads
+				defer close(done)
+				st, rerr = rr.Wait(ctx)
+			}()
+			s, err := ts[0].Isend(1, 5, buf)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for ts[0].CMAStats().Sent == 0 { // the descriptor left
+				if mode == ProgressDirect {
+					ts[0].progressOnce()
+				}
+			}
+			// Close at a different point of the read each round (16 MiB
+			// take a few milliseconds).
+			deadline := time.Now().Add(time.Duration(i) * 250 * time.Microsecond)
+			for time.Now().Before(deadline) {
+			}
+			if err := ts[0].Close(); err != nil {
+				t.Fatal(err)
+			}
+			_, serr := s.Wait(ctx)
+			for j := range buf {
+				buf[j] = 0xEE
+			}
+			<-done
+			switch {
+			case rerr == nil && !bytes.Equal(got, want):
+				t.Fatalf("round %d: send %v, receive succeeded (%+v) with bytes the sender wrote after its send completed", i, serr, st)
+			case rerr == nil:
+				whole++
+			case errors.Is(rerr, ErrWithdrawn):
+				withdrawn++
+			default:
+				other++
+				t.Logf("round %d: send %v, receive %v", i, serr, rerr)
+			}
+		}
+		t.Logf("%d rounds: %d received whole, %d withdrawn, %d failed otherwise", rounds, whole, withdrawn, other)
 	})
 }
