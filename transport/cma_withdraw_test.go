@@ -173,3 +173,54 @@ func TestCMASendClosedWhileRead(t *testing.T) {
 		t.Logf("%d rounds: %d received whole, %d withdrawn, %d failed otherwise", rounds, whole, withdrawn, other)
 	})
 }
+
+// The same for an active message sent by CMA: the handler keeps it, the
+// sender closes and overwrites the data its failed send gave back, and
+// RecvData then fails with ErrWithdrawn.
+func TestCMAActiveMessageClosedThenReceived(t *testing.T) {
+	forModes(t, func(t *testing.T, mode ProgressMode) {
+		ts := cmaJob2(t, mode)
+		ctx := testCtx(t)
+		const n = 200 << 10
+		kept := make(chan *AMMessage, 1)
+		if err := ts[1].SetAMHandler(9, func(m *AMMessage) {
+			m.Keep()
+			kept <- m
+		}); err != nil {
+			t.Fatal(err)
+		}
+		want := pattern(n, 4)
+		buf := bytes.Clone(want)
+		s, err := ts[0].SendAM(1, 9, []byte("keep"), buf, AMAuto)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var m *AMMessage
+		select {
+		case m = <-kept:
+		case <-ctx.Done():
+			t.Fatal(ctx.Err())
+		}
+		if err := ts[0].Close(); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Wait(ctx); !errors.Is(err, ErrClosed) {
+			t.Fatalf("send after Close: %v, want ErrClosed", err)
+		}
+		for i := range buf {
+			buf[i] = 0xEE
+		}
+		got := make([]byte, n)
+		r, err := m.RecvData(got)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, rerr := r.Wait(ctx)
+		if rerr == nil && !bytes.Equal(got, want) {
+			t.Fatal("send failed, yet RecvData succeeded with the bytes the sender wrote after its send failed")
+		}
+		if !errors.Is(rerr, ErrWithdrawn) {
+			t.Fatalf("RecvData of a withdrawn message: %v, want ErrWithdrawn", rerr)
+		}
+	})
+}
