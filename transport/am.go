@@ -212,6 +212,7 @@ func (t *Transport) SendAM(dst int, id uint16, header, data []byte, mode uint32)
 	pull := mode&AMPull != 0
 	mode &^= AMPull
 	r := t.newRequest("am-send", dst, int(id), len(data))
+	r.eager = mode == AMEager
 	if mode != AMEager && t.useCMA(dst, len(data), pull) {
 		r.b = ucx.Buffer{Ptr: bytesPtr(data), Len: len(data)}
 		t.exec(func() { t.startCMAAM(r, id, header) })

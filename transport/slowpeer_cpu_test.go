@@ -103,25 +103,30 @@ func TestSlowPeerPacing(t *testing.T) {
 	}
 }
 
-// Ordinary traffic is never paced: round trips of blocking Send/Recv and
-// of active messages answered by a handler, with the requester parked in
+// Ordinary traffic is never paced: round trips of blocking Send/Recv
+// (8 B, and 4 MiB whose sends wait for the receiver) and of active messages answered by a handler, with the requester parked in
 // Await, each after a quiet gap in which the progress goroutines go idle
 // (ucp_worker_arm reports busy then too), take no pacing nap (found by
 // review, 2026-11-25: a first version paced whenever Arm reported busy
 // twice, 2,000-5,600 naps in 300 such round trips, and the first message
-// after a gap waited for one).
+// after a gap waited for one; a second paced whenever a send request was
+// pending, and 4 MiB round trips took up to twice as long).
 func TestQuietTrafficNotPaced(t *testing.T) {
 	const iters = 40
 	for _, mode := range []ProgressMode{ProgressDirect, ProgressQueue} {
-		for _, kind := range []string{"recv", "am"} {
+		for _, kind := range []string{"recv", "large", "am"} {
 			t.Run(fmt.Sprintf("%v/%s", mode, kind), func(t *testing.T) {
 				ts := localJob(t, 2, mode)
 				ctx := testCtx(t)
-				buf := make([]byte, 8)
+				size := 8
+				if kind == "large" {
+					size = 4 << 20 // rendezvous or CMA: the send waits for the receiver
+				}
+				buf := make([]byte, size)
 				replies := make(chan chan struct{}, 1)
-				if kind == "recv" {
+				if kind != "am" {
 					go func() {
-						b := make([]byte, 8)
+						b := make([]byte, size)
 						for range iters {
 							if _, err := ts[1].Recv(ctx, 0, 1, b); err != nil {
 								return
@@ -141,7 +146,7 @@ func TestQuietTrafficNotPaced(t *testing.T) {
 				}
 				for range iters {
 					time.Sleep(2 * time.Millisecond) // the quiet gap (the scenario), not synchronisation
-					if kind == "recv" {
+					if kind != "am" {
 						if err := ts[0].Send(ctx, 1, 1, buf); err != nil {
 							t.Fatal(err)
 						}

@@ -611,11 +611,14 @@ func onHandlerStack() bool {
 	}
 }
 
-// sendRequestPending reports whether a send request (not a receive) is
-// in flight; the worker lock is held. It stops at the first one found.
-func (t *Transport) sendRequestPending() bool {
+// eagerSendPending reports whether an eager active message's send is in
+// flight, which means that UCX queues it (PostAM in queue mode); the
+// worker lock is held. Other sends pending are no sign of a slow peer (a
+// rendezvous send waits for its receiver, a CMA send for its
+// acknowledgement). It stops at the first one found.
+func (t *Transport) eagerSendPending() bool {
 	for _, r := range t.ops {
-		if r != nil && !r.recv {
+		if r != nil && r.eager {
 			return true
 		}
 	}
@@ -866,13 +869,13 @@ func (t *Transport) loop() {
 		err := t.w.Arm()
 		pending := len(t.submit) > 0
 		busy := ucx.StatusOf(err) == ucx.StatusBusy
-		if busy && !pending && t.sendRequestPending() {
-			// UCX has work it will not wake us for with a send request
+		if busy && !pending && t.eagerSendPending() {
+			// UCX has work it will not wake us for with an eager send
 			// still pending: queue mode's posts (requests, which slowPeer
 			// does not count) waiting for a peer that is not taking them.
-			// Arm also reports busy in ordinary traffic, with nothing but
-			// receives pending: that is not paced (a reply would wait
-			// for the nap).
+			// Arm also reports busy in ordinary traffic, with receives,
+			// rendezvous or CMA sends pending: that is not paced (their
+			// completion would wait for the nap).
 			pacing = true
 		}
 		t.mu.Unlock()
@@ -971,6 +974,7 @@ type Request struct {
 	b      ucx.Buffer       // the operation's memory
 	pins   []unsafe.Pointer // what to pin if it goes asynchronous (nil: b.Ptr)
 	pooled bool             // a blocking call's request, recycled after Wait
+	eager  bool             // an eager active message's send (SendAM): pending only while UCX queues it
 	pin    runtime.Pinner
 	pinned bool
 	iov    *ucx.IOV
