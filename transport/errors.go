@@ -10,7 +10,7 @@ var (
 	// ErrClosed: the transport was closed before or during the operation.
 	ErrClosed = errors.New("transport: closed")
 	// ErrInHandler: an active-message handler waited for an operation
-	// (Wait, Recv, Probe, WaitAny, Await...). Handlers run on the
+	// (Wait, Recv, Probe, WaitAny, Await...) or closed its transport. Handlers run on the
 	// goroutine that progresses the worker, one batch at a time: the wait
 	// could never end. A handler may start operations and leave the
 	// waiting to another goroutine.

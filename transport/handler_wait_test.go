@@ -63,3 +63,38 @@ func TestHandlerWaitRefused(t *testing.T) {
 		}
 	})
 }
+
+// Close called by an active-message handler (a "shutdown" message) fails
+// with ErrInHandler instead of hanging: it waits for the progress
+// goroutine, which runs the handler (found by review, 2026-11-25). The
+// transport stays usable, and closes from outside the handler.
+func TestHandlerCloseRefused(t *testing.T) {
+	forModes(t, func(t *testing.T, mode ProgressMode) {
+		ts := localJob(t, 2, mode)
+		ctx := testCtx(t)
+		res := make(chan error, 1)
+		if err := ts[1].SetAMHandler(30, func(m *AMMessage) { res <- ts[1].Close() }); err != nil {
+			t.Fatal(err)
+		}
+		if err := ts[0].PostAM(1, 30, nil, nil); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case err := <-res:
+			if !errors.Is(err, ErrInHandler) {
+				t.Fatalf("Close in a handler: %v, want ErrInHandler", err)
+			}
+		case <-ctx.Done():
+			t.Fatal("Close in a handler never returned")
+		}
+		if err := ts[0].Send(ctx, 1, 3, []byte("ok")); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := ts[1].Recv(ctx, 0, 3, make([]byte, 2)); err != nil {
+			t.Fatalf("receive after the refused Close: %v", err)
+		}
+		if err := ts[1].Close(); err != nil {
+			t.Fatal(err)
+		}
+	})
+}

@@ -1487,6 +1487,9 @@ func checkTag(tag int, op string) error {
 // what is in flight, for at most a second), stops the progress goroutine and
 // releases UCX. It is safe to call twice.
 func (t *Transport) Close() error {
+	if err := t.waitInHandler("close", -1, 0); err != nil {
+		return err // it would wait for the progress goroutine, which runs the handler
+	}
 	// Device imports use no UCX: wait for those in flight and close their
 	// mappings first.
 	if err := t.dimp.close(); err != nil {
