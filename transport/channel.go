@@ -453,13 +453,26 @@ func (r *ChannelRequest) Wait(ctx context.Context) error {
 		select {
 		case <-r.done:
 			return r.err
+		default:
+		}
+		if t := r.c.t; t.handling.Load() { // (no formatting on the way of every wait)
+			if err := t.waitInHandler(fmt.Sprintf("channel %d %s", r.c.id, r.op), -1, 0); err != nil {
+				return err
+			}
+		}
+		select {
+		case <-r.done:
+			return r.err
 		case <-ctx.Done():
 			return fmt.Errorf("transport: channel %d %s: %w (transfer still in flight)", r.c.id, r.op, ctx.Err())
 		}
 	}
 	for i, q := range r.reqs {
-		_, _ = waitRequest(ctx, q)
+		_, err := waitRequest(ctx, q)
 		if !q.fin.Load() {
+			if ctx.Err() == nil { // ErrInHandler
+				return fmt.Errorf("transport: channel %d %s: %w (transfer still in flight)", r.c.id, r.op, err)
+			}
 			return fmt.Errorf("transport: channel %d %s: %w (transfer still in flight)", r.c.id, r.op, ctx.Err())
 		}
 		if err := r.chunkErr(i, q); err != nil {

@@ -98,3 +98,71 @@ func TestHandlerCloseRefused(t *testing.T) {
 		}
 	})
 }
+
+// A handler that waits for a channel transfer or a stream-triggered
+// queue's operation is refused with ErrInHandler too (their transfers
+// progress on other goroutines that need the worker progressed); the
+// transfers complete when waited for outside the handler.
+func TestHandlerWaitChannelQueueRefused(t *testing.T) {
+	ts := localJob(t, 2, ProgressDirect)
+	ctx := testCtx(t)
+	sys, _, q := hostQueue(t, ts[1])
+	ch0, err := ts[0].Channel(1, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ch1, err := ts[1].Channel(1, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	chanBuf := make([]byte, 4)
+	qBuf := devBuf(t, sys, 4, nil)
+	type result struct {
+		chanErr, queueErr error
+		cr                *ChannelRequest
+		op                *QueueOp
+	}
+	res := make(chan result, 1)
+	if err := ts[1].SetAMHandler(30, func(m *AMMessage) {
+		var r result
+		if r.cr, r.chanErr = ch1.RecvBytes(chanBuf); r.chanErr == nil {
+			r.chanErr = r.cr.Wait(ctx)
+		}
+		if r.op, r.queueErr = q.EnqueueRecv(qBuf, 0, 5); r.queueErr == nil {
+			if r.queueErr = q.Start(); r.queueErr == nil {
+				_, r.queueErr = r.op.Wait(ctx)
+			}
+		}
+		res <- r
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := ts[0].PostAM(1, 30, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	var r result
+	select {
+	case r = <-res:
+	case <-ctx.Done():
+		t.Fatal("the handler's waits never returned")
+	}
+	if !errors.Is(r.chanErr, ErrInHandler) || !errors.Is(r.queueErr, ErrInHandler) {
+		t.Fatalf("in a handler: channel wait %v, queue op wait %v; want ErrInHandler", r.chanErr, r.queueErr)
+	}
+	cs, err := ch0.SendBytes([]byte("chan"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ts[0].Send(ctx, 1, 5, []byte("queu")); err != nil {
+		t.Fatal(err)
+	}
+	if err := cs.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.cr.Wait(ctx); err != nil || string(chanBuf) != "chan" {
+		t.Fatalf("channel receive waited for outside the handler: %q %v", chanBuf, err)
+	}
+	if _, err := r.op.Wait(ctx); err != nil {
+		t.Fatalf("queue receive waited for outside the handler: %v", err)
+	}
+}

@@ -517,6 +517,16 @@ func (o *QueueOp) Wait(ctx context.Context) (Status, error) {
 	select {
 	case <-o.done:
 		return o.status, o.err
+	default:
+	}
+	if t := o.q.t; t.handling.Load() { // (no formatting on the way of every wait)
+		if err := t.waitInHandler("queue "+o.kind(), o.peer, o.tag); err != nil {
+			return Status{}, err // the queue's agents need the worker progressed
+		}
+	}
+	select {
+	case <-o.done:
+		return o.status, o.err
 	case <-ctx.Done():
 		return Status{}, fmt.Errorf("transport: queue %s rank %d tag %d: %w", o.kind(), o.peer, o.tag, ctx.Err())
 	}
