@@ -2,6 +2,7 @@ package transport
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"testing"
 	"time"
@@ -65,15 +66,7 @@ func TestCMASendClosedThenReceived(t *testing.T) {
 			}
 			return ok
 		})
-		got := make([]byte, n)
-		st, rerr := ts[1].Recv(ctx, 0, 5, got)
-		if rerr == nil && !bytes.Equal(got, want) {
-			t.Fatalf("send failed with %q, yet the receive succeeded (%+v) with the bytes the sender wrote after its send failed (got[0]=%#x, want %#x)", serr, st, got[0], want[0])
-		}
-		if !errors.Is(rerr, ErrWithdrawn) {
-			t.Fatalf("receive of a withdrawn message: %+v %v, want ErrWithdrawn", st, rerr)
-		}
-		t.Logf("receive: %+v %v", st, rerr)
+		recvWithdrawn(ctx, t, ts[1], want, serr)
 	})
 }
 
@@ -97,15 +90,7 @@ func TestCMASendClosedInUCXQueueThenReceived(t *testing.T) {
 			_, info, ok := ts[1].w.TagProbe(wire, ts[1].userMask(), false)
 			return ok && info.Tag&cmaBit != 0
 		})
-		got := make([]byte, n)
-		st, rerr := ts[1].Recv(ctx, 0, 5, got)
-		if rerr == nil && !bytes.Equal(got, want) {
-			t.Fatalf("send failed with %q, yet the receive succeeded (%+v) with the bytes the sender wrote after its send failed (got[0]=%#x, want %#x)", serr, st, got[0], want[0])
-		}
-		if !errors.Is(rerr, ErrWithdrawn) {
-			t.Fatalf("receive of a withdrawn message: %+v %v, want ErrWithdrawn", st, rerr)
-		}
-		t.Logf("receive: %+v %v", st, rerr)
+		recvWithdrawn(ctx, t, ts[1], want, serr)
 	})
 }
 
@@ -223,4 +208,19 @@ func TestCMAActiveMessageClosedThenReceived(t *testing.T) {
 			t.Fatalf("RecvData of a withdrawn message: %v, want ErrWithdrawn", rerr)
 		}
 	})
+}
+
+// recvWithdrawn receives rank 0's message with tag 5 on tr, whose send
+// failed with serr after its descriptor reached tr: the receive must fail
+// with ErrWithdrawn, and above all not succeed with other bytes than want.
+func recvWithdrawn(ctx context.Context, t *testing.T, tr *Transport, want []byte, serr error) {
+	t.Helper()
+	got := make([]byte, len(want))
+	st, rerr := tr.Recv(ctx, 0, 5, got)
+	if rerr == nil && !bytes.Equal(got, want) {
+		t.Fatalf("send failed with %q, yet the receive succeeded (%+v) with the bytes the sender wrote after its send failed (got[0]=%#x, want %#x)", serr, st, got[0], want[0])
+	}
+	if !errors.Is(rerr, ErrWithdrawn) {
+		t.Fatalf("receive of a withdrawn message: %+v %v, want ErrWithdrawn", st, rerr)
+	}
 }

@@ -1,9 +1,31 @@
 package transport
 
 import (
+	"context"
 	"errors"
 	"testing"
 )
+
+// inHandler runs f in an active-message handler of ts[to] (id 30), which
+// ts[from] sends it, and returns what f returned.
+func inHandler[T any](ctx context.Context, t *testing.T, ts []*Transport, from, to int, f func() T) T {
+	t.Helper()
+	res := make(chan T, 1)
+	if err := ts[to].SetAMHandler(30, func(m *AMMessage) { res <- f() }); err != nil {
+		t.Fatal(err)
+	}
+	if err := ts[from].PostAM(to, 30, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case r := <-res:
+		return r
+	case <-ctx.Done():
+		t.Fatal("the handler never returned")
+	}
+	var zero T
+	return zero
+}
 
 // An active-message handler that waits for an operation (a blocking
 // receive, a Wait on a request it started, a probe) is refused at once
@@ -21,28 +43,15 @@ func TestHandlerWaitRefused(t *testing.T) {
 			recv, wait, probe error
 			req               *Request
 		}
-		res := make(chan result, 1)
 		started := make([]byte, 4)
-		if err := ts[1].SetAMHandler(30, func(m *AMMessage) {
-			var r result
+		r := inHandler(ctx, t, ts, 0, 1, func() (r result) {
 			_, r.recv = ts[1].Recv(ctx, 0, 6, make([]byte, 4))
 			if r.req, r.wait = ts[1].Irecv(0, 7, started); r.wait == nil {
 				_, r.wait = r.req.Wait(ctx)
 			}
 			_, r.probe = ts[1].Probe(ctx, 0, 8)
-			res <- r
-		}); err != nil {
-			t.Fatal(err)
-		}
-		if err := ts[0].PostAM(1, 30, nil, nil); err != nil {
-			t.Fatal(err)
-		}
-		var r result
-		select {
-		case r = <-res:
-		case <-ctx.Done():
-			t.Fatal("the handler's waits never returned")
-		}
+			return r
+		})
 		for name, err := range map[string]error{"Recv": r.recv, "Wait": r.wait, "Probe": r.probe} {
 			if !errors.Is(err, ErrInHandler) {
 				t.Fatalf("%s in a handler: %v, want ErrInHandler", name, err)
@@ -72,20 +81,8 @@ func TestHandlerCloseRefused(t *testing.T) {
 	forModes(t, func(t *testing.T, mode ProgressMode) {
 		ts := localJob(t, 2, mode)
 		ctx := testCtx(t)
-		res := make(chan error, 1)
-		if err := ts[1].SetAMHandler(30, func(m *AMMessage) { res <- ts[1].Close() }); err != nil {
-			t.Fatal(err)
-		}
-		if err := ts[0].PostAM(1, 30, nil, nil); err != nil {
-			t.Fatal(err)
-		}
-		select {
-		case err := <-res:
-			if !errors.Is(err, ErrInHandler) {
-				t.Fatalf("Close in a handler: %v, want ErrInHandler", err)
-			}
-		case <-ctx.Done():
-			t.Fatal("Close in a handler never returned")
+		if err := inHandler(ctx, t, ts, 0, 1, ts[1].Close); !errors.Is(err, ErrInHandler) {
+			t.Fatalf("Close in a handler: %v, want ErrInHandler", err)
 		}
 		if err := ts[0].Send(ctx, 1, 3, []byte("ok")); err != nil {
 			t.Fatal(err)
@@ -122,9 +119,7 @@ func TestHandlerWaitChannelQueueRefused(t *testing.T) {
 		cr                *ChannelRequest
 		op                *QueueOp
 	}
-	res := make(chan result, 1)
-	if err := ts[1].SetAMHandler(30, func(m *AMMessage) {
-		var r result
+	r := inHandler(ctx, t, ts, 0, 1, func() (r result) {
 		if r.cr, r.chanErr = ch1.RecvBytes(chanBuf); r.chanErr == nil {
 			r.chanErr = r.cr.Wait(ctx)
 		}
@@ -133,19 +128,8 @@ func TestHandlerWaitChannelQueueRefused(t *testing.T) {
 				_, r.queueErr = r.op.Wait(ctx)
 			}
 		}
-		res <- r
-	}); err != nil {
-		t.Fatal(err)
-	}
-	if err := ts[0].PostAM(1, 30, nil, nil); err != nil {
-		t.Fatal(err)
-	}
-	var r result
-	select {
-	case r = <-res:
-	case <-ctx.Done():
-		t.Fatal("the handler's waits never returned")
-	}
+		return r
+	})
 	if !errors.Is(r.chanErr, ErrInHandler) || !errors.Is(r.queueErr, ErrInHandler) {
 		t.Fatalf("in a handler: channel wait %v, queue op wait %v; want ErrInHandler", r.chanErr, r.queueErr)
 	}
