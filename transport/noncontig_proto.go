@@ -106,13 +106,7 @@ func (nc *noncontig) send(ctx context.Context, c typedCall, seq uint32) (Status,
 		return st, err
 	}
 	done := make(chan error, 1)
-	go func() {
-		_, err := nc.run(context.Background(), c, seq, p)
-		if err != nil && ctx.Err() != nil {
-			nc.t.log.Debug("typed send left by its caller failed", zap.Int("peer", c.peer), zap.Int("tag", c.tag), zap.Error(err))
-		}
-		done <- err
-	}()
+	go nc.runTurn(ctx, c, seq, p, done)
 	select {
 	case err := <-done:
 		return Status{}, err
@@ -124,6 +118,17 @@ func (nc *noncontig) send(ctx context.Context, c typedCall, seq uint32) (Status,
 		}
 		return Status{}, inFlight(ctx, c)
 	}
+}
+
+// runTurn is run for a send that waits for its RTS's turn in a goroutine
+// of its own: its result goes to done (logged if ctx, its caller's, has
+// ended by then).
+func (nc *noncontig) runTurn(ctx context.Context, c typedCall, seq uint32, p sendPlan, done chan<- error) {
+	_, err := nc.run(context.Background(), c, seq, p)
+	if err != nil && ctx.Err() != nil {
+		nc.t.log.Debug("typed send left by its caller failed", zap.Int("peer", c.peer), zap.Int("tag", c.tag), zap.Error(err))
+	}
+	done <- err
 }
 
 // inFlight is the error of a typed send whose caller's ctx ended first.
@@ -207,21 +212,19 @@ func waitStep(ctx context.Context, r *Request) error {
 // themselves.
 func (nc *noncontig) run(ctx context.Context, c typedCall, seq uint32, p sendPlan) (Status, error) {
 	t := nc.t
+	ls := p.ls
 	detached := false
 	defer func() {
 		if !detached {
-			nc.done(p.ls)
+			nc.done(ls)
 		}
 	}()
-	// detach runs rest in a goroutine, which releases the layout.
+	// detach runs rest in a goroutine, which releases the layout. (What
+	// the goroutines need is copied in the branches that detach, so that
+	// a transfer that does not allocates none of it.)
 	detach := func(rest func() error) error {
 		detached = true
-		go func() {
-			defer nc.done(p.ls)
-			if err := rest(); err != nil {
-				t.log.Debug("typed send left by its caller failed", zap.Int("peer", c.peer), zap.Int("tag", c.tag), zap.Error(err))
-			}
-		}()
+		go nc.runDetached(ls, c.peer, c.tag, rest)
 		return inFlight(ctx, c)
 	}
 	h, proposal := p.h, p.h.proposal
@@ -243,18 +246,19 @@ func (nc *noncontig) run(ctx context.Context, c typedCall, seq uint32, p sendPla
 	if c.space == KindTyped {
 		nc.endRTSTurn(c.seqKey(), seq)
 	}
-	x := &sendXfer{nc: nc, c: c, p: p, sr: sr, rr: rr, reply: reply, sent: sent, final: proposal}
+	x := sendXfer{nc: nc, c: c, p: p, sr: sr, rr: rr, reply: reply, sent: sent, final: proposal}
 	if proposal == datatype.SchemePack {
 		if p.inline {
 			nc.c.eager.Add(1)
 		} else {
 			ps := nc.newPackSender(c, h.xid)
 			if err := ps.run(ctx); errors.Is(err, errPaused) {
+				xd := x
 				return Status{}, detach(func() error {
 					if err := ps.run(context.Background()); err != nil {
 						return err
 					}
-					return x.finish(context.Background())
+					return xd.finish(context.Background())
 				})
 			} else if err != nil {
 				return Status{}, err
@@ -263,16 +267,17 @@ func (nc *noncontig) run(ctx context.Context, c typedCall, seq uint32, p sendPla
 	} else {
 		m, err := x.awaitCTS(ctx)
 		if errors.Is(err, errPaused) {
-			x.resumed = true
+			xd := x
+			xd.resumed = true
 			return Status{}, detach(func() error {
-				m, err := x.awaitCTS(context.Background())
+				m, err := xd.awaitCTS(context.Background())
 				if err != nil {
 					return err
 				}
-				if err := x.transfer(m); err != nil {
+				if err := xd.transfer(m); err != nil {
 					return err
 				}
-				return x.finish(context.Background())
+				return xd.finish(context.Background())
 			})
 		}
 		if err != nil {
@@ -283,6 +288,15 @@ func (nc *noncontig) run(ctx context.Context, c typedCall, seq uint32, p sendPla
 		}
 	}
 	return Status{}, x.finish(ctx)
+}
+
+// runDetached runs the rest of a typed send its caller left, then
+// releases the layout.
+func (nc *noncontig) runDetached(ls *layoutState, peer, tag int, rest func() error) {
+	defer nc.done(ls)
+	if err := rest(); err != nil {
+		nc.t.log.Debug("typed send left by its caller failed", zap.Int("peer", peer), zap.Int("tag", tag), zap.Error(err))
+	}
 }
 
 // sendXfer is a typed send whose RTS has left: what its remaining steps
