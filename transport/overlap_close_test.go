@@ -4,55 +4,8 @@ import (
 	"bytes"
 	"errors"
 	"runtime"
-	"sync"
 	"testing"
-	"time"
-
-	"github.com/troupe-hpc/troupe/overlap"
 )
-
-// oneSlotPolicy prefetches every unexpected message of at least the
-// threshold into its one slot of slotSize bytes while the slot is free,
-// and onloads everything else.
-type oneSlotPolicy struct {
-	mu       sync.Mutex
-	slotSize int64
-	inUse    int
-}
-
-func (p *oneSlotPolicy) Step(ev overlap.Event) (overlap.Decision, error) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	d := overlap.Decision{Action: overlap.None, ID: ev.ID, Slot: overlap.NoSlot}
-	switch ev.Kind {
-	case overlap.RecvPosted:
-		d.Action = overlap.Onload
-	case overlap.HeaderArrived:
-		d.Action = overlap.Onload
-		if !ev.Expected && ev.Size >= overlap.DefaultConfig().RendezvousThreshold && ev.Size <= p.slotSize && p.inUse == 0 {
-			p.inUse++
-			d.Action, d.Slot = overlap.Prefetch, 0
-		}
-	case overlap.PrefetchConsumed, overlap.PrefetchDropped:
-		p.inUse--
-	}
-	return d, nil
-}
-
-func (p *oneSlotPolicy) Config() overlap.Config {
-	c := overlap.DefaultConfig()
-	c.PoolSlots = 1
-	c.SlotSize = p.slotSize
-	c.MaxPrefetchSize = p.slotSize
-	return c
-}
-
-func (p *oneSlotPolicy) SetCost(float64, time.Duration) error { return nil }
-func (p *oneSlotPolicy) Stats() overlap.Stats {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return overlap.Stats{PoolInUse: p.inUse}
-}
 
 // copyInFlight sends an unexpected message of n bytes from rank 0 to
 // rank 1 (prefetched into the slot), waits until the sender is released,
@@ -62,7 +15,7 @@ func (p *oneSlotPolicy) Stats() overlap.Stats {
 // could be observed.
 func copyInFlight(t *testing.T, n int, post func(tr *Transport) *Request) ([]*Transport, *Request, bool) {
 	ctx := testCtx(t)
-	pol := &oneSlotPolicy{slotSize: int64(n)}
+	pol := &recordingPolicy{slotSize: int64(n)}
 	ts := localJobWith(t, 2, Options{Overlap: pol})
 	want := pattern(n, 3)
 	sr, err := ts[0].Isend(1, 9, want)

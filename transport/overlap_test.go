@@ -82,11 +82,13 @@ func TestOverlapTestPolling(t *testing.T) {
 }
 
 // recordingPolicy prefetches unexpected messages of at least the threshold
-// into its one slot while the slot is free, onloads the rest, and counts
+// (and at most slotSize, if set) into its one slot, of slotSize bytes or
+// the default size, while the slot is free, onloads the rest, and counts
 // the Progress events it is given. Mutex-guarded: the ranks of one process
 // share it.
 type recordingPolicy struct {
 	mu       sync.Mutex
+	slotSize int64 // 0: the default
 	progress int
 	inUse    int
 }
@@ -102,7 +104,7 @@ func (p *recordingPolicy) Step(ev overlap.Event) (overlap.Decision, error) {
 		d.Action = overlap.Onload
 	case overlap.HeaderArrived:
 		d.Action = overlap.Onload
-		if !ev.Expected && ev.Size >= p.Config().RendezvousThreshold && p.inUse == 0 {
+		if !ev.Expected && ev.Size >= overlap.DefaultConfig().RendezvousThreshold && (p.slotSize == 0 || ev.Size <= p.slotSize) && p.inUse == 0 {
 			p.inUse++
 			d.Action, d.Slot = overlap.Prefetch, 0
 		}
@@ -115,6 +117,9 @@ func (p *recordingPolicy) Step(ev overlap.Event) (overlap.Decision, error) {
 func (p *recordingPolicy) Config() overlap.Config {
 	c := overlap.DefaultConfig()
 	c.PoolSlots = 1
+	if p.slotSize > 0 {
+		c.SlotSize, c.MaxPrefetchSize = p.slotSize, p.slotSize
+	}
 	return c
 }
 

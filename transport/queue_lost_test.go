@@ -51,24 +51,14 @@ func TestQueuePeerLost(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := q.Start(); err != nil {
-			t.Fatal(err)
-		}
-		if err := q.Wait(); err != nil {
-			t.Fatal(err)
-		}
+		startWait(t, q)
 		// A second batch, triggered by the stream once the first is over: a
 		// send to a live rank that must not be issued once the queue failed.
 		lateOp, err := q.EnqueueSend(devBuf(t, sys, 8, pattern(8, 2)), 2, 5)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := q.Start(); err != nil {
-			t.Fatal(err)
-		}
-		if err := q.Wait(); err != nil {
-			t.Fatal(err)
-		}
+		startWait(t, q)
 		waitIssued(ctx, t, q)
 		ts[0].mu.Lock()
 		ts[0].peerFailed(1, "killed by the test")
@@ -122,12 +112,7 @@ func TestQueueTransportClosed(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := q.Start(); err != nil {
-			t.Fatal(err)
-		}
-		if err := q.Wait(); err != nil {
-			t.Fatal(err)
-		}
+		startWait(t, q)
 		waitIssued(ctx, t, q)
 		if err := ts[0].Close(); err != nil {
 			t.Fatal(err)
@@ -172,12 +157,7 @@ func TestQueueStagingReused(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		if err := q.Start(); err != nil {
-			t.Fatal(err)
-		}
-		if err := q.Wait(); err != nil {
-			t.Fatal(err)
-		}
+		startWait(t, q)
 		if err := syncOrFail(ctx, t, s); err != nil {
 			t.Fatal(err)
 		}

@@ -60,12 +60,7 @@ func TestQueueMatchesTaggedOps(t *testing.T) {
 			}
 			recvs = append(recvs, dst)
 		}
-		if err := q.Start(); err != nil {
-			t.Fatal(err)
-		}
-		if err := q.Wait(); err != nil {
-			t.Fatal(err)
-		}
+		startWait(t, q)
 		// After the Wait, the stream copies the received data out.
 		for i, n := range sizes {
 			out, _ := sys.AllocHost(max(n, 1))
@@ -129,12 +124,7 @@ func TestQueueErrors(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := q.Start(); err != nil {
-		t.Fatal(err)
-	}
-	if err := q.Wait(); err != nil {
-		t.Fatal(err)
-	}
+	startWait(t, q)
 	if err := q.Free(); err != nil {
 		t.Fatal(err)
 	}
@@ -163,6 +153,18 @@ func waitIssued(ctx context.Context, t *testing.T, q *Queue) {
 			t.Fatal("the queue's batch was never issued")
 		}
 		runtime.Gosched()
+	}
+}
+
+// startWait starts what q has enqueued and enqueues the stream's wait for
+// it.
+func startWait(t *testing.T, q *Queue) {
+	t.Helper()
+	if err := q.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if err := q.Wait(); err != nil {
+		t.Fatal(err)
 	}
 }
 
