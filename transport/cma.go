@@ -163,8 +163,10 @@ func cmaWanted(opts Options) (bool, string) {
 }
 
 // tlsAllowsCMA reports whether a UCX_TLS value allows shared-memory
-// transports: "all", "sm", "shm" or "cma" listed, or an exclusion list
-// ("^...") that names none of them.
+// transports: "all", "sm", "shm", or one of UCX's shared-memory transports
+// (posix, sysv, xpmem, cma, knem) listed, or an exclusion list ("^...")
+// that names none of them. Before 2026-11-25 "self,posix" and the like
+// turned CMA off.
 func tlsAllowsCMA(v string) bool {
 	v = strings.TrimSpace(v)
 	if v == "" {
@@ -174,12 +176,8 @@ func tlsAllowsCMA(v string) bool {
 	named := false
 	for _, f := range strings.Split(strings.TrimPrefix(v, "^"), ",") {
 		switch strings.TrimSpace(f) {
-		case "sm", "shm", "cma":
+		case "all", "sm", "shm", "posix", "sysv", "xpmem", "cma", "knem":
 			named = true
-		case "all":
-			if !exclude {
-				named = true
-			}
 		}
 	}
 	return named != exclude

@@ -377,3 +377,18 @@ func TestCMAPullActiveMessages(t *testing.T) {
 		}
 	}
 }
+
+// UCX_TLS values that allow shared memory, by alias or by naming one of
+// UCX's shared-memory transports, allow CMA; ones that leave it out (TCP
+// only, or excluding shared memory) do not.
+func TestTLSAllowsCMA(t *testing.T) {
+	for v, want := range map[string]bool{
+		"": true, "all": true, "self,sm": true, "shm": true, "self,posix": true,
+		"sysv,tcp": true, "cma": true, "self, xpmem": true, "knem": true,
+		"self,tcp": false, "tcp": false, "^sm": false, "^posix": false, "^tcp": true, "^all": false,
+	} {
+		if got := tlsAllowsCMA(v); got != want {
+			t.Errorf("tlsAllowsCMA(%q) = %v, want %v", v, got, want)
+		}
+	}
+}
