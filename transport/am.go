@@ -140,9 +140,28 @@ func (m *AMMessage) Release() {
 	m.ev.FreeHeader()
 }
 
+// Active-message ids ReservedAMLow to ReservedAMHigh are the transport's
+// own (CMA acknowledgements and data, bundles of posted messages, window
+// set retirements): SetAMHandler, SendAM and PostAM refuse them.
+const (
+	ReservedAMLow  uint16 = 0x30
+	ReservedAMHigh uint16 = 0x3f
+)
+
+// checkAMID refuses the transport's reserved ids to the API.
+func checkAMID(id uint16, op string) error {
+	if id >= ReservedAMLow && id <= ReservedAMHigh {
+		return fmt.Errorf("%w: %s: active-message id %#x is reserved for the transport (%#x-%#x)", ErrInvalid, op, id, ReservedAMLow, ReservedAMHigh)
+	}
+	return nil
+}
+
 // SetAMHandler installs h for active messages with id. Install handlers
 // before peers may send them: a message without a handler is dropped by UCX.
 func (t *Transport) SetAMHandler(id uint16, h AMHandler) error {
+	if err := checkAMID(id, "set-am-handler"); err != nil {
+		return err
+	}
 	return t.setAMHandler(id, amHandler{h: h})
 }
 
@@ -152,6 +171,9 @@ func (t *Transport) SetAMHandler(id uint16, h AMHandler) error {
 // messages waits for delivery), sparing the progress goroutine a wake-up.
 // The actor runtime's credit messages are handled this way.
 func (t *Transport) SetInlineAMHandler(id uint16, h AMHandler) error {
+	if err := checkAMID(id, "set-am-handler"); err != nil {
+		return err
+	}
 	return t.setAMHandler(id, amHandler{h: h, inline: true})
 }
 
@@ -206,6 +228,14 @@ const PullMin = MaxPostAM
 // SendAM starts sending an active message with header and data to dst.
 // Neither may be modified until the request completes.
 func (t *Transport) SendAM(dst int, id uint16, header, data []byte, mode uint32) (*Request, error) {
+	if err := checkAMID(id, "am-send"); err != nil {
+		return nil, err
+	}
+	return t.sendAM(dst, id, header, data, mode)
+}
+
+// sendAM is SendAM for any id, the transport's own included.
+func (t *Transport) sendAM(dst int, id uint16, header, data []byte, mode uint32) (*Request, error) {
 	if err := t.checkRank(dst, "am-send"); err != nil {
 		return nil, err
 	}
@@ -259,6 +289,9 @@ const postMode = AMEager
 // (docs/actor.md, Measurements). PostAM never runs handlers: what arrived
 // meanwhile is left to the progress goroutine.
 func (t *Transport) PostAM(dst int, id uint16, header, data []byte) error {
+	if err := checkAMID(id, "am-send"); err != nil {
+		return err
+	}
 	if err := t.checkRank(dst, "am-send"); err != nil {
 		return err
 	}
@@ -279,7 +312,7 @@ func (t *Transport) PostAM(dst int, id uint16, header, data []byte) error {
 		if err != nil {
 			return err
 		}
-		r, err := t.SendAM(dst, id, bytes.Clone(header), bytes.Clone(data), postMode)
+		r, err := t.sendAM(dst, id, bytes.Clone(header), bytes.Clone(data), postMode)
 		if err != nil {
 			return err
 		}

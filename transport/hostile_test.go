@@ -2,6 +2,7 @@ package transport
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"testing"
 	"time"
@@ -311,5 +312,59 @@ func TestRemoteKeyCorruptRefused(t *testing.T) {
 	}
 	if err := ts[0].Flush(ctx, 1); err != nil || string(mem[:6]) != "intact" {
 		t.Fatalf("put with the intact key: %q %v", mem[:6], err)
+	}
+}
+
+// A receiver's window keys that arrive corrupt fail the zero-copy send that
+// received them, and every other send waiting for the same keys (its CTS
+// left them out, the receiver believing they had arrived), at once: they
+// waited for ever (their context had been replaced, as a matched transfer
+// runs to completion).
+func TestHostileWindowKeysFailWaiters(t *testing.T) {
+	ts := localJob(t, 2, ProgressDirect)
+	ctx := testCtx(t)
+	vec, err := datatype.Vector(64, 128, 256, datatype.Float64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	span := int(vec.Extent())
+	o := TypedOptions{Scheme: datatype.SchemeZCopy}
+	errs := make(chan error, 2)
+	for i := range 2 {
+		go func() { errs <- ts[0].SendTypedWith(ctx, 1, 8, pattern(span, i), vec, 1, o) }()
+	}
+	// Rank 1 plays a receiver that sends the keys of set 77 (corrupt) with
+	// the first CTS and leaves them out of the second.
+	const set = 77
+	for seq := range uint32(2) {
+		hb := make([]byte, rtsHdrLen)
+		if _, err := ts[1].ncRecv(0, ncRTSTag(KindTyped, 0, 8, seq), bufOf(hb), nil).Wait(ctx); err != nil {
+			t.Fatal(err)
+		}
+		var h rts
+		if err := h.decode(hb); err != nil {
+			t.Fatal(err)
+		}
+		m := cts{status: stOK, scheme: datatype.SchemeZCopy, nwin: 1, chunk: 64 << 10, setID: set, rbytes: int64(span)}
+		blob := make([]byte, 24) // names set 77, and no registration key
+		binary.LittleEndian.PutUint64(blob, set)
+		if seq == 1 {
+			m.flags, m.keysLen = ctsKeys, int64(len(blob))
+		}
+		msg := make([]byte, ctsLen)
+		m.encode(msg)
+		if _, err := ts[1].ncSend(0, ncXferTag(dirReply, 1, h.xid, idxCTS), bufOf(msg), nil).Wait(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if seq == 1 {
+			if _, err := ts[1].ncSend(0, ncXferTag(dirReply, 1, h.xid, idxKeys), bufOf(blob), nil).Wait(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for range 2 {
+		if err := <-errs; !errors.Is(err, ErrInvalid) {
+			t.Fatalf("zero-copy send with corrupt window keys: %v, want ErrInvalid", err)
+		}
 	}
 }

@@ -272,6 +272,11 @@ type NoncontigStats struct {
 	CrossoverTrials, CrossoverVerdicts, CrossoverAdopted int64
 	// Puts counts the RMA writes of zero-copy transfers.
 	Puts int64
+	// WindowSetsRetired counts window sets this rank dropped (with their
+	// layouts) whose keys a peer held, once per peer told to forget them;
+	// RemoteSetsForgotten the remote window cache entries this rank
+	// dropped when a peer retired them; RemoteSets the entries it holds.
+	WindowSetsRetired, RemoteSetsForgotten, RemoteSets int64
 }
 
 type ncCounters struct {
@@ -282,6 +287,7 @@ type ncCounters struct {
 	winMaps, winHits, keyX, keysOmitted, rkHits atomic.Int64
 	refills, poolEmpty, puts                    atomic.Int64
 	crossTrials, crossVerdicts, crossAdopted    atomic.Int64
+	setsRetired, remoteForgotten                atomic.Int64
 }
 
 // TypedOptions choose how one typed call runs.
@@ -370,7 +376,14 @@ func (t *Transport) NoncontigStats() NoncontigStats {
 	if !ok {
 		return NoncontigStats{}
 	}
-	c := &v.(*noncontig).c
+	nc := v.(*noncontig)
+	c := &nc.c
+	nc.mu.Lock()
+	var remote int64
+	for _, m := range nc.remote {
+		remote += int64(len(m))
+	}
+	nc.mu.Unlock()
 	return NoncontigStats{
 		Sent:                 SchemeCounts{Pack: c.sent[datatype.SchemePack].Load(), SGL: c.sent[datatype.SchemeSGL].Load(), ZCopy: c.sent[datatype.SchemeZCopy].Load()},
 		Received:             SchemeCounts{Pack: c.recv[datatype.SchemePack].Load(), SGL: c.recv[datatype.SchemeSGL].Load(), ZCopy: c.recv[datatype.SchemeZCopy].Load()},
@@ -393,6 +406,9 @@ func (t *Transport) NoncontigStats() NoncontigStats {
 		CrossoverTrials:      c.crossTrials.Load(),
 		CrossoverVerdicts:    c.crossVerdicts.Load(),
 		CrossoverAdopted:     c.crossAdopted.Load(),
+		WindowSetsRetired:    c.setsRetired.Load(),
+		RemoteSetsForgotten:  c.remoteForgotten.Load(),
+		RemoteSets:           remote,
 	}
 }
 

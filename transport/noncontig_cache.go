@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/bits"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -324,6 +325,9 @@ type noncontig struct {
 
 	refill  chan struct{}
 	regWake chan struct{}
+	// retired is signalled (without blocking) each time a peer's window
+	// set retirement has been handled; tests wait on it.
+	retired chan struct{}
 	stop    chan struct{}
 
 	bounceOnce sync.Once
@@ -350,6 +354,7 @@ func newNoncontig(t *Transport, o NoncontigOptions) *noncontig {
 		rtts:          make([]atomic.Uint32, t.size),
 		refill:        make(chan struct{}, 1),
 		regWake:       make(chan struct{}, 1),
+		retired:       make(chan struct{}, 1),
 		stop:          make(chan struct{}),
 	}
 	nc.trialTransfers, _ = o.Thresholds.CrossoverTransfers()
@@ -437,9 +442,10 @@ func (nc *noncontig) state(c typedCall) (*layoutState, bool, error) {
 	}
 	nc.layouts[k] = ls
 	ls.busy++
-	regs := nc.evictLocked()
+	var d dropped
+	nc.evictLocked(&d)
 	nc.mu.Unlock()
-	nc.releaseRegs(regs)
+	nc.finishDrop(d)
 	return ls, false, nil
 }
 
@@ -452,11 +458,17 @@ func (nc *noncontig) done(ls *layoutState) {
 	nc.mu.Unlock()
 }
 
+// dropped is what dropping layouts left for finishDrop: their
+// registrations, and per peer the ids of window sets whose keys the peer
+// holds.
+type dropped struct {
+	regs    []*regEntry
+	retired map[int][]uint64
+}
+
 // evictLocked drops idle layouts (with their window sets) while there are
-// more than MaxLayouts, and returns their registrations, for the caller to
-// release once it has let go of nc.mu (releaseRegs); nc.mu is held.
-func (nc *noncontig) evictLocked() []*regEntry {
-	var regs []*regEntry
+// more than MaxLayouts, into d; nc.mu is held.
+func (nc *noncontig) evictLocked(d *dropped) {
 	for k, ls := range nc.layouts {
 		if len(nc.layouts) <= nc.opts.MaxLayouts {
 			break
@@ -464,29 +476,36 @@ func (nc *noncontig) evictLocked() []*regEntry {
 		if ls.busy > 0 || !ls.regMu.TryLock() {
 			continue
 		}
-		if e := nc.dropLocked(k, ls); e != nil {
-			regs = append(regs, e)
-		}
+		nc.dropLocked(k, ls, d)
 	}
-	return regs
 }
 
-// dropLocked drops layout k, idle, with its window sets, and returns its
-// registration for releaseRegs (nil if none); nc.mu and ls.regMu are held,
-// and dropLocked unlocks ls.regMu.
-func (nc *noncontig) dropLocked(k layoutKey, ls *layoutState) *regEntry {
+// dropLocked drops layout k, idle, with its window sets, into d; nc.mu and
+// ls.regMu are held, and dropLocked unlocks ls.regMu.
+func (nc *noncontig) dropLocked(k layoutKey, ls *layoutState, d *dropped) {
 	ls.evicted = true
-	e := ls.reg
+	if ls.reg != nil {
+		d.regs = append(d.regs, ls.reg)
+	}
 	ls.reg = nil
 	ls.regMu.Unlock()
 	delete(nc.layouts, k)
 	for wk, ws := range nc.wsets {
-		if wk.layout == k {
-			nc.keys = append(nc.keys, ws.keys...)
-			delete(nc.wsets, wk)
+		if wk.layout != k {
+			continue
+		}
+		nc.keys = append(nc.keys, ws.keys...)
+		delete(nc.wsets, wk)
+		for i, w := range ws.sent {
+			for ; w != 0; w &= w - 1 {
+				peer := i*64 + bits.TrailingZeros64(w)
+				if d.retired == nil {
+					d.retired = map[int][]uint64{}
+				}
+				d.retired[peer] = append(d.retired[peer], ws.id)
+			}
 		}
 	}
-	return e
 }
 
 // forgetRange drops the idle layouts whose memory overlaps [lo, hi), with
@@ -495,33 +514,36 @@ func (nc *noncontig) dropLocked(k layoutKey, ls *layoutState) *regEntry {
 // window keys; before 2026-11-25 they kept the invalidated registration and
 // its keys. A layout in use by a transfer is left alone.
 func (nc *noncontig) forgetRange(lo, hi uintptr) {
-	var regs []*regEntry
+	var d dropped
 	nc.mu.Lock()
 	for k, ls := range nc.layouts {
 		if ls.hi <= lo || ls.lo >= hi || ls.busy > 0 || !ls.regMu.TryLock() {
 			continue
 		}
-		if e := nc.dropLocked(k, ls); e != nil {
-			regs = append(regs, e)
-		}
+		nc.dropLocked(k, ls, &d)
 	}
 	nc.mu.Unlock()
-	nc.releaseRegs(regs)
+	nc.finishDrop(d)
 }
 
-// releaseRegs releases the registrations of evicted layouts; nc.mu is not
-// held.
-func (nc *noncontig) releaseRegs(regs []*regEntry) {
-	if len(regs) == 0 {
+// finishDrop releases the registrations of dropped layouts and tells the
+// peers holding keys of their window sets to forget them (retireSets);
+// nc.mu is not held.
+func (nc *noncontig) finishDrop(d dropped) {
+	if len(d.regs) == 0 && len(d.retired) == 0 {
 		return
 	}
-	nc.t.mu.Lock()
-	defer nc.t.mu.Unlock()
-	if nc.t.closed {
+	t := nc.t
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
 		return
 	}
-	for _, e := range regs {
-		nc.t.reg.release(e)
+	for _, e := range d.regs {
+		t.reg.release(e)
+	}
+	for peer, ids := range d.retired {
+		t.retireSets(peer, ids)
 	}
 }
 
@@ -766,8 +788,11 @@ func decodeKeyBlob(b []byte, wantID uint64) (*remoteSet, error) {
 // Remote window cache.
 
 // remoteEntry returns the cache entry for a peer's window set, creating an
-// empty one that the transfer receiving the keys fills.
-func (nc *noncontig) remoteEntry(peer int, id uint64) *remoteEntry {
+// empty one that the transfer receiving the keys fills. A transfer whose
+// CTS carries the keys (keys) replaces an entry whose keys failed to
+// arrive; one whose CTS left them out takes that entry and its error: the
+// peer will not send them again.
+func (nc *noncontig) remoteEntry(peer int, id uint64, keys bool) *remoteEntry {
 	nc.mu.Lock()
 	defer nc.mu.Unlock()
 	m := nc.remote[peer]
@@ -776,19 +801,29 @@ func (nc *noncontig) remoteEntry(peer int, id uint64) *remoteEntry {
 		nc.remote[peer] = m
 	}
 	e := m[id]
-	if e == nil {
+	if e == nil || keys && e.failed() {
 		e = &remoteEntry{ready: make(chan struct{})}
 		m[id] = e
 	}
 	return e
 }
 
-// fillRemote completes a remote entry once (later fills are ignored).
-func (nc *noncontig) fillRemote(peer int, id uint64, e *remoteEntry, rs *remoteSet, err error) {
+// fill completes a remote entry once (later fills are ignored).
+func (e *remoteEntry) fill(rs *remoteSet, err error) {
 	e.once.Do(func() {
 		e.set, e.err = rs, err
 		close(e.ready)
 	})
+}
+
+// failed reports whether the entry's keys failed to arrive.
+func (e *remoteEntry) failed() bool {
+	select {
+	case <-e.ready:
+		return e.err != nil
+	default:
+		return false
+	}
 }
 
 func (e *remoteEntry) wait(ctx context.Context) (*remoteSet, error) {

@@ -2,6 +2,7 @@ package transport
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"testing"
@@ -157,5 +158,170 @@ func TestTypedRecvRefuse(t *testing.T) {
 				t.Fatalf("the transfer after the refused one: %s", d)
 			}
 		})
+	}
+}
+
+// A receiver that drops layouts (MaxLayouts 1: each new receive buffer
+// evicts the last) tells its sender to forget their window sets: the
+// sender's remote window cache and its unpacked remote keys stay at one
+// set. Before, the sender kept every set it had ever been sent, and the
+// remote key unpacked for it, for as long as the ranks ran.
+func TestRetiredWindowSetsForgotten(t *testing.T) {
+	ts := localJob(t, 2, ProgressDirect)
+	if err := ts[1].SetNoncontigOptions(NoncontigOptions{MaxLayouts: 1, KeyPool: 4}); err != nil {
+		t.Fatal(err)
+	}
+	ctx := testCtx(t)
+	vec, err := datatype.Vector(64, 128, 256, datatype.Float64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	span := int(vec.Extent())
+	o := TypedOptions{Scheme: datatype.SchemeZCopy}
+	const transfers = 12
+	bufs := make([][]byte, transfers) // all alive: a new layout each time
+	for i := range bufs {
+		src := pattern(span, i)
+		bufs[i] = bytes.Repeat([]byte{0xee}, span)
+		rr, err := ts[1].IrecvTypedWith(0, 5, bufs[i], vec, 1, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := ts[0].SendTypedWith(ctx, 1, 5, src, vec, 1, o); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := rr.Wait(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if d := vectorDiff(bufs[i], src); d != "" {
+			t.Fatalf("transfer %d: %s", i, d)
+		}
+	}
+	recv := ts[1].NoncontigStats()
+	if recv.Received.ZCopy != transfers || recv.KeyExchanges != transfers {
+		t.Fatalf("receiver: %d zero-copy receives, %d key exchanges; want %d of each", recv.Received.ZCopy, recv.KeyExchanges, transfers)
+	}
+	if recv.WindowSetsRetired != transfers-1 {
+		t.Fatalf("receiver retired %d window sets, want %d", recv.WindowSetsRetired, transfers-1)
+	}
+	nc, err := ts[0].noncontig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for ts[0].NoncontigStats().RemoteSetsForgotten < recv.WindowSetsRetired {
+		select {
+		case <-nc.retired:
+		case <-ctx.Done():
+			t.Fatalf("sender forgot %d of %d retired window sets", ts[0].NoncontigStats().RemoteSetsForgotten, recv.WindowSetsRetired)
+		}
+	}
+	if s := ts[0].NoncontigStats(); s.RemoteSets != 1 {
+		t.Fatalf("sender's remote window cache holds %d sets, want 1", s.RemoteSets)
+	}
+	ts[0].mu.Lock()
+	rkeys := len(ts[0].peers[1].ncRkeys)
+	ts[0].mu.Unlock()
+	if rkeys != 1 {
+		t.Fatalf("sender holds %d unpacked remote keys for rank 1, want 1", rkeys)
+	}
+}
+
+// Retirements a corrupt or hostile peer could send (a short header, data
+// that is not whole set ids, a rank that does not exist, ids of sets never
+// sent) are dropped: the sender's cached window keys stay, and the next
+// transfer still takes them from its remote window cache.
+func TestHostileRetirementsDropped(t *testing.T) {
+	ts := localJob(t, 2, ProgressDirect)
+	ctx := testCtx(t)
+	vec, err := datatype.Vector(64, 128, 256, datatype.Float64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	span := int(vec.Extent())
+	dst := bytes.Repeat([]byte{0xee}, span)
+	o := TypedOptions{Scheme: datatype.SchemeZCopy}
+	transfer := func(seed int) {
+		t.Helper()
+		src := pattern(span, seed)
+		rr, err := ts[1].IrecvTypedWith(0, 6, dst, vec, 1, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := ts[0].SendTypedWith(ctx, 1, 6, src, vec, 1, o); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := rr.Wait(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if d := vectorDiff(dst, src); d != "" {
+			t.Fatalf("transfer %d: %s", seed, d)
+		}
+	}
+	transfer(1)
+	recvNC, err := ts[1].noncontig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sendNC, err := ts[0].noncontig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := make([]byte, 8)
+	recvNC.mu.Lock()
+	for _, ws := range recvNC.wsets {
+		binary.LittleEndian.PutUint64(id, ws.id)
+	}
+	recvNC.mu.Unlock()
+	rank := func(r uint64) []byte { return binary.LittleEndian.AppendUint64(nil, r) }
+	for _, m := range []struct{ hdr, data []byte }{
+		{rank(1)[:7], id},            // short header
+		{rank(1), id[:5]},            // not a whole id
+		{rank(1), nil},               // no ids
+		{rank(7), id},                // no such rank
+		{rank(0), id},                // not the rank that sent the keys
+		{rank(1), rank(1<<40 + 123)}, // a set never sent: the only one handled
+	} {
+		if _, err := ts[1].sendAM(0, amWinRetire, m.hdr, m.data, AMEager); err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case <-sendNC.retired:
+	case <-ctx.Done():
+		t.Fatal("the well-formed retirement was not handled")
+	}
+	if s := ts[0].NoncontigStats(); s.RemoteSets != 1 || s.RemoteSetsForgotten != 0 {
+		t.Fatalf("after hostile retirements the sender holds %d remote sets (want 1) and forgot %d (want 0)", s.RemoteSets, s.RemoteSetsForgotten)
+	}
+	before := ts[0].NoncontigStats().RemoteKeyHits
+	transfer(2)
+	if hits := ts[0].NoncontigStats().RemoteKeyHits - before; hits != 1 {
+		t.Fatalf("the transfer after hostile retirements took its keys from the cache %d times, want 1", hits)
+	}
+}
+
+// The transport's own active-message ids are refused to the API: a
+// handler installed there would have taken CMA acknowledgements or window
+// set retirements.
+func TestReservedAMIDsRefused(t *testing.T) {
+	ts := localJob(t, 2, ProgressDirect)
+	for id := ReservedAMLow; id <= ReservedAMHigh; id++ {
+		if err := ts[0].SetAMHandler(id, func(*AMMessage) {}); !errors.Is(err, ErrInvalid) {
+			t.Fatalf("SetAMHandler(%#x): %v, want ErrInvalid", id, err)
+		}
+		if err := ts[0].SetInlineAMHandler(id, func(*AMMessage) {}); !errors.Is(err, ErrInvalid) {
+			t.Fatalf("SetInlineAMHandler(%#x): %v, want ErrInvalid", id, err)
+		}
+		if _, err := ts[0].SendAM(1, id, nil, nil, AMEager); !errors.Is(err, ErrInvalid) {
+			t.Fatalf("SendAM(%#x): %v, want ErrInvalid", id, err)
+		}
+		if err := ts[0].PostAM(1, id, nil, nil); !errors.Is(err, ErrInvalid) {
+			t.Fatalf("PostAM(%#x): %v, want ErrInvalid", id, err)
+		}
+	}
+	for _, id := range []uint16{ReservedAMLow - 1, ReservedAMHigh + 1} {
+		if err := ts[0].SetAMHandler(id, func(*AMMessage) {}); err != nil {
+			t.Fatalf("SetAMHandler(%#x) next to the reserved ids: %v", id, err)
+		}
 	}
 }

@@ -643,7 +643,7 @@ func (nc *noncontig) sglRecv(ctx context.Context, c typedCall, ls *layoutState, 
 // flush and the completion message.
 func (nc *noncontig) zcopySend(ctx context.Context, c typedCall, ls *layoutState, xid uint32, m cts) error {
 	t := nc.t
-	e := nc.remoteEntry(c.peer, m.setID)
+	e := nc.remoteEntry(c.peer, m.setID, m.flags&ctsKeys != 0)
 	if m.flags&ctsKeys != 0 {
 		blob := make([]byte, m.keysLen)
 		r := t.ncRecv(c.peer, ncXferTag(dirReply, uint32(c.peer), xid, idxKeys), bufOf(blob), nil)
@@ -653,9 +653,11 @@ func (nc *noncontig) zcopySend(ctx context.Context, c typedCall, ls *layoutState
 			rs, err = decodeKeyBlob(blob, m.setID)
 		}
 		if err != nil {
-			return fmt.Errorf("transport: typed send rank %d tag %d: window keys: %w", c.peer, c.tag, err)
+			err = fmt.Errorf("transport: typed send rank %d tag %d: window keys: %w", c.peer, c.tag, err)
+			e.fill(nil, err) // transfers waiting for these keys fail too
+			return err
 		}
-		nc.fillRemote(c.peer, m.setID, e, rs, nil)
+		e.fill(rs, nil)
 	} else {
 		// Keys omitted: this peer has them, or another transfer of ours is
 		// receiving them right now.
@@ -711,7 +713,7 @@ func (t *Transport) ncPuts(peer int, buf []byte, origin uintptr, moves []datatyp
 			}
 			return
 		}
-		rk := p.rkeys[string(rkey)]
+		rk := p.ncRkeys[string(rkey)]
 		if rk == nil {
 			if rk, err = p.ep.UnpackRkey(rkey); err != nil {
 				for _, r := range rs {
@@ -719,7 +721,7 @@ func (t *Transport) ncPuts(peer int, buf []byte, origin uintptr, moves []datatyp
 				}
 				return
 			}
-			p.rkeys[string(rkey)] = rk
+			p.ncRkeys[string(rkey)] = rk
 		}
 		for i, mv := range moves {
 			ptr := unsafe.Add(base, int(mv.Src-origin))

@@ -340,8 +340,23 @@ type peer struct {
 	lost    *PeerLostError
 	pending map[*Request]struct{}
 	rkeys   map[string]*ucx.Rkey
+	// ncRkeys are the remote keys unpacked for typed zero-copy puts, kept
+	// apart from the RMA API's so that a retired window set can destroy
+	// its own (noncontig_retire.go).
+	ncRkeys map[string]*ucx.Rkey
 	bundle  []byte // posts waiting to leave as one bundle (coalesce.go)
 	bundled int    // how many
+}
+
+// destroyRkeys destroys the peer's unpacked remote keys; the worker lock is
+// held.
+func (p *peer) destroyRkeys() {
+	for _, k := range p.rkeys {
+		k.Destroy()
+	}
+	for _, k := range p.ncRkeys {
+		k.Destroy()
+	}
 }
 
 // New creates the rank's UCX context and worker, exchanges worker addresses
@@ -438,16 +453,20 @@ func New(ctx context.Context, opts Options) (*Transport, error) {
 	go t.loop()
 	// Never called: deliverOne hands each message of a bundle to its own
 	// handler.
-	if err := t.SetAMHandler(amBundle, func(*AMMessage) {}); err != nil {
+	if err := t.setAMHandler(amBundle, amHandler{h: func(*AMMessage) {}}); err != nil {
+		t.Close()
+		return nil, fmt.Errorf("transport: rank %d: %w", t.rank, err)
+	}
+	if err := t.setAMHandler(amWinRetire, amHandler{h: t.onWinRetire}); err != nil {
 		t.Close()
 		return nil, fmt.Errorf("transport: rank %d: %w", t.rank, err)
 	}
 	if t.cma.on {
-		err := t.SetAMHandler(amCMAAck, t.onCMAAck)
+		err := t.setAMHandler(amCMAAck, amHandler{h: t.onCMAAck})
 		if err == nil {
 			// Never called: deliverOne hands these messages to the
 			// handler of the id their descriptor names.
-			err = t.SetAMHandler(amCMAData, func(*AMMessage) {})
+			err = t.setAMHandler(amCMAData, amHandler{h: func(*AMMessage) {}})
 		}
 		if err != nil {
 			t.Close()
@@ -1412,7 +1431,7 @@ func (t *Transport) peerLocked(rank int, op string) (*peer, error) {
 	}
 	p := t.peers[rank]
 	if p == nil {
-		p = &peer{rank: rank, pending: map[*Request]struct{}{}, rkeys: map[string]*ucx.Rkey{}}
+		p = &peer{rank: rank, pending: map[*Request]struct{}{}, rkeys: map[string]*ucx.Rkey{}, ncRkeys: map[string]*ucx.Rkey{}}
 		t.peers[rank] = p
 	}
 	if p.lost != nil {
@@ -1446,10 +1465,14 @@ func (t *Transport) peerFailed(rank int, reason string) {
 		}
 	}
 	t.cmaPeerLost(rank, &PeerLostError{Rank: rank, Op: "send", Reason: reason})
-	for _, k := range p.rkeys {
-		k.Destroy()
+	p.destroyRkeys()
+	p.rkeys, p.ncRkeys = map[string]*ucx.Rkey{}, map[string]*ucx.Rkey{}
+	if v, ok := noncontigs.Load(t); ok { // its window keys will not be used again
+		nc := v.(*noncontig)
+		nc.mu.Lock()
+		delete(nc.remote, rank)
+		nc.mu.Unlock()
 	}
-	p.rkeys = map[string]*ucx.Rkey{}
 	if t.ov != nil {
 		t.ovPeerLost(rank, reason)
 	}
@@ -1523,10 +1546,8 @@ func (t *Transport) Close() error {
 		if p == nil || p.ep == nil {
 			continue
 		}
-		for _, k := range p.rkeys {
-			k.Destroy()
-		}
-		p.rkeys = nil
+		p.destroyRkeys()
+		p.rkeys, p.ncRkeys = nil, nil
 		delete(t.epOwner, p.ep.Handle())
 		// Flush what was posted, unless sends to the peer are still in
 		// flight: a rendezvous send its peer has not taken would outlive
