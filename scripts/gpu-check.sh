@@ -87,7 +87,7 @@ for s in $steps; do
 			for e in off on; do
 				: >"$logs/lat8-$e$i.json"
 				TROUPE_BENCH_OUT=$logs/lat8-$e$i.json TROUPE_CPUPROFILE=$logs/prof-$e$i timeout -k 5 60 "$B/troupe" run -n 2 --tls shm -- \
-					"$B/troupe" bench overlap --as-rank --engine $e --min 2 --max 1 --scale 40 --gather-ranks 0 >/dev/null 2>&1
+					"$B/troupe" bench overlap --as-rank --engine $e --latency-only --scale 40 --gather-ranks 0 >/dev/null 2>&1
 				echo "lat8 $e $i: $(grep -o '"lat_us":[0-9.]*' "$logs/lat8-$e$i.json")"
 			done
 		done ;;

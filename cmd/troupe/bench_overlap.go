@@ -34,6 +34,7 @@ type overlapFlags struct {
 	gatherSize  int
 	gatherDelay time.Duration
 	typed       bool
+	latencyOnly bool
 	engine      string // per rank (internal): on or off
 }
 
@@ -108,11 +109,12 @@ shows how long the senders wait for the late root, engine off and on.`,
 	fl.IntVar(&f.gatherSize, "gather-size", 1<<20, "bytes each sender contributes to the gather")
 	fl.DurationVar(&f.gatherDelay, "gather-delay", 2*time.Millisecond, "how late the gather's root is (0 or more)")
 	fl.BoolVar(&f.typed, "typed", false, "send typed (derived-datatype) messages instead of bytes: a vector of 1 KiB blocks at a 2 KiB stride, size packed bytes (--min a multiple of 1024), the adaptive scheme")
+	fl.BoolVar(&f.latencyOnly, "latency-only", false, "skip the size sweep: only the 8 B latency (and the gather, unless --gather-ranks 0)")
 	fl.StringVar(&f.engine, "engine", "off", "overlap engine of this rank (internal)")
 	_ = fl.MarkHidden("engine")
 	setBenchRun(cmd, func(ctx context.Context) error { return overlapRank(ctx, f) },
 		func(ctx context.Context, out io.Writer) error {
-			if err := checkSizes(f.minSize, f.maxSize); err != nil {
+			if err := checkSizes(f.minSize, f.maxSize); err != nil && !f.latencyOnly {
 				return err
 			}
 			if err := checkCounts("--scale", f.scale, "--rounds", f.rounds); err != nil {
@@ -148,7 +150,8 @@ func overlapJob(ctx context.Context, f overlapFlags, n int, engine, role string)
 		"--scale", strconv.FormatFloat(f.scale, 'g', -1, 64),
 		"--calibrate=" + strconv.FormatBool(f.calibrate),
 		"--gather-size", strconv.Itoa(f.gatherSize), "--gather-delay", f.gatherDelay.String(),
-		"--typed=" + strconv.FormatBool(f.typed), "--gather-ranks", role}, nil)
+		"--typed=" + strconv.FormatBool(f.typed), "--latency-only=" + strconv.FormatBool(f.latencyOnly),
+		"--gather-ranks", role}, nil)
 	if err != nil {
 		return nil, fmt.Errorf("overlap job (engine %s): %w", engine, err)
 	}
@@ -410,7 +413,7 @@ func overlapIters(size int, scale float64) (iters, warmup int) {
 // overlapBench measures both modes for every size; rank 0 receives (and
 // computes), rank 1 sends.
 func overlapBench(ctx context.Context, t *transport.Transport, f overlapFlags, emit func(overlapLine)) error {
-	if t.Rank() > 1 {
+	if t.Rank() > 1 || f.latencyOnly {
 		return nil
 	}
 	for _, mode := range []string{"expected", "unexpected"} {

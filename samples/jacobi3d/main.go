@@ -61,7 +61,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	timeout := fs.Duration("timeout", 10*time.Minute, "give up after this long")
 	cpuProfile := fs.String("cpuprofile", "", "write each rank's CPU profile to FILE.RANK")
 	traceOut := fs.String("trace", "", "write each rank's Go execution trace (go tool trace) to FILE.RANK")
-	useGPU := fs.Bool("gpu", false, "keep the fields in gpu device memory and run the stencil on the device (TROUPE_GPU picks the backend; only host runs kernels)")
+	useGPU := fs.Bool("gpu", false, "keep the fields in gpu device memory and run the stencil on the device (TROUPE_GPU picks the backend: host or cuda)")
 	gpuAPI := fs.String("gpu-api", jacobi.APIMessaging, "with -gpu, how device halos travel: messaging (actor messages with a gpu.Buffer field) or channel")
 	if status := cli.Parse(fs, args, stderr); status >= 0 {
 		return status
