@@ -167,7 +167,13 @@ func TestTypedRecvRefuse(t *testing.T) {
 // set. Before, the sender kept every set it had ever been sent, and the
 // remote key unpacked for it, for as long as the ranks ran.
 func TestRetiredWindowSetsForgotten(t *testing.T) {
-	ts := localJob(t, 2, ProgressDirect)
+	for _, mode := range []ProgressMode{ProgressDirect, ProgressQueue} {
+		t.Run(mode.String(), func(t *testing.T) { testRetiredWindowSetsForgotten(t, mode) })
+	}
+}
+
+func testRetiredWindowSetsForgotten(t *testing.T, mode ProgressMode) {
+	ts := localJob(t, 2, mode)
 	if err := ts[1].SetNoncontigOptions(NoncontigOptions{MaxLayouts: 1, KeyPool: 4}); err != nil {
 		t.Fatal(err)
 	}
