@@ -305,6 +305,3 @@ func (c *kindCache) clear() {
 	c.gen++
 	clear(c.m)
 }
-
-// unsafePtr points at the first byte of b.
-func unsafePtr(b []byte) unsafe.Pointer { return unsafe.Pointer(unsafe.SliceData(b)) }

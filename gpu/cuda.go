@@ -10,6 +10,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 )
 
 // cudaBackend implements the model with the CUDA driver API (cuda_loader.go).
@@ -221,21 +222,18 @@ func (b *cudaBackend) hostWrite64(dst Buffer, v uint64) error {
 		atomic.StoreUint64(word(dst), v)
 		return nil
 	}
-	tmp := make([]byte, 8)
-	*(*uint64)(unsafePtr(tmp)) = v
-	err := b.l.memcpy(b.ctxOf(dst), uint64(dst.ptr), uint64(addrOf(tmp)), 8)
-	runtime.KeepAlive(tmp)
-	return err
+	// v goes to the driver as a pointer (cgo keeps it in place), not as a
+	// uintptr, which a stack growth before the C call would leave stale.
+	return b.l.memcpyHtoD(b.ctxOf(dst), uint64(dst.ptr), unsafe.Pointer(&v), 8)
 }
 
 func (b *cudaBackend) hostRead64(src Buffer) (uint64, error) {
 	if src.a.mem != nil {
 		return atomic.LoadUint64(word(src)), nil
 	}
-	tmp := make([]byte, 8)
-	err := b.l.memcpy(b.ctxOf(src), uint64(addrOf(tmp)), uint64(src.ptr), 8)
-	runtime.KeepAlive(tmp)
-	return *(*uint64)(unsafePtr(tmp)), err
+	var v uint64
+	err := b.l.memcpyDtoH(b.ctxOf(src), unsafe.Pointer(&v), uint64(src.ptr), 8)
+	return v, err
 }
 
 // hostWait64 polls: the host cannot be notified of a stream's write.

@@ -198,6 +198,10 @@ static CUresult tr_memcpy(CUcontext c, CUdeviceptr d, CUdeviceptr s, size_t n) {
 	CUresult r = tr.cuMemcpyAsync(d, s, n, TR_STREAM_PER_THREAD);
 	return r != 0 ? r : tr.cuStreamSynchronize(TR_STREAM_PER_THREAD);
 }
+// The host side of tr_memcpy_htod and tr_memcpy_dtoh is Go memory passed as
+// a pointer, so cgo's rules keep it in place for the call.
+static CUresult tr_memcpy_htod(CUcontext c, CUdeviceptr d, const void *s, size_t n) { return tr_memcpy(c, d, (CUdeviceptr)(size_t)s, n); }
+static CUresult tr_memcpy_dtoh(CUcontext c, void *d, CUdeviceptr s, size_t n) { return tr_memcpy(c, (CUdeviceptr)(size_t)d, s, n); }
 static CUresult tr_memcpy_async(CUcontext c, CUdeviceptr d, CUdeviceptr s, size_t n, CUstream st) { SETCTX(c); return tr.cuMemcpyAsync(d, s, n, st); }
 static CUresult tr_memset(CUcontext c, CUdeviceptr d, unsigned char v, size_t n) {
 	SETCTX(c);
@@ -415,6 +419,19 @@ func (l *cuLib) memFreeHost(c cuContext, mem []byte) error {
 
 func (l *cuLib) memcpy(c cuContext, dst, src uint64, n int) error {
 	return cuErr("cuMemcpyAsync (per-thread stream, synchronized)", C.tr_memcpy(c, C.CUdeviceptr(dst), C.CUdeviceptr(src), C.size_t(n)))
+}
+
+// memcpyHtoD copies n bytes at src, Go memory, to dst, and memcpyDtoH n
+// bytes at src to Go memory at dst. The Go memory is passed to C as a
+// pointer, never a uintptr, so it cannot move during the copy (a uintptr to
+// a stack variable goes stale when the goroutine's stack grows before the C
+// call).
+func (l *cuLib) memcpyHtoD(c cuContext, dst uint64, src unsafe.Pointer, n int) error {
+	return cuErr("cuMemcpyAsync (per-thread stream, synchronized)", C.tr_memcpy_htod(c, C.CUdeviceptr(dst), src, C.size_t(n)))
+}
+
+func (l *cuLib) memcpyDtoH(c cuContext, dst unsafe.Pointer, src uint64, n int) error {
+	return cuErr("cuMemcpyAsync (per-thread stream, synchronized)", C.tr_memcpy_dtoh(c, dst, C.CUdeviceptr(src), C.size_t(n)))
 }
 
 func (l *cuLib) memcpyAsync(c cuContext, dst, src uint64, n int, s cuStream) error {

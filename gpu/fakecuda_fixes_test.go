@@ -1,0 +1,101 @@
+//go:build cgo && linux
+
+package gpu
+
+import (
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// onFakeDriver runs child, a test of this binary, in a child process against
+// the fake driver (with the extra environment env) and fails unless it
+// passes. It skips when this process already runs against an overridden
+// driver.
+func onFakeDriver(t *testing.T, child string, env ...string) {
+	t.Helper()
+	if os.Getenv(EnvCUDALibrary) != "" {
+		t.Skip("already running against an overridden driver")
+	}
+	lib := buildFakeDriver(t, "testdata/fakecuda/fakecuda.c", testKernelSource)
+	out := runSelf(t, append([]string{EnvCUDALibrary + "=" + lib}, env...), "-test.run=^"+child+"$")
+	require.Contains(t, out, "--- PASS: "+child+" ", out)
+}
+
+// fakeDriverSystem opens the cuda backend in a child process started by
+// onFakeDriver, and skips anywhere else.
+func fakeDriverSystem(t *testing.T) *System {
+	t.Helper()
+	if os.Getenv(EnvCUDALibrary) == "" {
+		t.Skip("run by its parent test against the fake driver")
+	}
+	s, err := OpenBackend(BackendCUDA)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
+	return s
+}
+
+// atDepth calls f with d frames of padding below it on a fresh goroutine's
+// stack, so that some depth d leaves f's callees just short of stack.
+func atDepth(d int, f func()) {
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		recurse(d, f)
+	}()
+	wg.Wait()
+}
+
+//go:noinline
+func recurse(d int, f func()) uint64 {
+	var pad [4]uint64
+	if d == 0 {
+		f()
+		return 0
+	}
+	pad[d%4] = uint64(d)
+	return recurse(d-1, f) + pad[0]*0
+}
+
+// TestFakeDriverValue64StackGrowth: ReadValue64 and WriteValue64Host on
+// device memory hand the driver the address of an 8-byte host word. Called
+// at every stack depth from 0 to 400 on a fresh goroutine, some call grows
+// the stack between taking that address and the driver call; the word must
+// not move. It moved: the word was a stack slice passed as a uintptr, so
+// ReadValue64 returned 0 at some depths (the driver wrote the freed stack);
+// WriteValue64Host read the freed stack, which usually still held the value.
+func TestFakeDriverValue64StackGrowth(t *testing.T) {
+	onFakeDriver(t, "TestFakeValue64StackGrowthChild")
+}
+
+// TestFakeValue64StackGrowthChild is TestFakeDriverValue64StackGrowth's
+// child.
+func TestFakeValue64StackGrowthChild(t *testing.T) {
+	s := fakeDriverSystem(t)
+	buf, err := s.Devices()[0].Alloc(8)
+	require.NoError(t, err)
+	const v = 0x1122334455667788
+	var bad []string
+	for depth := range 400 {
+		require.NoError(t, WriteValue64Host(buf, v))
+		var got uint64
+		var err error
+		atDepth(depth, func() { got, err = ReadValue64(buf) })
+		require.NoError(t, err)
+		if got != v {
+			bad = append(bad, fmt.Sprintf("ReadValue64 at depth %d: %#x", depth, got))
+		}
+		w := v ^ uint64(depth+1)
+		atDepth(depth, func() { err = WriteValue64Host(buf, w) })
+		require.NoError(t, err)
+		if got, err = ReadValue64(buf); err != nil || got != w {
+			bad = append(bad, fmt.Sprintf("WriteValue64Host at depth %d: read back %#x (%v)", depth, got, err))
+		}
+	}
+	require.Empty(t, bad, strings.Join(bad, "\n"))
+}
