@@ -99,3 +99,28 @@ func TestFakeValue64StackGrowthChild(t *testing.T) {
 	}
 	require.Empty(t, bad, strings.Join(bad, "\n"))
 }
+
+// TestFakeDriverStreamValueOpsManaged: the fake driver, like the real one,
+// refuses managed memory in cuStreamWriteValue64 and cuStreamWaitValue64, so
+// the cuda leg of the suite would catch a backend passing it on.
+func TestFakeDriverStreamValueOpsManaged(t *testing.T) {
+	onFakeDriver(t, "TestFakeStreamValueOpsManagedChild")
+}
+
+// TestFakeStreamValueOpsManagedChild is TestFakeDriverStreamValueOpsManaged's
+// child: it calls the loader directly, below the checks of WriteValue64.
+func TestFakeStreamValueOpsManagedChild(t *testing.T) {
+	s := fakeDriverSystem(t)
+	d := s.Devices()[0]
+	m, err := d.AllocManaged(8)
+	require.NoError(t, err)
+	st, err := d.NewStream()
+	require.NoError(t, err)
+	cs := st.impl.(*cudaStream)
+	var ce *CUDAError
+	require.ErrorAs(t, cs.b.l.streamWriteValue64(cs.ctx, cs.s, uint64(m.Ptr()), 1), &ce)
+	require.Equal(t, 1, ce.Result) // CUDA_ERROR_INVALID_VALUE
+	require.ErrorAs(t, cs.b.l.streamWaitValue64(cs.ctx, cs.s, uint64(m.Ptr()), 1, uint32(GEQ)), &ce)
+	require.Equal(t, 1, ce.Result)
+	require.NoError(t, st.Synchronize())
+}

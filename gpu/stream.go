@@ -316,12 +316,19 @@ func valueWord(b Buffer, streamOp bool) (Buffer, error) {
 	if streamOp && b.a.kind == KindHost {
 		return Buffer{}, fmt.Errorf("gpu: stream value operation on Go memory (use AllocHost or device memory): %w", ErrUnsupportedKind)
 	}
+	// cuda.h: "None of the operations accepts pointers to managed memory
+	// buffers (cuMemAllocManaged)". The host backend refuses them too.
+	if streamOp && b.a.kind == KindManaged {
+		return Buffer{}, fmt.Errorf("gpu: stream value operation on managed memory (CUDA's stream memory operations refuse it; use AllocHost or device memory): %w", ErrUnsupportedKind)
+	}
 	return Buffer{a: b.a, ptr: b.ptr, n: 8}, nil
 }
 
 // WriteValue64 enqueues on s a 64-bit write of v to the first 8 bytes of
-// addr (8-byte aligned; pinned, device or managed memory). The write happens
-// when the stream reaches it, after all earlier work on s has completed.
+// addr (8-byte aligned; pinned or device memory: Go and managed memory are
+// refused with ErrUnsupportedKind, as CUDA's stream memory operations refuse
+// managed memory). The write happens when the stream reaches it, after all
+// earlier work on s has completed.
 func WriteValue64(s *Stream, addr Buffer, v uint64) error {
 	w, err := valueWord(addr, true)
 	if err != nil {
@@ -335,7 +342,8 @@ func WriteValue64(s *Stream, addr Buffer, v uint64) error {
 
 // WaitValue64 enqueues on s a wait until the 64-bit word at addr satisfies
 // cond against v; work enqueued on s afterwards does not start before the
-// condition holds. The host is not blocked.
+// condition holds. The host is not blocked. addr is as for WriteValue64:
+// pinned or device memory, 8-byte aligned.
 func WaitValue64(s *Stream, addr Buffer, v uint64, cond Cond) error {
 	if !cond.valid() {
 		return fmt.Errorf("gpu: WaitValue64: invalid condition %v", cond)

@@ -81,6 +81,7 @@ var suiteTests = []struct {
 	{"WaitValueAcrossStreams", testWaitValueAcrossStreams},
 	{"WaitValueConditions", testWaitValueConditions},
 	{"HostValueOps", testHostValueOps},
+	{"StreamValueOpsRefuseManaged", testStreamValueOpsRefuseManaged},
 	{"Memset", testMemset},
 	{"Bounds", testBounds},
 	{"UseAfterFree", testUseAfterFree},
@@ -457,6 +458,24 @@ func testMemset(t *testing.T, s *System) {
 			assert.Equal(t, want, got)
 		})
 	}
+}
+
+// testStreamValueOpsRefuseManaged: WriteValue64 and WaitValue64 refuse
+// managed memory on every backend (CUDA's stream memory operations do not
+// accept it); the host-side value operations still work on it.
+func testStreamValueOpsRefuseManaged(t *testing.T, s *System) {
+	st, err := dev0(t, s).NewStream()
+	require.NoError(t, err)
+	defer st.Destroy()
+	m := allocKind(t, s, KindManaged, 16)
+	assert.ErrorIs(t, WriteValue64(st, m, 1), ErrUnsupportedKind)
+	assert.ErrorIs(t, WaitValue64(st, m, 1, GEQ), ErrUnsupportedKind)
+	require.NoError(t, st.Synchronize())
+	require.NoError(t, WriteValue64Host(m, 7))
+	v, err := ReadValue64(m)
+	require.NoError(t, err)
+	assert.Equal(t, uint64(7), v)
+	require.NoError(t, WaitValue64Host(context.Background(), m, 7, EQ))
 }
 
 func testBounds(t *testing.T, s *System) {

@@ -466,12 +466,25 @@ CUresult cuMemsetD8Async(CUdeviceptr d, unsigned char v, size_t n, stream *st) {
 	return push(st, (op){.kind = OP_SET, .dst = (uintptr_t)d, .v = v, .n = n});
 }
 
+// managed_ptr: like the real driver's stream memory operations, the fake's
+// refuse managed memory ("None of the operations accepts pointers to managed
+// memory buffers").
+static int managed_ptr(CUdeviceptr p) {
+	pthread_mutex_lock(&g);
+	alloc *a = find((uintptr_t)p);
+	int m = a != NULL && a->managed;
+	pthread_mutex_unlock(&g);
+	return m;
+}
+
 CUresult cuStreamWriteValue64_v2(stream *st, CUdeviceptr p, unsigned long long v, unsigned flags) {
 	(void)flags;
+	if (managed_ptr(p)) return ERR_INVALID_VALUE;
 	return push(st, (op){.kind = OP_WRITE, .dst = (uintptr_t)p, .v = v});
 }
 
 CUresult cuStreamWaitValue64_v2(stream *st, CUdeviceptr p, unsigned long long v, unsigned flags) {
+	if (managed_ptr(p)) return ERR_INVALID_VALUE;
 	return push(st, (op){.kind = OP_WAIT, .dst = (uintptr_t)p, .v = v, .flags = flags});
 }
 
