@@ -124,3 +124,42 @@ func TestFakeStreamValueOpsManagedChild(t *testing.T) {
 	require.Equal(t, 1, ce.Result)
 	require.NoError(t, st.Synchronize())
 }
+
+// TestFakeDriverIPCOpenPerDevice: opening one IPC handle on two devices
+// gives each device its own mapping (the driver maps an allocation once per
+// context); the cache was keyed by the handle alone and gave device 1
+// device 0's mapping.
+func TestFakeDriverIPCOpenPerDevice(t *testing.T) {
+	onFakeDriver(t, "TestFakeIPCOpenPerDeviceChild", "FAKECUDA_IPC=1", "FAKECUDA_DEVICES=2")
+}
+
+// TestFakeIPCOpenPerDeviceChild is TestFakeDriverIPCOpenPerDevice's child.
+func TestFakeIPCOpenPerDeviceChild(t *testing.T) {
+	s := fakeDriverSystem(t)
+	require.Len(t, s.Devices(), 2)
+	d0, d1 := s.Devices()[0], s.Devices()[1]
+	buf, err := d0.Alloc(64)
+	require.NoError(t, err)
+	defer Free(buf)
+	require.NoError(t, CopyFromHost(buf, pattern(64, 3)))
+	h, err := s.IPCGetHandle(buf)
+	require.NoError(t, err)
+	x, err := d0.IPCOpen(h)
+	require.NoError(t, err)
+	y, err := d1.IPCOpen(h)
+	require.NoError(t, err)
+	y2, err := d1.IPCOpen(h)
+	require.NoError(t, err)
+	require.Same(t, d0, x.Device())
+	require.Same(t, d1, y.Device(), "IPCOpen on device 1 returned device 0's mapping")
+	require.NotEqual(t, x.Ptr(), y.Ptr())
+	require.Equal(t, y.Ptr(), y2.Ptr())
+	require.Equal(t, IPCStats{Opened: 2, Hits: 1, Open: 2, Refs: 3}, s.IPCStats())
+	got := make([]byte, 64)
+	require.NoError(t, CopyToHost(got, y))
+	require.Equal(t, pattern(64, 3), got)
+	for _, b := range []Buffer{x, y, y2} {
+		require.NoError(t, IPCClose(b))
+	}
+	require.Equal(t, IPCStats{Opened: 2, Closed: 2, Hits: 1}, s.IPCStats())
+}

@@ -176,7 +176,7 @@ type System struct {
 	kcache  kindCache
 	streams map[*Stream]struct{}
 	events  map[*Event]struct{}
-	ipc     map[[64]byte]*ipcMapping
+	ipc     map[ipcKey]*ipcMapping
 	// ipcStats counts IPC mappings (Open and Refs are computed).
 	ipcStats IPCStats
 
@@ -255,7 +255,7 @@ func newSystem(be backend) (*System, error) {
 		be:      be,
 		streams: map[*Stream]struct{}{},
 		events:  map[*Event]struct{}{},
-		ipc:     map[[64]byte]*ipcMapping{},
+		ipc:     map[ipcKey]*ipcMapping{},
 	}
 	s.kcache.init(defaultKindCacheSize)
 	for i, in := range infos {
@@ -344,7 +344,7 @@ func (s *System) Close() error {
 	for _, m := range s.ipc {
 		ipcs = append(ipcs, m)
 	}
-	s.ipc = map[[64]byte]*ipcMapping{}
+	s.ipc = map[ipcKey]*ipcMapping{}
 	s.ipcStats.Closed += uint64(len(ipcs))
 	allocs := s.reg.all()
 	s.reg = registry{}

@@ -36,6 +36,13 @@ func (s *System) IPCStats() IPCStats {
 	return st
 }
 
+// ipcKey names a mapping: the driver maps an allocation once per context,
+// so each device has its own mapping of a handle.
+type ipcKey struct {
+	h   [64]byte
+	dev int
+}
+
 type ipcMapping struct {
 	alloc *allocation
 	refs  int
@@ -73,16 +80,18 @@ func (s *System) IPCGetHandle(b Buffer) (IPCHandle, error) {
 }
 
 // IPCOpen maps the memory behind h on device d and returns the Buffer it
-// describes. Mappings are cached per handle and reference counted: opening
-// the same allocation again reuses the mapping (cuIpcOpenMemHandle may map an
-// allocation only once per context). Release each Buffer with IPCClose.
+// describes. Mappings are cached per handle and device, and reference
+// counted: opening the same allocation again on the same device reuses that
+// device's mapping (cuIpcOpenMemHandle may map an allocation only once per
+// context); another device gets its own. Release each Buffer with IPCClose.
 func (d *Device) IPCOpen(h IPCHandle) (Buffer, error) {
 	s := d.sys
 	if err := s.check(); err != nil {
 		return Buffer{}, err
 	}
+	key := ipcKey{h: h.Handle, dev: d.ord}
 	s.mu.Lock()
-	m := s.ipc[h.Handle]
+	m := s.ipc[key]
 	if m != nil {
 		m.refs++
 		s.ipcStats.Hits++
@@ -101,7 +110,7 @@ func (d *Device) IPCOpen(h IPCHandle) (Buffer, error) {
 			_ = s.be.ipcClose(a)
 			return Buffer{}, ErrClosed
 		}
-		if m = s.ipc[h.Handle]; m != nil { // lost a race: keep the first
+		if m = s.ipc[key]; m != nil { // lost a race: keep the first
 			m.refs++
 			s.ipcStats.Hits++
 			s.ipcStats.Closed++
@@ -110,7 +119,7 @@ func (d *Device) IPCOpen(h IPCHandle) (Buffer, error) {
 			_ = s.be.ipcClose(a)
 		} else {
 			m = &ipcMapping{alloc: a, refs: 1}
-			s.ipc[h.Handle] = m
+			s.ipc[key] = m
 			s.reg.add(a)
 			s.kcache.invalidate(a.base, a.size)
 			s.mu.Unlock()
@@ -144,7 +153,7 @@ func IPCClose(b Buffer) error {
 	}
 	s := b.a.sys
 	s.mu.Lock()
-	var key [64]byte
+	var key ipcKey
 	var m *ipcMapping
 	for k, x := range s.ipc {
 		if x.alloc == b.a {

@@ -578,7 +578,8 @@ CUresult cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr p) {
 
 // cuIpcOpenMemHandle_v2 maps the exporter's memfd. Like the real driver it
 // refuses a handle exported by this process (unless FAKECUDA_IPC=1) and a
-// second open of one allocation in this process (CUDA_ERROR_ALREADY_MAPPED).
+// second open of one allocation in one context (CUDA_ERROR_ALREADY_MAPPED):
+// each device's context maps it once.
 // A handle whose allocation was freed fails: its descriptor is gone or now
 // names another allocation (the memfd's name carries the id).
 CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *p, CUipcMemHandle h, unsigned flags) {
@@ -594,7 +595,7 @@ CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *p, CUipcMemHandle h, unsigned flags)
 	}
 	pthread_mutex_lock(&g);
 	for (alloc *a = allocs; a; a = a->next) {
-		if (a->mapped && a->src_pid == x.pid && a->src == x.id) {
+		if (a->mapped && a->src_pid == x.pid && a->src == x.id && a->dev == cur_dev(current)) {
 			pthread_mutex_unlock(&g);
 			return ERR_ALREADY_MAPPED;
 		}
