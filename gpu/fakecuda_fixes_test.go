@@ -163,3 +163,31 @@ func TestFakeIPCOpenPerDeviceChild(t *testing.T) {
 	}
 	require.Equal(t, IPCStats{Opened: 2, Closed: 2, Hits: 1}, s.IPCStats())
 }
+
+// TestFakeDriverMemOpsNotSupported: a stream memory operation the driver
+// refuses with CUDA_ERROR_NOT_SUPPORTED (801) reports a *CUDAError that
+// matches ErrNotSupported (it matched nothing but its own type).
+func TestFakeDriverMemOpsNotSupported(t *testing.T) {
+	onFakeDriver(t, "TestFakeMemOpsNotSupportedChild", "FAKECUDA_MEMOPS=801")
+}
+
+// TestFakeMemOpsNotSupportedChild is TestFakeDriverMemOpsNotSupported's
+// child.
+func TestFakeMemOpsNotSupportedChild(t *testing.T) {
+	s := fakeDriverSystem(t)
+	d := s.Devices()[0]
+	w, err := d.Alloc(8)
+	require.NoError(t, err)
+	st, err := d.NewStream()
+	require.NoError(t, err)
+	for _, err := range []error{WriteValue64(st, w, 1), WaitValue64(st, w, 1, GEQ)} {
+		require.ErrorIs(t, err, ErrNotSupported)
+		var ce *CUDAError
+		require.ErrorAs(t, err, &ce)
+		require.Equal(t, 801, ce.Result)
+		require.Equal(t, "CUDA_ERROR_NOT_SUPPORTED", ce.Name)
+	}
+	require.NotErrorIs(t, &CUDAError{Call: "cuMemAlloc_v2", Result: 2}, ErrNotSupported)
+	require.ErrorIs(t, fmt.Errorf("wrapped: %w", &CUDAError{Result: 801}), ErrNotSupported)
+	require.NoError(t, st.Synchronize())
+}

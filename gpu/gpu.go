@@ -81,6 +81,16 @@ func (e *CUDAError) Error() string {
 	return s
 }
 
+// cudaErrorNotSupported is CUDA_ERROR_NOT_SUPPORTED.
+const cudaErrorNotSupported = 801
+
+// Is makes a driver call that failed with CUDA_ERROR_NOT_SUPPORTED (801),
+// for example a stream memory operation the device does not support, match
+// ErrNotSupported, like the package's own refusals.
+func (e *CUDAError) Is(target error) bool {
+	return target == ErrNotSupported && e.Result == cudaErrorNotSupported
+}
+
 // Kind is the kind of memory a pointer refers to.
 type Kind uint8
 

@@ -60,6 +60,7 @@ enum {
 	ERR_INVALID_HANDLE = 400,
 	ERR_NOT_FOUND = 500,
 	ERR_NOT_READY = 600,
+	ERR_NOT_SUPPORTED = 801,
 };
 
 static pthread_mutex_t g = PTHREAD_MUTEX_INITIALIZER;
@@ -336,6 +337,7 @@ CUresult cuGetErrorName(CUresult r, const char **s) {
 	case ERR_ALREADY_MAPPED: *s = "CUDA_ERROR_ALREADY_MAPPED"; return OK;
 	case ERR_INVALID_HANDLE: *s = "CUDA_ERROR_INVALID_HANDLE"; return OK;
 	case ERR_NOT_READY: *s = "CUDA_ERROR_NOT_READY"; return OK;
+	case ERR_NOT_SUPPORTED: *s = "CUDA_ERROR_NOT_SUPPORTED"; return OK;
 	}
 	*s = NULL;
 	return ERR_INVALID_VALUE;
@@ -466,25 +468,30 @@ CUresult cuMemsetD8Async(CUdeviceptr d, unsigned char v, size_t n, stream *st) {
 	return push(st, (op){.kind = OP_SET, .dst = (uintptr_t)d, .v = v, .n = n});
 }
 
-// managed_ptr: like the real driver's stream memory operations, the fake's
-// refuse managed memory ("None of the operations accepts pointers to managed
-// memory buffers").
-static int managed_ptr(CUdeviceptr p) {
+// memop_refused: like the real driver's stream memory operations, the
+// fake's refuse managed memory ("None of the operations accepts pointers to
+// managed memory buffers"), and all memory with FAKECUDA_MEMOPS=801, as on a
+// device without them (CUDA_ERROR_NOT_SUPPORTED).
+static CUresult memop_refused(CUdeviceptr p) {
+	const char *e = getenv("FAKECUDA_MEMOPS");
+	if (e != NULL && atoi(e) != 0) return (CUresult)atoi(e);
 	pthread_mutex_lock(&g);
 	alloc *a = find((uintptr_t)p);
 	int m = a != NULL && a->managed;
 	pthread_mutex_unlock(&g);
-	return m;
+	return m ? ERR_INVALID_VALUE : OK;
 }
 
 CUresult cuStreamWriteValue64_v2(stream *st, CUdeviceptr p, unsigned long long v, unsigned flags) {
 	(void)flags;
-	if (managed_ptr(p)) return ERR_INVALID_VALUE;
+	CUresult r = memop_refused(p);
+	if (r != OK) return r;
 	return push(st, (op){.kind = OP_WRITE, .dst = (uintptr_t)p, .v = v});
 }
 
 CUresult cuStreamWaitValue64_v2(stream *st, CUdeviceptr p, unsigned long long v, unsigned flags) {
-	if (managed_ptr(p)) return ERR_INVALID_VALUE;
+	CUresult r = memop_refused(p);
+	if (r != OK) return r;
 	return push(st, (op){.kind = OP_WAIT, .dst = (uintptr_t)p, .v = v, .flags = flags});
 }
 
