@@ -151,8 +151,9 @@ func (b *cudaBackend) memset(dst Buffer, v byte) error {
 
 func (b *cudaBackend) copyAsync(si streamImpl, dst, src Buffer) error {
 	s := si.(*cudaStream)
-	s.keep(dst, src)
-	return b.l.memcpyAsync(s.ctx, uint64(dst.ptr), uint64(src.ptr), dst.n, s.s)
+	return s.enqueue(func() error {
+		return b.l.memcpyAsync(s.ctx, uint64(dst.ptr), uint64(src.ptr), dst.n, s.s)
+	}, dst, src)
 }
 
 func (b *cudaBackend) memsetAsync(si streamImpl, dst Buffer, v byte) error {
@@ -205,8 +206,9 @@ func (m *cudaModule) unload() error { return m.b.l.moduleUnload(m.ctx, m.m) }
 func (b *cudaBackend) launch(si streamImpl, fi funcImpl, dims [6]uint32, p kernelParams) error {
 	s := si.(*cudaStream)
 	f := fi.(cudaFunc)
-	s.keep(p.bufs...)
-	err := b.l.launch(f.ctx, f.f, dims, s.s, p.data, p.offs)
+	err := s.enqueue(func() error {
+		return b.l.launch(f.ctx, f.f, dims, s.s, p.data, p.offs)
+	}, p.bufs...)
 	runtime.KeepAlive(p.bufs)
 	return err
 }
@@ -318,8 +320,19 @@ type cudaStream struct {
 	ctx cuContext
 	s   cuStream
 
-	mu     sync.Mutex
-	goMems []*allocation // Go memory used by async copies, kept alive until Synchronize
+	// mu orders enqueueing work that uses Go memory (enqueue) with taking
+	// marks: an operation enqueued before a mark was taken is ahead of the
+	// mark in the stream.
+	mu   sync.Mutex
+	ops  uint64    // operations enqueued with enqueue
+	kept []keptMem // Go memory used by them, oldest first
+}
+
+// keptMem is Go memory that operation number op of a stream uses: it is
+// kept alive until that operation is known to have completed.
+type keptMem struct {
+	a  *allocation
+	op uint64
 }
 
 func (b *cudaBackend) newStream(ord int) (streamImpl, error) {
@@ -331,30 +344,69 @@ func (b *cudaBackend) newStream(ord int) (streamImpl, error) {
 	return &cudaStream{b: b, ctx: ctx, s: s}, nil
 }
 
-func (s *cudaStream) keep(bufs ...Buffer) {
+// enqueue runs f, which enqueues one operation using bufs on s, and keeps
+// bufs' Go memory alive until the operation is known to have completed
+// (release).
+func (s *cudaStream) enqueue(f func() error, bufs ...Buffer) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.ops++
 	for _, x := range bufs {
 		if x.a.goMem {
-			s.mu.Lock()
-			s.goMems = append(s.goMems, x.a)
-			s.mu.Unlock()
+			s.kept = append(s.kept, keptMem{a: x.a, op: s.ops})
 		}
 	}
+	return f()
+}
+
+// mark runs f (nil, or a call enqueueing a marker such as an event record)
+// and returns the number of the last operation enqueued before it: once the
+// stream's work up to the marker has completed, release(mark) may drop the
+// memory kept for operations up to it.
+func (s *cudaStream) mark(f func() error) (uint64, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var err error
+	if f != nil {
+		err = f()
+	}
+	return s.ops, err
+}
+
+// release drops the Go memory kept for operations up to number op, which
+// have completed.
+func (s *cudaStream) release(op uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	i := 0
+	for i < len(s.kept) && s.kept[i].op <= op {
+		i++
+	}
+	if i == 0 {
+		return
+	}
+	n := copy(s.kept, s.kept[i:])
+	clear(s.kept[n:])
+	s.kept = s.kept[:n]
 }
 
 func (s *cudaStream) synchronize() error {
-	s.mu.Lock()
-	n := len(s.goMems)
-	s.mu.Unlock()
+	m, _ := s.mark(nil)
 	if err := s.b.l.streamSynchronize(s.ctx, s.s); err != nil {
 		return err
 	}
-	s.mu.Lock()
-	s.goMems = append(s.goMems[:0], s.goMems[n:]...)
-	s.mu.Unlock()
+	s.release(m)
 	return nil
 }
 
-func (s *cudaStream) query() (bool, error) { return s.b.l.streamQuery(s.ctx, s.s) }
+func (s *cudaStream) query() (bool, error) {
+	m, _ := s.mark(nil)
+	idle, err := s.b.l.streamQuery(s.ctx, s.s)
+	if idle && err == nil {
+		s.release(m)
+	}
+	return idle, err
+}
 
 func (s *cudaStream) waitEvent(e eventImpl) error {
 	return s.b.l.streamWaitEvent(s.ctx, s.s, e.(*cudaEvent).e)
@@ -366,6 +418,14 @@ type cudaEvent struct {
 	b   *cudaBackend
 	ctx cuContext
 	e   cuEvent
+
+	// The stream and mark (cudaStream.mark) of the latest record, and how
+	// many records there have been: when the event completes, the Go memory
+	// its stream kept for the work before it is released.
+	mu   sync.Mutex
+	st   *cudaStream
+	op   uint64
+	recs uint64
 }
 
 func (b *cudaBackend) newEvent(ord int) (eventImpl, error) {
@@ -378,8 +438,52 @@ func (b *cudaBackend) newEvent(ord int) (eventImpl, error) {
 }
 
 func (e *cudaEvent) record(si streamImpl) error {
-	return e.b.l.eventRecord(e.ctx, e.e, si.(*cudaStream).s)
+	s := si.(*cudaStream)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	op, err := s.mark(func() error { return e.b.l.eventRecord(e.ctx, e.e, s.s) })
+	if err == nil {
+		e.st, e.op = s, op
+		e.recs++
+	}
+	return err
 }
-func (e *cudaEvent) synchronize() error   { return e.b.l.eventSynchronize(e.ctx, e.e) }
-func (e *cudaEvent) query() (bool, error) { return e.b.l.eventQuery(e.ctx, e.e) }
-func (e *cudaEvent) destroy() error       { return e.b.l.eventDestroy(e.ctx, e.e) }
+
+// recorded returns the latest record's stream, mark and number.
+func (e *cudaEvent) recorded() (*cudaStream, uint64, uint64) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.st, e.op, e.recs
+}
+
+// completed releases the Go memory kept for the work before the record
+// numbered recs, which has completed, unless the event has been recorded
+// again since (the driver's answer may then be about the new record).
+func (e *cudaEvent) completed(st *cudaStream, op, recs uint64) {
+	e.mu.Lock()
+	again := e.recs != recs
+	e.mu.Unlock()
+	if st != nil && !again {
+		st.release(op)
+	}
+}
+
+func (e *cudaEvent) synchronize() error {
+	st, op, recs := e.recorded()
+	if err := e.b.l.eventSynchronize(e.ctx, e.e); err != nil {
+		return err
+	}
+	e.completed(st, op, recs)
+	return nil
+}
+
+func (e *cudaEvent) query() (bool, error) {
+	st, op, recs := e.recorded()
+	done, err := e.b.l.eventQuery(e.ctx, e.e)
+	if done && err == nil {
+		e.completed(st, op, recs)
+	}
+	return done, err
+}
+
+func (e *cudaEvent) destroy() error { return e.b.l.eventDestroy(e.ctx, e.e) }

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -189,5 +190,96 @@ func TestFakeMemOpsNotSupportedChild(t *testing.T) {
 	}
 	require.NotErrorIs(t, &CUDAError{Call: "cuMemAlloc_v2", Result: 2}, ErrNotSupported)
 	require.ErrorIs(t, fmt.Errorf("wrapped: %w", &CUDAError{Result: 801}), ErrNotSupported)
+	require.NoError(t, st.Synchronize())
+}
+
+// TestFakeDriverKeptGoMemoryReleased: the Go memory a cuda stream keeps for
+// a CopyAsync is released once the copy is known to have completed, whether
+// through Stream.Query, Event.Synchronize or Event.Query, and not before:
+// an event recorded before the copy does not release it. It was released
+// only by Stream.Synchronize, so a stream observed through events or Query
+// kept every buffer it ever copied.
+func TestFakeDriverKeptGoMemoryReleased(t *testing.T) {
+	onFakeDriver(t, "TestFakeKeptGoMemoryReleasedChild")
+}
+
+// keptBuffers reports how many Go buffers s keeps alive.
+func keptBuffers(s *Stream) int {
+	cs := s.impl.(*cudaStream)
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	return len(cs.kept)
+}
+
+// TestFakeKeptGoMemoryReleasedChild is TestFakeDriverKeptGoMemoryReleased's
+// child.
+func TestFakeKeptGoMemoryReleasedChild(t *testing.T) {
+	s := fakeDriverSystem(t)
+	d := s.Devices()[0]
+	dev, err := d.Alloc(64)
+	require.NoError(t, err)
+	gate, err := s.AllocHost(8)
+	require.NoError(t, err)
+	st, err := d.NewStream()
+	require.NoError(t, err)
+	ev, err := d.NewEvent()
+	require.NoError(t, err)
+	copyGo := func() {
+		t.Helper()
+		require.NoError(t, CopyAsync(st, dev, s.HostBuffer(pattern(64, 1))))
+	}
+
+	copyGo()
+	for {
+		idle, err := st.Query()
+		require.NoError(t, err)
+		if idle {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	require.Zero(t, keptBuffers(st), "after Stream.Query reported idle")
+
+	for range 100 {
+		copyGo()
+		require.NoError(t, ev.Record(st))
+		require.NoError(t, ev.Synchronize())
+	}
+	require.Zero(t, keptBuffers(st), "after Event.Synchronize")
+
+	copyGo()
+	require.NoError(t, ev.Record(st))
+	for {
+		done, err := ev.Query()
+		require.NoError(t, err)
+		if done {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	require.Zero(t, keptBuffers(st), "after Event.Query reported completion")
+
+	// Not before: an event recorded ahead of a gated copy completes, and
+	// the copy's memory stays kept until the copy has run.
+	before, err := d.NewEvent()
+	require.NoError(t, err)
+	require.NoError(t, before.Record(st))
+	require.NoError(t, WaitValue64(st, gate, 1, GEQ))
+	copyGo()
+	require.NoError(t, ev.Record(st))
+	require.NoError(t, before.Synchronize())
+	done, err := before.Query()
+	require.NoError(t, err)
+	require.True(t, done)
+	idle, err := st.Query()
+	require.NoError(t, err)
+	require.False(t, idle)
+	done, err = ev.Query()
+	require.NoError(t, err)
+	require.False(t, done)
+	require.Equal(t, 1, keptBuffers(st), "released before the copy ran")
+	require.NoError(t, WriteValue64Host(gate, 1))
+	require.NoError(t, ev.Synchronize())
+	require.Zero(t, keptBuffers(st))
 	require.NoError(t, st.Synchronize())
 }
