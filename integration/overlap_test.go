@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/troupe-hpc/troupe/overlap"
 	"github.com/troupe-hpc/troupe/transport"
 	"github.com/troupe-hpc/troupe/transport/bootstrap"
 )
@@ -78,6 +79,16 @@ func busy(d time.Duration) {
 		}
 	}
 	_ = x
+}
+
+// ovlStats returns the engine's counters, ok false with the engine off; it
+// fails if the engine is on (TROUPE_OVERLAP) but the transport has none.
+func ovlStats(r *rank) (st overlap.Stats, ok bool, err error) {
+	st, ok = r.t.OverlapStats()
+	if engineOn() && !ok {
+		return st, false, fmt.Errorf("%s=on but the transport has no overlap engine", transport.OverlapEnv)
+	}
+	return st, ok, nil
 }
 
 // ovlEngineDone checks the engine's books are balanced once everything was
@@ -228,6 +239,13 @@ func ovlLateSender(ctx context.Context, r *rank) error {
 			}
 		}
 		r.logf("late sender's %d messages arrived in order", len(ovlSizes))
+		// With the engine on, rendezvous messages whose header came while
+		// this rank computed were offloaded.
+		if st, ok, err := ovlStats(r); err != nil {
+			return err
+		} else if ok && st.Offloaded == 0 {
+			return fmt.Errorf("the engine offloaded no transfer: %+v", st)
+		}
 		return ovlEngineDone(r)
 	}
 	return nil
