@@ -180,6 +180,21 @@ func ovlLateReceiver(ctx context.Context, r *rank) error {
 			return fmt.Errorf("a message too many after the last one: ok=%v err=%v", ok, err)
 		}
 		r.logf("late receiver got %d messages in order", len(ovlSizes))
+		// With the engine on, the unexpected rendezvous messages were
+		// prefetched while this rank computed, and every prefetch was
+		// consumed by its receive (at least one after it completed).
+		if st, ok, err := ovlStats(r); err != nil {
+			return err
+		} else if ok {
+			switch {
+			case st.Prefetched == 0:
+				return fmt.Errorf("the engine prefetched no message: %+v", st)
+			case st.PrefetchUseful == 0:
+				return fmt.Errorf("no prefetch was useful: %+v", st)
+			case st.PrefetchUseful+st.PrefetchUseless != st.Prefetched || st.PrefetchDropped != 0:
+				return fmt.Errorf("%d prefetched, %d useful + %d useless (%d dropped): every prefetch should have been received once", st.Prefetched, st.PrefetchUseful, st.PrefetchUseless, st.PrefetchDropped)
+			}
+		}
 		return ovlEngineDone(r)
 	}
 	return nil
