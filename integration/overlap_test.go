@@ -70,6 +70,27 @@ func waitTaken(ctx context.Context, r *rank, src, tag, n int) error {
 	}
 }
 
+// waitDecided waits (progressing the transport, no sleeping) until the
+// engine has decided on n message headers, for scenarios where none of
+// them had its receive posted first. waitTaken alone is not enough: a CMA
+// message is in the unexpected table while its descriptor is still being
+// received, before the engine sees its header (transport/overlap_cma.go).
+func waitDecided(ctx context.Context, r *rank, src, tag, n int) error {
+	for {
+		st, ok := r.t.OverlapStats()
+		if !ok || st.Prefetched+st.Onloaded+st.Eager >= uint64(n) {
+			return nil
+		}
+		if _, _, err := r.t.Iprobe(src, tag); err != nil {
+			return err
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("waiting for the engine to decide on %d messages: %w (%+v)", n, ctx.Err(), st)
+		}
+		runtime.Gosched()
+	}
+}
+
 // busy computes for d without calling the transport: the rank is late.
 func busy(d time.Duration) {
 	x := 1.0
@@ -266,8 +287,12 @@ func ovlLateSender(ctx context.Context, r *rank) error {
 	return nil
 }
 
-// ovlPoolN messages per tag overflow a 2-slot pool many times over.
-const ovlPoolN = 12
+// ovlPoolN messages per tag overflow a pool of ovlPoolSlots slots many
+// times over.
+const (
+	ovlPoolN     = 12
+	ovlPoolSlots = 2
+)
 
 // ovlPoolFull: with a 2-slot pool, rank 0 sends ovlPoolN rendezvous
 // messages on each of two tags, interleaved; rank 1 waits until all have
@@ -297,8 +322,27 @@ func ovlPoolFull(ctx context.Context, r *rank) error {
 		if err := waitTaken(ctx, r, 0, ovlTagData, 2*ovlPoolN); err != nil {
 			return err
 		}
-		if st, ok := t.OverlapStats(); ok && st.Prefetched == 0 {
-			return fmt.Errorf("no message was prefetched: %+v", st)
+		if err := waitDecided(ctx, r, 0, ovlTagData, 2*ovlPoolN); err != nil {
+			return err
+		}
+		// With the engine on, every message has been taken and none
+		// received: the first ones filled the 2 slots, the others fell
+		// back on the full pool.
+		if st, ok, err := ovlStats(r); err != nil {
+			return err
+		} else if ok {
+			switch {
+			case st.PoolSlots != ovlPoolSlots:
+				return fmt.Errorf("pool of %d slots, want %d (%s): %+v", st.PoolSlots, ovlPoolSlots, transport.OverlapSlotsEnv, st)
+			case st.Prefetched == 0:
+				return fmt.Errorf("no message was prefetched: %+v", st)
+			case st.PoolHighWater != st.PoolSlots || st.PoolInUse != st.PoolSlots:
+				return fmt.Errorf("pool high water %d, %d slots in use, want all %d: %+v", st.PoolHighWater, st.PoolInUse, st.PoolSlots, st)
+			case st.OnloadPoolFull == 0:
+				return fmt.Errorf("no message fell back on the full pool: %+v", st)
+			case st.Prefetched+st.OnloadPoolFull != 2*ovlPoolN:
+				return fmt.Errorf("%d prefetched + %d onloaded on a full pool, want all %d messages: %+v", st.Prefetched, st.OnloadPoolFull, 2*ovlPoolN, st)
+			}
 		}
 		for _, tag := range []int{ovlTagData2, ovlTagData} {
 			for i := 0; i < ovlPoolN; i++ {
@@ -692,7 +736,7 @@ func TestOverlapChannel(t *testing.T) {
 // TestOverlapPoolFull: a 2-slot prefetch pool never loses or duplicates a
 // message when more unexpected messages arrive than it holds.
 func TestOverlapPoolFull(t *testing.T) {
-	forOverlap(t, false, func(t *testing.T, tls string, c ovlConfig) { launchOvl(t, "ovl-pool-full", tls, c, 2) })
+	forOverlap(t, false, func(t *testing.T, tls string, c ovlConfig) { launchOvl(t, "ovl-pool-full", tls, c, ovlPoolSlots) })
 }
 
 // TestOverlapChannelMismatch: repeated channel size mismatches with the
