@@ -700,6 +700,7 @@ func launchOvl(t *testing.T, role, tls string, c ovlConfig, slots int) {
 			t.Fatalf("rank %d did not report success:\n%s", r, res.dump())
 		}
 	}
+	checkTLS(t, res, 2, cfg{tls, c.progress})
 	if testing.Verbose() {
 		t.Logf("output:\n%s", res.stdout)
 	}

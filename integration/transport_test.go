@@ -86,11 +86,20 @@ func launchFor(t *testing.T, role string, n int, c cfg, life time.Duration) jobR
 // okLine is what rankMain prints, prefixed by the launcher, on success.
 func okLine(role string, r int) string { return fmt.Sprintf("[%d] %s: rank %d OK\n", r, role, r) }
 
+// testTLS is the UCX_TLS each transport choice of cfg.tls must give the
+// ranks: spelled out here, not taken from bootstrap.UCXTLS, the mapping
+// under test (a "shm" that gave "self,tcp" passed every shm run over TCP).
+var testTLS = map[string]string{"tcp": "self,tcp", "shm": "self,sm"}
+
 // checkTLS requires every rank to have run with UCX limited to tls.
 func checkTLS(t *testing.T, res jobResult, n int, c cfg) {
 	t.Helper()
+	tls, ok := testTLS[c.tls]
+	if !ok {
+		t.Fatalf("no UCX_TLS known for transport choice %q", c.tls)
+	}
 	for r := 0; r < n; r++ {
-		if want := fmt.Sprintf("[%d] rank %d: UCX_TLS=%s progress=%s\n", r, r, bootstrap.UCXTLS(c.tls), c.progress); !strings.Contains(res.stdout, want) {
+		if want := fmt.Sprintf("[%d] rank %d: UCX_TLS=%s progress=%s\n", r, r, tls, c.progress); !strings.Contains(res.stdout, want) {
 			t.Fatalf("rank %d did not run with %q:\n%s", r, strings.TrimSpace(want), res.dump())
 		}
 	}
