@@ -2,6 +2,7 @@ package transport
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -83,24 +84,10 @@ func TestDeregisterDropsLayouts(t *testing.T) {
 	dst := make([]byte, span)
 	transfer := func(seed int) {
 		t.Helper()
-		o := TypedOptions{Scheme: datatype.SchemeZCopy}
-		src := pattern(span, seed)
 		for i := range dst {
 			dst[i] = 0xee // the gaps must stay untouched
 		}
-		rr, err := ts[1].IrecvTypedWith(0, 3, dst, vec, 1, o)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := ts[0].SendTypedWith(ctx, 1, 3, src, vec, 1, o); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := rr.Wait(ctx); err != nil {
-			t.Fatal(err)
-		}
-		if d := vectorDiff(dst, src); d != "" {
-			t.Fatalf("transfer %d: %s", seed, d)
-		}
+		zcopyTransfer(t, ctx, ts, 3, vec, dst, pattern(span, seed))
 	}
 	transfer(1)
 	transfer(2) // the layout's registration and keys are cached now
@@ -183,25 +170,11 @@ func testRetiredWindowSetsForgotten(t *testing.T, mode ProgressMode) {
 		t.Fatal(err)
 	}
 	span := int(vec.Extent())
-	o := TypedOptions{Scheme: datatype.SchemeZCopy}
 	const transfers = 12
 	bufs := make([][]byte, transfers) // all alive: a new layout each time
 	for i := range bufs {
-		src := pattern(span, i)
 		bufs[i] = bytes.Repeat([]byte{0xee}, span)
-		rr, err := ts[1].IrecvTypedWith(0, 5, bufs[i], vec, 1, o)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := ts[0].SendTypedWith(ctx, 1, 5, src, vec, 1, o); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := rr.Wait(ctx); err != nil {
-			t.Fatal(err)
-		}
-		if d := vectorDiff(bufs[i], src); d != "" {
-			t.Fatalf("transfer %d: %s", i, d)
-		}
+		zcopyTransfer(t, ctx, ts, 5, vec, bufs[i], pattern(span, i))
 	}
 	recv := ts[1].NoncontigStats()
 	if recv.Received.ZCopy != transfers || recv.KeyExchanges != transfers {
@@ -245,23 +218,9 @@ func TestHostileRetirementsDropped(t *testing.T) {
 	}
 	span := int(vec.Extent())
 	dst := bytes.Repeat([]byte{0xee}, span)
-	o := TypedOptions{Scheme: datatype.SchemeZCopy}
 	transfer := func(seed int) {
 		t.Helper()
-		src := pattern(span, seed)
-		rr, err := ts[1].IrecvTypedWith(0, 6, dst, vec, 1, o)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := ts[0].SendTypedWith(ctx, 1, 6, src, vec, 1, o); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := rr.Wait(ctx); err != nil {
-			t.Fatal(err)
-		}
-		if d := vectorDiff(dst, src); d != "" {
-			t.Fatalf("transfer %d: %s", seed, d)
-		}
+		zcopyTransfer(t, ctx, ts, 6, vec, dst, pattern(span, seed))
 	}
 	transfer(1)
 	recvNC, err := ts[1].noncontig()
@@ -329,5 +288,26 @@ func TestReservedAMIDsRefused(t *testing.T) {
 		if err := ts[0].SetAMHandler(id, func(*AMMessage) {}); err != nil {
 			t.Fatalf("SetAMHandler(%#x) next to the reserved ids: %v", id, err)
 		}
+	}
+}
+
+// zcopyTransfer sends src from rank 0 to dst at rank 1 under tag, both
+// laid out by vec (1 KiB blocks at a 2 KiB stride), zero-copy on both
+// sides, and checks the blocks landed and the gaps kept their bytes.
+func zcopyTransfer(t *testing.T, ctx context.Context, ts []*Transport, tag int, vec *datatype.Type, dst, src []byte) {
+	t.Helper()
+	o := TypedOptions{Scheme: datatype.SchemeZCopy}
+	rr, err := ts[1].IrecvTypedWith(0, tag, dst, vec, 1, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ts[0].SendTypedWith(ctx, 1, tag, src, vec, 1, o); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rr.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if d := vectorDiff(dst, src); d != "" {
+		t.Fatal(d)
 	}
 }
