@@ -302,6 +302,107 @@ func TestOrderlyCloseMidCollective(t *testing.T) {
 	assert.ErrorIs(t, err, ErrClosed)
 }
 
+// lostNotices subscribes to b's lost-rank notices.
+func lostNotices(b Bootstrapper) <-chan lostNotice {
+	ch := make(chan lostNotice, 8)
+	b.(LossNotifier).NotifyLost(func(rank int, reason string) { ch <- lostNotice{rank, reason} })
+	return ch
+}
+
+// nextNotice waits for a notice on ch.
+func nextNotice(t *testing.T, ch <-chan lostNotice) lostNotice {
+	t.Helper()
+	select {
+	case n := <-ch:
+		return n
+	case <-time.After(testTimeout):
+		t.Fatal("no lost-rank notice")
+		return lostNotice{}
+	}
+}
+
+// Every connected rank is told of a rank whose connection ends without a
+// goodbye, with no collective pending; a subscriber that comes later is
+// told too.
+func TestLostNoticeWithoutCollective(t *testing.T) {
+	const size = 3
+	s, tok, logs := newTestServer(t, size)
+	ctx := testCtx(t)
+	bs := joinAll(t, ctx, s, tok, size)
+	chs := []<-chan lostNotice{lostNotices(bs[0]), lostNotices(bs[1])}
+	bs[2].(*client).conn.Close() // a crash: no goodbye
+	for r, ch := range chs {
+		n := nextNotice(t, ch)
+		assert.Equal(t, 2, n.rank, "rank %d", r)
+		assert.Contains(t, n.reason, "without goodbye", "rank %d", r)
+	}
+	waitFor(t, logs, "rank lost", 1)
+	late := nextNotice(t, lostNotices(bs[0]))
+	assert.Equal(t, 2, late.rank)
+}
+
+// A rank that leaves in order (Close) is not reported lost.
+func TestNoLostNoticeOnOrderlyClose(t *testing.T) {
+	const size = 3
+	s, tok, logs := newTestServer(t, size)
+	ctx := testCtx(t)
+	bs := joinAll(t, ctx, s, tok, size)
+	ch := lostNotices(bs[0])
+	require.NoError(t, bs[2].Close())
+	waitFor(t, logs, "rank left", 1)
+	bs[1].(*client).conn.Close()
+	// Frames from the server arrive in order: a notice of rank 2 would
+	// have come first.
+	assert.Equal(t, 1, nextNotice(t, ch).rank)
+}
+
+// rankExited (the launcher saw the process exit) reports a rank whose
+// connection stays open (a descendant holding the socket) within
+// exitGoodbye, and returns once the notices are out; one that said
+// goodbye is not reported, and one that never joined is.
+func TestRankExitedNotices(t *testing.T) {
+	const size = 4
+	s, tok, _ := newTestServer(t, size)
+	ctx := testCtx(t)
+	bs := make([]Bootstrapper, 3)
+	var wg sync.WaitGroup
+	for r := range 3 {
+		wg.Go(func() {
+			var err error
+			bs[r], err = Dial(ctx, s.Addr(), tok, r, size)
+			assert.NoError(t, err)
+		})
+	}
+	wg.Wait()
+	for _, b := range bs {
+		require.NotNil(t, b)
+		t.Cleanup(func() { b.Close() })
+	}
+	ch := lostNotices(bs[0])
+
+	require.NoError(t, bs[1].Close()) // said goodbye, then exited
+	s.rankExited(1)
+	s.rankExited(3) // never joined
+	n := nextNotice(t, ch)
+	assert.Equal(t, 3, n.rank)
+	assert.Contains(t, n.reason, "before it joined")
+
+	start := time.Now()
+	s.rankExited(2) // "exited", its connection still open
+	assert.GreaterOrEqual(t, time.Since(start), exitGoodbye)
+	select {
+	case n := <-ch: // written before rankExited returned
+		assert.Equal(t, 2, n.rank)
+	case <-time.After(testTimeout):
+		t.Fatal("rank 2 not reported lost")
+	}
+	select {
+	case n := <-ch:
+		t.Fatalf("unexpected notice %+v", n)
+	default:
+	}
+}
+
 func TestContextDeadlineHonoured(t *testing.T) {
 	const size = 2
 	s, tok, _ := newTestServer(t, size)

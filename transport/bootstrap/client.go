@@ -29,6 +29,23 @@ type Bootstrapper interface {
 	Close() error
 }
 
+// LossNotifier is implemented by a Bootstrapper that learns when a rank of
+// the job is lost, whether or not this rank ever talked to it. The
+// rendezvous client does: the server tells every connected rank when
+// another rank's connection ends without a goodbye (its process died) or,
+// under the launcher, when its process exits before it said goodbye
+// (docs/launcher.md, "Lost ranks"). A rank that closed its Bootstrapper in
+// order (Close) has left, and is not reported.
+type LossNotifier interface {
+	// NotifyLost has fn called once for every rank lost while the
+	// Bootstrapper is open, those lost before the call included (on the
+	// caller's goroutine, before NotifyLost returns). Later losses are
+	// reported on the Bootstrapper's reading goroutine, which reads
+	// nothing else meanwhile: fn must not block, nor call the
+	// Bootstrapper's collectives.
+	NotifyLost(fn func(rank int, reason string))
+}
+
 // ErrClosed is returned by collectives on a closed Bootstrapper.
 var ErrClosed = errors.New("bootstrap: closed")
 
@@ -59,6 +76,8 @@ type client struct {
 	mu      sync.Mutex
 	pending map[string]chan *frame
 	err     error // terminal: set once the connection is unusable
+	lost    []lostNotice
+	onLost  []func(rank int, reason string)
 
 	closeOnce sync.Once
 	closing   chan struct{}
@@ -107,8 +126,14 @@ func Dial(ctx context.Context, addr string, token Token, rank, size int) (Bootst
 	return c, nil
 }
 
+// lostNotice is a rank the server reported lost.
+type lostNotice struct {
+	rank   int
+	reason string
+}
+
 func handshake(conn net.Conn, token Token, rank, size int) (*frame, error) {
-	b, err := encodeFrame(&frame{Op: opJoin, Version: protocolVersion, Token: token.String(), Rank: rank, Size: size})
+	b, err := encodeFrame(&frame{Op: opJoin, Version: protocolVersion, Token: token.String(), Rank: rank, Size: size, Notify: true})
 	if err != nil {
 		return nil, err
 	}
@@ -135,6 +160,15 @@ func (c *client) readLoop() {
 			c.fail(err)
 			return
 		}
+		if f.Op == opLost {
+			if f.Lost == nil || *f.Lost < 0 || *f.Lost >= c.size || *f.Lost == c.rank {
+				c.fail(fmt.Errorf("bootstrap: rank %d: protocol error: lost notice without a valid rank from rendezvous", c.rank))
+				c.conn.Close()
+				return
+			}
+			c.rankLost(*f.Lost, f.Error)
+			continue
+		}
 		if f.Op != opResult && f.Op != opError {
 			c.fail(fmt.Errorf("bootstrap: rank %d: protocol error: unexpected %q frame from rendezvous", c.rank, f.Op))
 			c.conn.Close()
@@ -147,6 +181,34 @@ func (c *client) readLoop() {
 		if ch != nil {
 			ch <- f // buffered, never blocks
 		}
+	}
+}
+
+// rankLost records a lost rank and tells the subscribers (readLoop).
+func (c *client) rankLost(rank int, reason string) {
+	c.mu.Lock()
+	for _, l := range c.lost {
+		if l.rank == rank {
+			c.mu.Unlock()
+			return
+		}
+	}
+	c.lost = append(c.lost, lostNotice{rank, reason})
+	fns := c.onLost
+	c.mu.Unlock()
+	for _, fn := range fns {
+		fn(rank, reason)
+	}
+}
+
+// NotifyLost implements LossNotifier.
+func (c *client) NotifyLost(fn func(rank int, reason string)) {
+	c.mu.Lock()
+	earlier := c.lost // append-only: the prefix stays as it is
+	c.onLost = append(c.onLost, fn)
+	c.mu.Unlock()
+	for _, l := range earlier {
+		fn(l.rank, l.reason)
 	}
 }
 

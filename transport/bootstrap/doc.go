@@ -12,7 +12,10 @@
 // (see frame.go and docs/launcher.md). Joins without the job token, with a rank
 // out of range or with a rank that already joined are rejected. Collectives
 // are matched by name; if a rank disconnects before a collective completes,
-// every other participant gets a *RankLostError naming that rank.
+// every other participant gets a *RankLostError naming that rank. A rank
+// whose connection ends without a goodbye (its process died) is also
+// reported to every other rank at once, collective or not (LossNotifier):
+// that is how the transport learns of a dead rank it never talked to.
 //
 // The PMIx path (ranks started by mpirun or srun) is a later addition: it plugs
 // in through the PMIx function variable, see env.go.

@@ -24,6 +24,7 @@ const (
 	opBye    = "bye"    // client -> server: orderly close
 	opResult = "result" // server -> client: key, values indexed by rank
 	opError  = "error"  // server -> client: key ("" for join), error, lost rank if any
+	opLost   = "lost"   // server -> client, unsolicited: lost rank, reason (only to clients that joined with notify)
 )
 
 // frame is the single message type of the protocol, JSON-encoded after a
@@ -34,11 +35,12 @@ type frame struct {
 	Token   string   `json:"token,omitempty"`
 	Rank    int      `json:"rank"`
 	Size    int      `json:"size,omitempty"`
+	Notify  bool     `json:"notify,omitempty"` // join: the client takes opLost notices
 	Key     string   `json:"key,omitempty"`
 	Value   []byte   `json:"value,omitempty"`
 	Values  [][]byte `json:"values,omitempty"`
 	Error   string   `json:"error,omitempty"`
-	Lost    *int     `json:"lost,omitempty"` // rank whose disconnection failed the collective
+	Lost    *int     `json:"lost,omitempty"` // rank whose disconnection failed the collective, or the lost rank of opLost
 }
 
 var errFrameTooLarge = errors.New("frame too large")

@@ -34,6 +34,7 @@ const (
 	ignoreTermEnv = "TROUPE_TEST_IGNORE_TERM" // "1": hanging ranks ignore SIGTERM
 	grandEnv      = "TROUPE_TEST_GRANDCHILD"  // "1": hanging ranks fork a sleeping grandchild
 	skipRankEnv   = "TROUPE_TEST_SKIP_RANK"   // rank that exits 0 without joining
+	termLostEnv   = "TROUPE_TEST_TERM_LOST"   // "1": hanging ranks report, at SIGTERM, the lost rank they were told of
 )
 
 func TestMain(m *testing.M) {
@@ -78,6 +79,29 @@ func childMain() int {
 	}
 	failing := os.Getenv(failRankEnv) == strconv.Itoa(rank)
 	hang := os.Getenv(hangEnv) == "1" && !failing
+	if hang && os.Getenv(termLostEnv) == "1" {
+		lost := make(chan string, 1)
+		b.(LossNotifier).NotifyLost(func(r int, reason string) {
+			select {
+			case lost <- fmt.Sprintf("lost rank %d: %s", r, reason):
+			default:
+			}
+		})
+		term := make(chan os.Signal, 1)
+		signal.Notify(term, syscall.SIGTERM)
+		go func() {
+			<-term
+			// The launcher wrote the notice before its SIGTERM; the
+			// two may still be taken in either order here.
+			select {
+			case l := <-lost:
+				fmt.Println("SIGTERM; " + l)
+			case <-time.After(5 * time.Second):
+				fmt.Println("SIGTERM; told of no lost rank")
+			}
+			os.Exit(0)
+		}()
+	}
 	if hang {
 		if os.Getenv(ignoreTermEnv) == "1" {
 			signal.Ignore(syscall.SIGTERM)
@@ -346,6 +370,22 @@ func TestLaunchRankKilled(t *testing.T) {
 	// stdout and stderr are separate pipes, merged in order of arrival.
 	assert.Contains(t, rf.Tail, "rank 0 failing")
 	assert.Contains(t, stderr.String(), "troupe: rank 0 (pid ")
+	assertGone(t, stderr.String())
+}
+
+// The survivors of a killed rank are told it is lost (LossNotifier) before
+// the launcher stops them.
+func TestLaunchSurvivorsToldOfLostRank(t *testing.T) {
+	const n = 3
+	cfg, stdout, stderr := launchCfg(t, n, failRankEnv+"=1", failHowEnv+"=sigkill", hangEnv+"=1", termLostEnv+"=1")
+	cfg.Grace = 20 * time.Second // they exit at SIGTERM
+	err := Launch(t.Context(), cfg)
+	var rf *RankFailure
+	require.ErrorAs(t, err, &rf, "stdout:\n%s\nstderr:\n%s", stdout, stderr)
+	assert.Equal(t, 1, rf.Rank)
+	for _, r := range []int{0, 2} {
+		assert.Regexp(t, fmt.Sprintf(`(?m)^\[%d\] SIGTERM; lost rank 1: connection closed without goodbye`, r), stdout.String())
+	}
 	assertGone(t, stderr.String())
 }
 

@@ -16,6 +16,13 @@ const (
 	joinTimeout = 30 * time.Second
 	// writeTimeout bounds one write to a client; a client that stops reading is dropped.
 	writeTimeout = 30 * time.Second
+	// exitGoodbye bounds how long, once the launcher saw a rank's process
+	// exit, the server waits for the end of that rank's connection
+	// (normally there at once: the kernel closed the socket) before it
+	// closes the connection itself and reports the rank lost, unless the
+	// rank had said goodbye. A descendant that escaped the rank's process
+	// group might otherwise hold the socket open.
+	exitGoodbye = time.Second
 )
 
 // Server is the loopback rendezvous service run by the launcher (or by tests
@@ -38,9 +45,11 @@ type Server struct {
 }
 
 type peer struct {
-	rank int
-	conn net.Conn
-	wmu  sync.Mutex
+	rank   int
+	conn   net.Conn
+	notify bool          // takes opLost notices (said so in its join)
+	gone   chan struct{} // closed once drop has run and delivered its frames
+	wmu    sync.Mutex
 }
 
 type collective struct {
@@ -229,7 +238,7 @@ func (s *Server) admit(c net.Conn, f *frame) (*peer, bool) {
 		s.reject(c, fmt.Sprintf("rank %d already joined", f.Rank), zap.Int("rank", f.Rank))
 		return nil, false
 	}
-	p := &peer{rank: f.Rank, conn: c}
+	p := &peer{rank: f.Rank, conn: c, notify: f.Notify, gone: make(chan struct{})}
 	s.joined[f.Rank] = true
 	s.peers[f.Rank] = p
 	s.mu.Unlock()
@@ -318,14 +327,25 @@ func (s *Server) contribute(p *peer, key string, value []byte) {
 	outgoing{to: to, b: b}.deliver(s)
 }
 
-// drop unregisters p and fails every pending collective, naming p's rank.
+// drop unregisters p and fails every pending collective, naming p's rank;
+// unless p left in order (or the server is closing), every other connected
+// rank is told that p's rank is lost.
 func (s *Server) drop(p *peer, orderly bool, cause error) {
+	defer close(p.gone)
 	s.mu.Lock()
 	if s.peers[p.rank] == p {
 		s.peers[p.rank] = nil
 	}
 	out := s.failPendingLocked(p.rank)
 	closed := s.closed
+	var notice outgoing
+	if !orderly && !closed {
+		reason := "connection closed without goodbye"
+		if cause != nil {
+			reason = cause.Error()
+		}
+		notice = s.lostNoticeLocked(p.rank, reason)
+	}
 	s.mu.Unlock()
 
 	log := s.log.With(zap.Int("rank", p.rank))
@@ -342,6 +362,7 @@ func (s *Server) drop(p *peer, orderly bool, cause error) {
 	for _, o := range out {
 		o.deliver(s)
 	}
+	notice.deliver(s)
 }
 
 // failPendingLocked records rank as lost and fails every pending collective,
@@ -365,21 +386,72 @@ func (s *Server) failPendingLocked(rank int) []outgoing {
 	return out
 }
 
-// rankExited is called by the launcher when rank's process has exited. A rank
-// that never joined can no longer join, so the job's collectives fail now,
-// naming it, instead of waiting for it forever. (A rank that joined is
-// handled when the server sees its connection close.)
+// lostNoticeLocked returns the opLost notice for rank, addressed to every
+// connected rank that takes notices.
+func (s *Server) lostNoticeLocked(rank int, reason string) outgoing {
+	r := rank
+	b, _ := encodeFrame(&frame{Op: opLost, Lost: &r, Error: reason})
+	o := outgoing{b: b}
+	for _, p := range s.peers {
+		if p != nil && p.notify && p.rank != rank {
+			o.to = append(o.to, p)
+		}
+	}
+	return o
+}
+
+// rankExited is called by the launcher when rank's process has exited,
+// before it stops the other ranks; when it returns, the other ranks have
+// been told if the rank is lost (their notices are written). A rank that
+// never joined can no longer join, so the job's collectives fail now,
+// naming it, instead of waiting for it forever. A rank that joined is
+// dropped when its connection ends, normally at once (the kernel closed
+// it); rankExited waits for that, at most exitGoodbye, and then ends the
+// connection itself. A rank that said goodbye first is not lost.
 func (s *Server) rankExited(rank int) {
 	s.mu.Lock()
-	if rank < 0 || rank >= s.size || s.joined[rank] {
+	if rank < 0 || rank >= s.size {
 		s.mu.Unlock()
+		return
+	}
+	if s.joined[rank] {
+		p := s.peers[rank]
+		s.mu.Unlock()
+		if p != nil {
+			s.awaitGone(p)
+		}
 		return
 	}
 	s.joined[rank] = true
 	out := s.failPendingLocked(rank)
+	var notice outgoing
+	if !s.closed {
+		notice = s.lostNoticeLocked(rank, "its process exited before it joined the job")
+	}
 	s.mu.Unlock()
 	s.log.Info("rank exited without joining", zap.Int("rank", rank), zap.Int("failed_collectives", len(out)))
 	for _, o := range out {
 		o.deliver(s)
+	}
+	notice.deliver(s)
+}
+
+// awaitGone waits until p, whose process exited, has been dropped: at
+// most exitGoodbye for its connection to end, then as long again once the
+// server closed it.
+func (s *Server) awaitGone(p *peer) {
+	t := time.NewTimer(exitGoodbye)
+	defer t.Stop()
+	select {
+	case <-p.gone:
+		return
+	case <-t.C:
+	}
+	s.log.Info("connection of an exited rank still open: closing it", zap.Int("rank", p.rank))
+	p.conn.Close() // handle's read fails: the rank is dropped as lost
+	t.Reset(exitGoodbye)
+	select {
+	case <-p.gone:
+	case <-t.C:
 	}
 }
