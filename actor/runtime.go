@@ -607,6 +607,11 @@ func (rt *Runtime) stopLocalActors() {
 // and Requests to a lost rank at once, but nothing else tells an actor
 // waiting for a message that will not come. Ranks leaving at Shutdown do
 // not count. LostErr says which rank it was.
+//
+// A rank this one never exchanged a message with counts too when the
+// transport's bootstrapper reports losses (bootstrap.LossNotifier: the
+// rendezvous of troupe run does, within milliseconds); with one that does
+// not, such a rank is noticed only once something is sent to it.
 func (rt *Runtime) Lost() <-chan struct{} { return rt.lost }
 
 // LostErr returns the loss that closed Lost (a *transport.PeerLostError

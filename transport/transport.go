@@ -473,6 +473,11 @@ func New(ctx context.Context, opts Options) (*Transport, error) {
 			return nil, fmt.Errorf("transport: rank %d: %w", t.rank, err)
 		}
 	}
+	if ln, ok := opts.Bootstrap.(bootstrap.LossNotifier); ok {
+		// Ranks this one never connected to have no endpoint to fail:
+		// the bootstrapper tells of those too (rendezvousLost).
+		ln.NotifyLost(t.rendezvousLost)
+	}
 	t.log.Debug("transport up", zap.Int("size", t.size), zap.String("ucx", ucx.Version()), zap.Stringer("progress", opts.Progress))
 	return t, nil
 }
@@ -490,6 +495,8 @@ func (t *Transport) Bootstrap() bootstrap.Bootstrapper { return t.opts.Bootstrap
 
 // PeerLost returns a channel that receives an event for every peer lost from
 // now on. It is buffered for every rank of the job, so no event is dropped.
+// A peer is lost when its UCX endpoint fails or, endpoint or not, when the
+// bootstrapper reports it (bootstrap.LossNotifier, see rendezvousLost).
 func (t *Transport) PeerLost() <-chan PeerEvent {
 	ch := make(chan PeerEvent, t.size)
 	t.mu.Lock()
@@ -1429,11 +1436,7 @@ func (t *Transport) peerLocked(rank int, op string) (*peer, error) {
 	if t.closed {
 		return nil, fmt.Errorf("transport: %s rank %d: %w", op, rank, ErrClosed)
 	}
-	p := t.peers[rank]
-	if p == nil {
-		p = &peer{rank: rank, pending: map[*Request]struct{}{}, rkeys: map[string]*ucx.Rkey{}, ncRkeys: map[string]*ucx.Rkey{}}
-		t.peers[rank] = p
-	}
+	p := t.peerRecord(rank)
 	if p.lost != nil {
 		return nil, &PeerLostError{Rank: rank, Op: op, Reason: p.lost.Reason}
 	}
@@ -1446,6 +1449,17 @@ func (t *Transport) peerLocked(rank int, op string) (*peer, error) {
 		t.epOwner[ep.Handle()] = rank
 	}
 	return p, nil
+}
+
+// peerRecord returns rank's peer record, creating it (unconnected) on
+// first use; the worker lock is held.
+func (t *Transport) peerRecord(rank int) *peer {
+	p := t.peers[rank]
+	if p == nil {
+		p = &peer{rank: rank, pending: map[*Request]struct{}{}, rkeys: map[string]*ucx.Rkey{}, ncRkeys: map[string]*ucx.Rkey{}}
+		t.peers[rank] = p
+	}
+	return p
 }
 
 // peerFailed declares rank lost and fails everything pending on it; the
@@ -1489,6 +1503,32 @@ func (t *Transport) peerFailed(rank int, reason string) {
 		case ch <- ev:
 		default:
 		}
+	}
+}
+
+// rendezvousLost is the bootstrapper's report that rank is lost
+// (bootstrap.LossNotifier): the peer fails as it does when its endpoint
+// fails, whether or not one was ever connected. It runs on the
+// bootstrapper's reading goroutine and does not wait for the progress
+// goroutine (in queue mode it leaves the work to it).
+func (t *Transport) rendezvousLost(rank int, reason string) {
+	if rank < 0 || rank >= t.size || rank == t.rank {
+		return
+	}
+	reason = "rendezvous: " + reason
+	done := false
+	t.exec(func() {
+		if t.closed {
+			return
+		}
+		t.peerRecord(rank)
+		t.peerFailed(rank, reason)
+		done = true
+	})
+	if t.opts.Progress != ProgressQueue && done { // queue mode: done is the progress goroutine's
+		// Direct mode: receives the loss cancelled complete on the
+		// progress goroutine's next pass; it may be asleep.
+		t.wake()
 	}
 }
 
