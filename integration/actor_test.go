@@ -32,6 +32,7 @@ func init() {
 	scenarios["actor-errors"] = actorErrors
 	scenarios["actor-watch"] = actorWatch
 	scenarios["actor-kill"] = actorKill
+	scenarios["actor-lost-silent"] = actorLostSilent
 	scenarios["actor-flood"] = actorFlood
 }
 
@@ -818,6 +819,98 @@ func TestActorKillRank(t *testing.T) {
 		}
 		if testing.Verbose() {
 			t.Logf("output:\n%s\nstderr:\n%s", res.stdout, res.stderr)
+		}
+	})
+}
+
+// actorLostSilent (3 ranks): rank 2 SIGKILLs itself before any rank sent
+// it anything, so neither survivor has a UCX endpoint to it that could
+// fail. Ranks 0 and 1, which send nothing to it, must still see Lost()
+// close within killLimit, naming rank 2 (the launcher's rendezvous tells
+// them: docs/launcher.md, "Lost ranks"), and a send to rank 2 must then
+// fail with ErrPeerLost at once. Before 2026-11-25 Lost() closed only when
+// an endpoint failed, and the survivors waited for ever.
+func actorLostSilent(ctx context.Context, r *rank) error {
+	r.skipFinalBarrier = true // rank 2 will not come
+	rt, err := actor.Init(ctx, actor.Options{Transport: r.t})
+	if err != nil {
+		return fmt.Errorf("actor.Init: %w", err)
+	}
+	if _, err := spawn(rt, "echo", echo(rt)); err != nil {
+		return err
+	}
+	if err := r.b.Barrier(ctx, "actor-lost-silent.spawned"); err != nil {
+		return err
+	}
+	if r.id() == 2 {
+		r.logf("KILL_AT_NS=%d", time.Now().UnixNano())
+		syscall.Kill(os.Getpid(), syscall.SIGKILL)
+		select {}
+	}
+	// The launcher stops the survivors (SIGTERM) once rank 2 dies; they
+	// finish their checks, and rankMain its close, first. The SIGTERM
+	// may come after this function returned: the handler stays.
+	signal.Notify(make(chan os.Signal, 1), syscall.SIGTERM)
+
+	select {
+	case <-rt.Lost():
+	case <-time.After(killLimit):
+		return fmt.Errorf("rt.Lost() not closed %v after rank 2 killed itself (LostErr %v)", killLimit, rt.LostErr())
+	}
+	r.logf("LOST_AT_NS=%d", time.Now().UnixNano())
+	var pl *transport.PeerLostError
+	if err := rt.LostErr(); !errors.As(err, &pl) || pl.Rank != 2 {
+		return fmt.Errorf("LostErr = %v, want rank 2 lost", err)
+	}
+	r.logf("LostErr: %v", rt.LostErr())
+	if err := rt.Send(rt.PID(2, "echo"), &aPing{}); !errors.Is(err, transport.ErrPeerLost) {
+		return fmt.Errorf("send to the killed rank: %v, want ErrPeerLost", err)
+	}
+	// Shut down together: nobody flushes to a rank that already left.
+	if err := exchange(ctx, r, 1-r.id(), tagKillFin); err != nil {
+		return err
+	}
+	sctx, cancel := context.WithTimeout(ctx, actorTimeout)
+	defer cancel()
+	if err := rt.Shutdown(sctx); err != nil {
+		return fmt.Errorf("Shutdown: %w", err)
+	}
+	r.logf("Lost without traffic to the killed rank ok")
+	return nil
+}
+
+var lostNS = regexp.MustCompile(`(?m)^\[(\d)\] rank \d: (KILL|LOST)_AT_NS=(\d+)$`)
+
+// TestActorLostSilentRank: every survivor learns of a dead rank it never
+// talked to (actorLostSilent).
+func TestActorLostSilentRank(t *testing.T) {
+	forActorTLS(t, func(t *testing.T, c cfg) {
+		res := launch(t, "actor-lost-silent", actorRanks, c)
+		var rf *bootstrap.RankFailure
+		if !errors.As(res.err, &rf) || rf.Rank != 2 || rf.Signal != syscall.SIGKILL {
+			t.Fatalf("Launch returned %v, want rank 2 killed by SIGKILL:\n%s", res.err, res.dump())
+		}
+		for i := 0; i < 2; i++ {
+			requireLine(t, res, okLine("actor-lost-silent", i))
+			requireLine(t, res, fmt.Sprintf("[%d] rank %d: Lost without traffic to the killed rank ok", i, i))
+		}
+		checkTLS(t, res, actorRanks, c)
+		var kill int64
+		seen := map[int]int64{}
+		for _, m := range lostNS.FindAllStringSubmatch(res.stdout, -1) {
+			rk, _ := strconv.Atoi(m[1])
+			ns, _ := strconv.ParseInt(m[3], 10, 64)
+			if m[2] == "KILL" {
+				kill = ns
+			} else {
+				seen[rk] = ns
+			}
+		}
+		if kill == 0 || len(seen) != 2 {
+			t.Fatalf("missing KILL_AT_NS/LOST_AT_NS lines:\n%s", res.dump())
+		}
+		for rk := 0; rk < 2; rk++ {
+			t.Logf("%s: rank %d's Lost() closed %v after rank 2's SIGKILL", c.tls, rk, time.Duration(seen[rk]-kill).Round(time.Microsecond))
 		}
 	})
 }
