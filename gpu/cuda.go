@@ -20,6 +20,10 @@ type cudaBackend struct {
 
 	abortCh   chan struct{}
 	abortOnce sync.Once
+
+	// draining counts the goroutines holding the Go memory of destroyed
+	// streams until their work has completed (cudaStream.destroy).
+	draining sync.WaitGroup
 }
 
 type cudaDev struct {
@@ -302,7 +306,11 @@ func (b *cudaBackend) ipcClose(a *allocation) error {
 }
 
 func (b *cudaBackend) abort() { b.abortOnce.Do(func() { close(b.abortCh) }) }
-func (b *cudaBackend) wait()  {}
+
+// wait waits until the work of destroyed streams that uses Go memory has
+// completed and that memory is released (cudaStream.destroy), so that
+// System.Close releases no context under it.
+func (b *cudaBackend) wait() { b.draining.Wait() }
 
 func (b *cudaBackend) close() error {
 	b.abort()
@@ -326,6 +334,7 @@ type cudaStream struct {
 	mu   sync.Mutex
 	ops  uint64    // operations enqueued with enqueue
 	kept []keptMem // Go memory used by them, oldest first
+	dead bool      // destroyed: enqueue refuses work
 }
 
 // keptMem is Go memory that operation number op of a stream uses: it is
@@ -350,6 +359,9 @@ func (b *cudaBackend) newStream(ord int) (streamImpl, error) {
 func (s *cudaStream) enqueue(f func() error, bufs ...Buffer) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.dead {
+		return fmt.Errorf("gpu: stream: %w", ErrDestroyed)
+	}
 	s.ops++
 	for _, x := range bufs {
 		if x.a.goMem {
@@ -412,7 +424,69 @@ func (s *cudaStream) waitEvent(e eventImpl) error {
 	return s.b.l.streamWaitEvent(s.ctx, s.s, e.(*cudaEvent).e)
 }
 
-func (s *cudaStream) destroy() error { return s.b.l.streamDestroy(s.ctx, s.s) }
+// destroy destroys the stream at once, like cuStreamDestroy; the work
+// already enqueued still runs. The Go memory kept for that work stays alive
+// until it has completed: an event recorded after it is waited for by a
+// goroutine (cuEventSynchronize on a CU_EVENT_BLOCKING_SYNC event sleeps in
+// the driver), which then drops the memory. If the event cannot be made,
+// destroy synchronizes the stream first.
+func (s *cudaStream) destroy() error {
+	s.mu.Lock()
+	s.dead = true
+	kept := s.kept
+	s.kept = nil
+	var ev cuEvent
+	var errs []error
+	if len(kept) > 0 {
+		e, err := s.b.l.eventCreate(s.ctx, cuEventBlockingSync|cuEventDisableTiming)
+		if err == nil {
+			if err = s.b.l.eventRecord(s.ctx, e, s.s); err == nil {
+				ev = e
+			} else {
+				_ = s.b.l.eventDestroy(s.ctx, e)
+			}
+		}
+		if ev == nil {
+			if serr := s.b.l.streamSynchronize(s.ctx, s.s); serr != nil {
+				strand(kept)
+				errs = append(errs, serr)
+			}
+			kept = nil
+		}
+	}
+	s.mu.Unlock()
+	if ev != nil {
+		s.b.draining.Add(1)
+		go s.drain(ev, kept)
+	}
+	errs = append(errs, s.b.l.streamDestroy(s.ctx, s.s))
+	return errors.Join(errs...)
+}
+
+// drain keeps kept, the Go memory of a destroyed stream's work, alive until
+// ev, recorded after that work, has completed, then drops it.
+func (s *cudaStream) drain(ev cuEvent, kept []keptMem) {
+	defer s.b.draining.Done()
+	if err := s.b.l.eventSynchronize(s.ctx, ev); err != nil {
+		strand(kept)
+	}
+	_ = s.b.l.eventDestroy(s.ctx, ev)
+	runtime.KeepAlive(kept)
+}
+
+// stranded holds, for the life of the process, Go memory used by stream work
+// whose completion the driver failed to report: it may still be running,
+// and a leak is better than the collector reusing memory under a copy.
+var stranded struct {
+	sync.Mutex
+	mem [][]keptMem
+}
+
+func strand(kept []keptMem) {
+	stranded.Lock()
+	stranded.mem = append(stranded.mem, kept)
+	stranded.Unlock()
+}
 
 type cudaEvent struct {
 	b   *cudaBackend
@@ -430,7 +504,7 @@ type cudaEvent struct {
 
 func (b *cudaBackend) newEvent(ord int) (eventImpl, error) {
 	ctx := b.devs[ord].ctx
-	e, err := b.l.eventCreate(ctx)
+	e, err := b.l.eventCreate(ctx, cuEventDisableTiming)
 	if err != nil {
 		return nil, err
 	}

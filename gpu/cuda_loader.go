@@ -216,7 +216,7 @@ static CUresult tr_stream_synchronize(CUcontext c, CUstream s) { SETCTX(c); retu
 static CUresult tr_stream_query(CUcontext c, CUstream s) { SETCTX(c); return tr.cuStreamQuery(s); }
 static CUresult tr_stream_wait_event(CUcontext c, CUstream s, CUevent e) { SETCTX(c); return tr.cuStreamWaitEvent(s, e, 0); }
 // CU_EVENT_DISABLE_TIMING
-static CUresult tr_event_create(CUcontext c, CUevent *e) { SETCTX(c); return tr.cuEventCreate(e, 0x2); }
+static CUresult tr_event_create(CUcontext c, CUevent *e, unsigned int flags) { SETCTX(c); return tr.cuEventCreate(e, flags); }
 static CUresult tr_event_record(CUcontext c, CUevent e, CUstream s) { SETCTX(c); return tr.cuEventRecord(e, s); }
 static CUresult tr_event_synchronize(CUcontext c, CUevent e) { SETCTX(c); return tr.cuEventSynchronize(e); }
 static CUresult tr_event_query(CUcontext c, CUevent e) { SETCTX(c); return tr.cuEventQuery(e); }
@@ -471,9 +471,15 @@ func (l *cuLib) streamWaitEvent(c cuContext, s cuStream, e cuEvent) error {
 	return cuErr("cuStreamWaitEvent", C.tr_stream_wait_event(c, s, e))
 }
 
-func (l *cuLib) eventCreate(c cuContext) (cuEvent, error) {
+// cuEventCreate flags.
+const (
+	cuEventBlockingSync  = 0x1 // cuEventSynchronize blocks the thread instead of spinning
+	cuEventDisableTiming = 0x2
+)
+
+func (l *cuLib) eventCreate(c cuContext, flags uint32) (cuEvent, error) {
 	var e C.CUevent
-	return e, cuErr("cuEventCreate", C.tr_event_create(c, &e))
+	return e, cuErr("cuEventCreate", C.tr_event_create(c, &e, C.uint(flags)))
 }
 
 func (l *cuLib) eventRecord(c cuContext, e cuEvent, s cuStream) error {

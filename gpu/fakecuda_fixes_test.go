@@ -5,9 +5,14 @@ package gpu
 import (
 	"fmt"
 	"os"
+	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
+	"unsafe"
+	"weak"
 
 	"github.com/stretchr/testify/require"
 )
@@ -279,4 +284,99 @@ func TestFakeKeptGoMemoryReleasedChild(t *testing.T) {
 	require.NoError(t, ev.Synchronize())
 	require.Zero(t, keptBuffers(st))
 	require.NoError(t, st.Synchronize())
+}
+
+// TestFakeDriverDestroyKeepsGoMemory: Stream.Destroy returns at once and the
+// work already enqueued still runs, so the Go memory of a CopyAsync queued
+// behind a wait must stay alive after Destroy until the copy has run, and
+// be released then; so must System.Close's, which destroys live streams.
+// Destroy dropped the stream's hold on the memory with the stream: the
+// collector freed the source of a copy still queued.
+func TestFakeDriverDestroyKeepsGoMemory(t *testing.T) {
+	onFakeDriver(t, "TestFakeDestroyKeepsGoMemoryChild")
+}
+
+// queueGoCopy enqueues on a new stream of d, behind a wait for gate >= 1, a
+// copy of fresh Go memory holding pattern(n, seed) into dst, destroys the
+// stream unless close is set (System.Close then does) and returns a weak
+// pointer to that memory: nothing else references it or the stream.
+//
+//go:noinline
+func queueGoCopy(t *testing.T, d *Device, gate, dst Buffer, seed byte, destroy bool) weak.Pointer[[4096]byte] {
+	t.Helper()
+	st, err := d.NewStream()
+	require.NoError(t, err)
+	require.NoError(t, WaitValue64(st, gate, 1, GEQ))
+	src := new([4096]byte)
+	copy(src[:], pattern(len(src), seed))
+	require.NoError(t, CopyAsync(st, dst, d.sys.HostBuffer(src[:])))
+	if destroy {
+		require.NoError(t, st.Destroy())
+	}
+	return weak.Make(src)
+}
+
+// collected runs the collector a few times and reports whether p's object
+// is gone.
+func collected(p weak.Pointer[[4096]byte]) bool {
+	for range 5 {
+		runtime.GC()
+	}
+	return p.Value() == nil
+}
+
+// TestFakeDestroyKeepsGoMemoryChild is TestFakeDriverDestroyKeepsGoMemory's
+// child.
+func TestFakeDestroyKeepsGoMemoryChild(t *testing.T) {
+	s := fakeDriverSystem(t)
+	d := s.Devices()[0]
+	const n = 4096
+
+	// Stream.Destroy.
+	dev, err := d.Alloc(n)
+	require.NoError(t, err)
+	require.NoError(t, Memset(dev, 0))
+	gate, err := s.AllocHost(8)
+	require.NoError(t, err)
+	src := queueGoCopy(t, d, gate, dev, 5, true)
+	require.False(t, collected(src), "a destroyed stream's queued copy lost its source to the collector")
+	time.Sleep(20 * time.Millisecond)
+	require.False(t, collected(src), "a destroyed stream's queued copy lost its source to the collector")
+	require.NoError(t, WriteValue64Host(gate, 1))
+	got := make([]byte, n)
+	eventually(t, func() bool {
+		require.NoError(t, CopyToHost(got, dev))
+		return string(got) == string(pattern(n, 5))
+	}, "the destroyed stream's copy never landed")
+	eventually(t, func() bool { return collected(src) }, "the destroyed stream's Go memory was never released")
+
+	// System.Close destroys the live stream and waits for its work; the Go
+	// destination stays with the test, the source only with the stream.
+	gate2, err := s.AllocHost(8)
+	require.NoError(t, err)
+	word, err := gate2.Bytes()
+	require.NoError(t, err)
+	dst := make([]byte, n)
+	src = queueGoCopy(t, d, gate2, s.HostBuffer(dst), 6, false)
+	closed := make(chan error, 1)
+	go func() { closed <- s.Close() }()
+	select {
+	case err := <-closed:
+		require.NoError(t, err)
+		require.False(t, collected(src), "Close let the collector take a queued copy's source")
+		t.Fatal("Close returned before the queued copy ran")
+	case <-time.After(50 * time.Millisecond):
+	}
+	require.False(t, collected(src), "Close let the collector take a queued copy's source")
+	// The system is closing: write the gate from the host directly (the
+	// fake driver polls it).
+	atomic.StoreUint64((*uint64)(unsafe.Pointer(&word[0])), 1)
+	select {
+	case err := <-closed:
+		require.NoError(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close did not return after the gate opened")
+	}
+	require.Equal(t, pattern(n, 6), dst)
+	eventually(t, func() bool { return collected(src) }, "Close never released the queued copy's Go memory")
 }
