@@ -660,6 +660,12 @@ func actorKill(ctx context.Context, r *rank) error {
 			return err
 		}
 	}
+	// The launcher stops the survivors (SIGTERM) once rank 2 dies; they
+	// finish their checks, and rankMain its close, first. The handler is in
+	// place before rank 2 can die, and stays after this function returns
+	// (since the launcher's loss notice the checks take milliseconds, and
+	// the SIGTERM may come later).
+	signal.Notify(make(chan os.Signal, 1), syscall.SIGTERM)
 	if err := r.b.Barrier(ctx, "actor-kill.spawned"); err != nil {
 		return err
 	}
@@ -671,12 +677,6 @@ func actorKill(ctx context.Context, r *rank) error {
 		syscall.Kill(os.Getpid(), syscall.SIGKILL)
 		select {}
 	}
-
-	// The launcher stops the survivors (SIGTERM) once rank 2 dies; they
-	// finish their checks first.
-	term := make(chan os.Signal, 1)
-	signal.Notify(term, syscall.SIGTERM)
-	defer signal.Stop(term)
 
 	peer := 1 - r.id()
 	victim := rt.PID(2, "echo")
@@ -784,10 +784,7 @@ var killNS = regexp.MustCompile(`(?m)^\[(\d)\] rank \d: (KILL|TERMINATED)_AT_NS=
 func TestActorKillRank(t *testing.T) {
 	forActorTLS(t, func(t *testing.T, c cfg) {
 		res := launch(t, "actor-kill", actorRanks, c)
-		var rf *bootstrap.RankFailure
-		if !errors.As(res.err, &rf) || rf.Rank != 2 || rf.Signal != syscall.SIGKILL {
-			t.Fatalf("Launch returned %v, want rank 2 killed by SIGKILL:\n%s", res.err, res.dump())
-		}
+		requireRank2Killed(t, res)
 		if strings.Contains(res.stderr, "FAILED") {
 			t.Fatalf("a rank reported a failure:\n%s", res.dump())
 		}
@@ -796,22 +793,7 @@ func TestActorKillRank(t *testing.T) {
 			requireLine(t, res, fmt.Sprintf("[%d] rank %d: watch, pending requests and new operations on the killed rank ok", i, i))
 		}
 		checkTLS(t, res, actorRanks, c)
-		var kill int64
-		seen := map[int]int64{}
-		for _, m := range killNS.FindAllStringSubmatch(res.stdout, -1) {
-			rk, _ := strconv.Atoi(m[1])
-			ns, _ := strconv.ParseInt(m[3], 10, 64)
-			if m[2] == "KILL" {
-				kill = ns
-			} else {
-				seen[rk] = ns
-			}
-		}
-		if kill == 0 || len(seen) != 2 {
-			t.Fatalf("missing KILL_AT_NS/TERMINATED_AT_NS lines:\n%s", res.dump())
-		}
-		for rk := 0; rk < 2; rk++ {
-			d := time.Duration(seen[rk] - kill)
+		for rk, d := range sinceKill(t, res, killNS) {
 			t.Logf("%s: rank %d's watcher got Terminated(AddressTerminated) %v after rank 2's SIGKILL", c.tls, rk, d.Round(time.Microsecond))
 			if d > killLimit {
 				t.Errorf("rank %d: Terminated %v after the kill, more than %v", rk, d, killLimit)
@@ -839,6 +821,20 @@ func actorLostSilent(ctx context.Context, r *rank) error {
 	if _, err := spawn(rt, "echo", echo(rt)); err != nil {
 		return err
 	}
+	// The survivors talk to each other first (never to rank 2): their
+	// last exchange then runs between connected endpoints. A first
+	// message on a new TCP endpoint could fail with "Endpoint timeout"
+	// when its receiver shut down right after taking it (1 job in 30).
+	if r.id() < 2 {
+		if err := exchange(ctx, r, 1-r.id(), tagKillReady); err != nil {
+			return err
+		}
+	}
+	// The launcher stops the survivors (SIGTERM) once rank 2 dies; they
+	// finish their checks, and rankMain its close, first. The handler is
+	// in place before rank 2 can die (it killed a survivor that had not
+	// installed it yet), and stays after this function returns.
+	signal.Notify(make(chan os.Signal, 1), syscall.SIGTERM)
 	if err := r.b.Barrier(ctx, "actor-lost-silent.spawned"); err != nil {
 		return err
 	}
@@ -847,10 +843,6 @@ func actorLostSilent(ctx context.Context, r *rank) error {
 		syscall.Kill(os.Getpid(), syscall.SIGKILL)
 		select {}
 	}
-	// The launcher stops the survivors (SIGTERM) once rank 2 dies; they
-	// finish their checks, and rankMain its close, first. The SIGTERM
-	// may come after this function returned: the handler stays.
-	signal.Notify(make(chan os.Signal, 1), syscall.SIGTERM)
 
 	select {
 	case <-rt.Lost():
@@ -886,33 +878,48 @@ var lostNS = regexp.MustCompile(`(?m)^\[(\d)\] rank \d: (KILL|LOST)_AT_NS=(\d+)$
 func TestActorLostSilentRank(t *testing.T) {
 	forActorTLS(t, func(t *testing.T, c cfg) {
 		res := launch(t, "actor-lost-silent", actorRanks, c)
-		var rf *bootstrap.RankFailure
-		if !errors.As(res.err, &rf) || rf.Rank != 2 || rf.Signal != syscall.SIGKILL {
-			t.Fatalf("Launch returned %v, want rank 2 killed by SIGKILL:\n%s", res.err, res.dump())
-		}
+		requireRank2Killed(t, res)
 		for i := 0; i < 2; i++ {
 			requireLine(t, res, okLine("actor-lost-silent", i))
 			requireLine(t, res, fmt.Sprintf("[%d] rank %d: Lost without traffic to the killed rank ok", i, i))
 		}
 		checkTLS(t, res, actorRanks, c)
-		var kill int64
-		seen := map[int]int64{}
-		for _, m := range lostNS.FindAllStringSubmatch(res.stdout, -1) {
-			rk, _ := strconv.Atoi(m[1])
-			ns, _ := strconv.ParseInt(m[3], 10, 64)
-			if m[2] == "KILL" {
-				kill = ns
-			} else {
-				seen[rk] = ns
-			}
-		}
-		if kill == 0 || len(seen) != 2 {
-			t.Fatalf("missing KILL_AT_NS/LOST_AT_NS lines:\n%s", res.dump())
-		}
-		for rk := 0; rk < 2; rk++ {
-			t.Logf("%s: rank %d's Lost() closed %v after rank 2's SIGKILL", c.tls, rk, time.Duration(seen[rk]-kill).Round(time.Microsecond))
+		for rk, d := range sinceKill(t, res, lostNS) {
+			t.Logf("%s: rank %d's Lost() closed %v after rank 2's SIGKILL", c.tls, rk, d.Round(time.Microsecond))
 		}
 	})
+}
+
+// requireRank2Killed checks that the job ended with rank 2 killed by
+// SIGKILL.
+func requireRank2Killed(t *testing.T, res jobResult) {
+	t.Helper()
+	var rf *bootstrap.RankFailure
+	if !errors.As(res.err, &rf) || rf.Rank != 2 || rf.Signal != syscall.SIGKILL {
+		t.Fatalf("Launch returned %v, want rank 2 killed by SIGKILL:\n%s", res.err, res.dump())
+	}
+}
+
+// sinceKill reads, from lines re matches ("[r] rank r: KILL_AT_NS=..." and
+// one other kind per survivor), how long after rank 2's kill each of ranks
+// 0 and 1 saw it.
+func sinceKill(t *testing.T, res jobResult, re *regexp.Regexp) []time.Duration {
+	t.Helper()
+	var kill int64
+	seen := map[int]int64{}
+	for _, m := range re.FindAllStringSubmatch(res.stdout, -1) {
+		rk, _ := strconv.Atoi(m[1])
+		ns, _ := strconv.ParseInt(m[3], 10, 64)
+		if m[2] == "KILL" {
+			kill = ns
+		} else {
+			seen[rk] = ns
+		}
+	}
+	if kill == 0 || len(seen) != 2 {
+		t.Fatalf("missing KILL_AT_NS lines or a survivor's (%v):\n%s", re, res.dump())
+	}
+	return []time.Duration{time.Duration(seen[0] - kill), time.Duration(seen[1] - kill)}
 }
 
 // ---------------------------------------------------------------------------

@@ -297,14 +297,32 @@ func (c *client) collective(ctx context.Context, kind, name, key string, value [
 	}
 }
 
+// byeWait bounds how long Close waits for the server to end the
+// connection after the goodbye.
+const byeWait = time.Second
+
 func (c *client) Close() error {
 	c.closeOnce.Do(func() {
 		close(c.closing)
 		if b, err := encodeFrame(&frame{Op: opBye, Rank: c.rank}); err == nil {
 			c.wmu.Lock()
 			c.conn.SetWriteDeadline(time.Now().Add(time.Second))
-			c.conn.Write(b)
+			_, err = c.conn.Write(b)
 			c.wmu.Unlock()
+			// Wait (at most byeWait) for the server to end the connection
+			// after the goodbye, reading what it still sends (a loss
+			// notice, say): a socket closed with unread data resets the
+			// connection, and a reset can reach the server before it has
+			// read the goodbye, which would then report this rank lost to
+			// the others.
+			if cw, ok := c.conn.(interface{ CloseWrite() error }); ok && err == nil && cw.CloseWrite() == nil {
+				t := time.NewTimer(byeWait)
+				select {
+				case <-c.done:
+				case <-t.C:
+				}
+				t.Stop()
+			}
 		}
 		c.conn.Close()
 	})
