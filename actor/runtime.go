@@ -23,6 +23,7 @@ import (
 	"github.com/troupe-hpc/troupe/gpu"
 	"github.com/troupe-hpc/troupe/transport"
 	"github.com/troupe-hpc/troupe/transport/bootstrap"
+	"github.com/troupe-hpc/troupe/transport/metrics"
 )
 
 // ErrClosed is returned by calls on a runtime that has shut down.
@@ -110,6 +111,14 @@ type Options struct {
 	// go eager"). 0 means DefaultEagerMax, a negative value turns it off;
 	// TROUPE_ACTOR_EAGER_MAX sets it for Init's runtime.
 	EagerMax int
+	// MetricsAddr, host:port, makes the rank serve its counters (the
+	// transport's and the runtime's, Collector) as Prometheus metrics at
+	// http://host:port+rank/metrics until Shutdown; port 0 lets the
+	// system choose a port for each rank (MetricsURL tells which). Empty:
+	// the environment's TROUPE_METRICS_ADDR (metrics.AddrEnv), and no
+	// endpoint without it. Init fails if the address cannot be listened
+	// on (docs/metrics.md).
+	MetricsAddr string
 }
 
 // DefaultEagerMax is the default Options.EagerMax: 32 KiB.
@@ -206,6 +215,7 @@ type Runtime struct {
 	lostErr  error // that rank's *transport.PeerLostError, set before lost closes
 	bg       sync.WaitGroup
 	stats    Stats
+	metrics  *metrics.Server // Options.MetricsAddr's endpoint, or nil
 	shutOnce sync.Once
 }
 
@@ -461,14 +471,25 @@ func start(ctx context.Context, t *transport.Transport, opts Options) (*Runtime,
 	rt.bg.Add(1)
 	go rt.watchPeers(lost)
 	if err := t.Bootstrap().Barrier(ctx, "troupe.actor.init"); err != nil {
-		rt.closed.Store(true)
-		close(rt.stop)
-		rt.dispatcher.close()
-		rt.bg.Wait()
+		rt.abortStart()
 		return nil, fmt.Errorf("actor: waiting for the other ranks: %w", err)
+	}
+	// After the barrier, so that a rank that cannot serve its metrics
+	// fails alone instead of leaving the others waiting in it.
+	if err := rt.serveMetrics(opts.MetricsAddr); err != nil {
+		rt.abortStart()
+		return nil, err
 	}
 	rt.log.Debug("actor runtime started", zap.Int("size", rt.size))
 	return rt, nil
+}
+
+// abortStart stops what start started, for a start that fails at its end.
+func (rt *Runtime) abortStart() {
+	rt.closed.Store(true)
+	close(rt.stop)
+	rt.dispatcher.close()
+	rt.bg.Wait()
 }
 
 // SetTypedTransfer changes Options.TypedDirectMin and Options.TypedScheme
@@ -568,6 +589,9 @@ func (rt *Runtime) shutdown(ctx context.Context) error {
 	rt.failRequests(-1, "the runtime shut down before the answer came")
 	rt.stopLocalActors()
 	rt.sys.Shutdown()
+	if err := rt.closeMetrics(); err != nil {
+		errs = append(errs, fmt.Errorf("actor: closing the metrics endpoint: %w", err))
+	}
 	if rt.ownT {
 		if err := rt.t.Close(); err != nil {
 			errs = append(errs, err)

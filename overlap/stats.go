@@ -36,11 +36,11 @@ type Stats struct {
 	// the receiver's next activity (what an onload would have waited).
 	ShadowDeltas uint64
 
-	PoolSlots     int // configured slots
-	PoolInUse     int // slots held now
-	PoolHighWater int // most slots ever held at once
+	PoolSlots     int `metric:",gauge"` // configured slots
+	PoolInUse     int `metric:",gauge"` // slots held now
+	PoolHighWater int `metric:",gauge"` // most slots ever held at once
 
-	Outstanding int     // rendezvous transfers with a header, not finished
-	K           float64 // current K in nanoseconds
-	Tracked     int     // transfer records held (for leak checks)
+	Outstanding int     `metric:",gauge"`              // rendezvous transfers with a header, not finished
+	K           float64 `metric:"k_nanoseconds,gauge"` // current K in nanoseconds
+	Tracked     int     `metric:",gauge"`              // transfer records held (for leak checks)
 }

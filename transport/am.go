@@ -241,7 +241,7 @@ func (t *Transport) sendAM(dst int, id uint16, header, data []byte, mode uint32)
 	}
 	pull := mode&AMPull != 0
 	mode &^= AMPull
-	r := t.newRequest("am-send", dst, int(id), len(data))
+	r := t.newRequest("am-send", dst, int(id), len(header)+len(data))
 	r.eager = mode == AMEager
 	if mode != AMEager && t.useCMA(dst, len(data), pull) {
 		r.b = ucx.Buffer{Ptr: bytesPtr(data), Len: len(data)}
@@ -342,6 +342,9 @@ func (t *Transport) PostAM(dst int, id uint16, header, data []byte) error {
 		} else {
 			t.bundleFlush(dst) // a larger post leaves after the bundle
 			done, perr = t.w.AMPost(p.ep, id, header, data, postMode)
+		}
+		if perr == nil {
+			t.traffic.amPosted(len(header) + len(data))
 		}
 		switch {
 		case perr != nil:
@@ -545,6 +548,7 @@ func (t *Transport) deliverOne(ev *ucx.Event) bool {
 		m.cma, m.Size, m.Rendezvous, id = c, int(c.d.n), true, c.amID
 	}
 	m.id = id
+	t.traffic.amDelivered(1, len(m.Header)+m.Size)
 	if h := (*t.amh.Load())[id].h; h != nil {
 		h(m)
 	}

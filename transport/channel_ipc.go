@@ -101,7 +101,7 @@ type gpuIPCState struct {
 type GPUIPCStats struct {
 	Enabled bool   // this rank takes part
 	Off     string // why it does not ("" when it does)
-	Peers   int    // ranks with which this rank's channels are IPC channels
+	Peers   int    `metric:",gauge"` // ranks with which this rank's channels are IPC channels
 	// Sent: sends whose buffer the receiver copied by IPC. Received:
 	// receives served by IPC.
 	Sent, Received int64

@@ -206,6 +206,8 @@ func (t *Transport) deliverBundle(ev *ucx.Event) {
 	b := ev.AMData()
 	got := uint64(0)
 	lastID, lastH := uint16(amBundle), AMHandler(nil) // bundles mostly repeat one id
+	delivered, size := 0, 0
+	defer func() { t.traffic.amDelivered(delivered, size) }()
 	for len(b) > 0 {
 		f, rest, err := nextFrame(b)
 		if err != nil {
@@ -228,6 +230,7 @@ func (t *Transport) deliverBundle(ev *ucx.Event) {
 			m = new(AMMessage)
 		}
 		*m = AMMessage{t: t, Header: f.header, Size: len(f.data), id: f.id, bundled: true, data: f.data}
+		delivered, size = delivered+1, size+len(f.header)+len(f.data)
 		h(m)
 		if m.kept {
 			t.amMsg = nil

@@ -231,7 +231,8 @@ func NoncontigOptionsFromEnv(o NoncontigOptions) (NoncontigOptions, error) {
 
 // SchemeCounts counts transfers by the scheme they finally used.
 type SchemeCounts struct {
-	Pack, SGL, ZCopy int64
+	Pack, SGL int64
+	ZCopy     int64 `metric:"zcopy"`
 }
 
 // NoncontigStats are the counters of typed transfers, readable in-process
@@ -276,7 +277,8 @@ type NoncontigStats struct {
 	// layouts) whose keys a peer held, once per peer told to forget them;
 	// RemoteSetsForgotten the remote window cache entries this rank
 	// dropped when a peer retired them; RemoteSets the entries it holds.
-	WindowSetsRetired, RemoteSetsForgotten, RemoteSets int64
+	WindowSetsRetired, RemoteSetsForgotten int64
+	RemoteSets                             int64 `metric:",gauge"`
 }
 
 type ncCounters struct {

@@ -879,7 +879,7 @@ func (t *Transport) OverlapStats() (s overlap.Stats, ok bool) {
 // as they arrive); Discarded is the number of such leftover chunks dropped
 // since the transport started (cumulative, like PolicyErrors).
 type OverlapTable struct {
-	Posted, Held, Unexpected, Copies, Discarding int
+	Posted, Held, Unexpected, Copies, Discarding int `metric:",gauge"`
 	PolicyErrors, Discarded                      uint64
 }
 

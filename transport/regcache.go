@@ -22,7 +22,7 @@ type regEntry struct {
 // RegCacheStats counts registration cache activity.
 type RegCacheStats struct {
 	Hits, Misses, Evictions, Invalidations int
-	Entries, Unused                        int
+	Entries, Unused                        int `metric:",gauge"`
 }
 
 // regCache is an address-ordered, page-granular, reference-counted cache of

@@ -215,6 +215,7 @@ type Transport struct {
 	ov            *ovState      // the overlap engine's state; nil when off
 	chanOpen      atomic.Int32  // channels open on this rank (ovProbe takes their messages)
 	chanDiscarded atomic.Uint64 // leftover channel chunks drained without the engine
+	traffic       traffic       // messages and bytes moved (traffic.go)
 	cma           cmaState      // same-host zero copy (cma.go)
 	sameHost      []bool        // by rank: shares this rank's host (read-only after New)
 	sameProcess   []bool        // by rank: runs in this process (StartLocal; read-only after New)
@@ -1346,6 +1347,9 @@ func (t *Transport) finish(r *Request, st ucx.Status, length int) {
 func (t *Transport) complete(r *Request) {
 	if r.fin.Load() {
 		return
+	}
+	if r.err == nil {
+		t.traffic.countCompleted(r)
 	}
 	if r.cma != nil {
 		t.cmaSendComplete(r.cma) // withdraws the message unless acknowledged
