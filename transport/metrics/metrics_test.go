@@ -127,7 +127,7 @@ func onlyMetric(t *testing.T, c *Collector, name string) prometheus.Collector {
 type constCollector struct{ m prometheus.Metric }
 
 func (c constCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.m.Desc() }
-func (c constCollector) Collect(ch chan<- prometheus.Metric)  { ch <- c.m }
+func (c constCollector) Collect(ch chan<- prometheus.Metric) { ch <- c.m }
 
 func TestCollectorNilSnapshot(t *testing.T) {
 	c := New(0)
