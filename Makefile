@@ -5,7 +5,7 @@ GO      ?= go
 BIN     := bin
 RACE_PKGS := ./...
 
-.PHONY: deps build run test bench bench-mpi bench-jacobi-mpi ptx clean
+.PHONY: deps test-deps build run test bench bench-mpi bench-jacobi-mpi ptx clean
 
 # deps installs UCX (headers, library, ucx_perftest), pkg-config and, if no Go
 # toolchain is on PATH, Debian's Go (which fetches the go.mod toolchain).
@@ -42,7 +42,7 @@ run: build
 # execution count, not a duration: a duration races Go's fuzz coordinator on a
 # loaded machine and fails with "context deadline exceeded" and no crasher
 # (golang/go#75804).
-test: deps
+test: deps test-deps
 	$(GO) vet ./...
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeEnvelope$$' -fuzztime 50000x ./actor/
 	$(GO) test -run '^$$' -fuzz '^FuzzEnvelopeShort$$' -fuzztime 50000x ./actor/
@@ -53,6 +53,16 @@ test: deps
 	UCX_LOG_LEVEL=error $(GO) test -count=1 -run '^TestActorFlood$$' ./integration/
 	$(GO) test -count=1 -run '^TestOneBlockOneProcessor$$' ./samples/jacobi3d/jacobi/
 	UCX_LOG_LEVEL=error $(GO) test -race -count=1 -timeout 20m $(RACE_PKGS)
+
+# test-deps installs what only the tests need: Open MPI's mpirun, whose PMIx
+# server the PMIx bootstrap is tested against (integration TestPMIxLaunch),
+# and PMIx's headers, against which TestPMIxABI checks the declarations of
+# transport/bootstrap/pmix.go.
+test-deps:
+	@if ! command -v mpirun.openmpi >/dev/null 2>&1 || ! pkg-config --exists pmix 2>/dev/null; then \
+		echo "installing openmpi-bin libpmix-dev"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openmpi-bin libpmix-dev >/dev/null; \
+	fi
 
 bench: build
 	$(BIN)/troupe bench pingpong --compare 5

@@ -100,6 +100,7 @@ func rankMain(role string) int {
 	r := &rank{t: tr, b: b}
 	r.logf("UCX_TLS=%s progress=%v", os.Getenv("UCX_TLS"), opts.Progress)
 	r.logf("GOMAXPROCS=%d", runtime.GOMAXPROCS(0))
+	r.logf("bootstrap=%T", b)
 	if err := sc(ctx, r); err != nil {
 		fmt.Fprintf(os.Stderr, "%s: rank %d FAILED: %v\n", role, b.Rank(), err)
 		return 1

@@ -454,7 +454,10 @@ func TestFromEnv(t *testing.T) {
 	assert.Contains(t, err.Error(), "not started by troupe run?")
 
 	t.Setenv("PMIX_RANK", "0")
+	old := PMIx
+	PMIx = nil // a build without the PMIx backend
 	_, err = FromEnv(ctx)
+	PMIx = old
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "no PMIx support")
 	t.Setenv("PMIX_RANK", "")

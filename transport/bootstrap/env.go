@@ -16,12 +16,13 @@ const (
 	EnvToken = "TROUPE_TOKEN" // job token, 32 hex digits
 )
 
-// PMIx is the seam for the PMIx bootstrap (ranks started by mpirun or srun,
-// exchanging worker addresses with PMIx put/commit/fence/get). It is nil
-// until a PMIx backend is linked in: that backend (a cgo package, a later
-// issue) assigns it from an init function. FromEnv calls it when the process
-// was not started by troupe run (no TROUPE_RDV) but a PMIx server is
-// advertised (PMIX_RANK or PMIX_SERVER_URI* in the environment).
+// PMIx joins a job through the PMIx server of the launcher that started
+// this process (mpirun, prterun, srun --mpi=pmix), exchanging values with
+// PMIx put/commit/fence/get. FromEnv calls it when the process was not
+// started by troupe run (no TROUPE_RDV) but a PMIx server is advertised
+// (PMIX_RANK or PMIX_SERVER_URI* in the environment). It is the dlopen
+// backend of pmix.go in builds with cgo on linux, nil in others; a program
+// may replace it.
 var PMIx func(ctx context.Context) (Bootstrapper, error)
 
 // launcherRankVars are the rank/size variables of common launchers, tried in
@@ -52,7 +53,7 @@ func pmixAdvertised() bool {
 //     the rendezvous client.
 //  2. TROUPE_RDV and TROUPE_TOKEN but no TROUPE_RANK/TROUPE_SIZE: rank and size
 //     from OMPI_COMM_WORLD_RANK/SIZE, PMI_RANK/SIZE, or SLURM_PROCID/NTASKS.
-//  3. No TROUPE_RDV but a PMIx environment: the PMIx backend, if linked in.
+//  3. No TROUPE_RDV but a PMIx environment: the PMIx backend (PMIx).
 //
 // Otherwise it returns an error explaining how to start the program.
 func FromEnv(ctx context.Context) (Bootstrapper, error) {
@@ -62,7 +63,7 @@ func FromEnv(ctx context.Context) (Bootstrapper, error) {
 			if PMIx != nil {
 				return PMIx(ctx)
 			}
-			return nil, errors.New("bootstrap: started under a PMIx launcher, but this build has no PMIx support yet; " +
+			return nil, errors.New("bootstrap: started under a PMIx launcher, but this build has no PMIx support (it needs cgo on linux); " +
 				"start the job with `troupe run -n N -- PROGRAM`")
 		}
 		return nil, fmt.Errorf("bootstrap: %s is not set: not started by troupe run? "+
