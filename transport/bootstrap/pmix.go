@@ -29,6 +29,7 @@ enum {
 	TP_GLOBAL = 3,         // PMIX_GLOBAL scope
 	TP_MAX_NSLEN = 255,    // PMIX_MAX_NSLEN
 	TP_MAX_KEYLEN = 511,   // PMIX_MAX_KEYLEN
+	TP_WRONG_TYPE = -1000, // not a PMIx status: a value of another type than asked
 };
 #define TP_RANK_WILDCARD (UINT32_MAX - 1)  // PMIX_RANK_WILDCARD
 #define TP_KEY_JOB_SIZE "pmix.job.size"     // PMIX_JOB_SIZE
@@ -96,18 +97,29 @@ static tp_status tp_init(tp_proc *me) { return tp.init(me, NULL, 0); }
 static tp_status tp_finalize(void) { return tp.finalize(NULL, 0); }
 static tp_status tp_commit(void) { return tp.commit(); }
 
+// tp_get_typed gets rank's value under key, which must be of type want:
+// *out, which the caller frees (and, for a byte object, its bytes).
+static tp_status tp_get_typed(const tp_proc *me, uint32_t rank, const char *key, uint16_t want, tp_value **out) {
+	tp_proc p;
+	memcpy(p.nspace, me->nspace, sizeof p.nspace);
+	p.rank = rank;
+	tp_value *v = NULL;
+	tp_status rc = tp.get(&p, key, NULL, 0, &v);
+	if (rc != TP_SUCCESS) return rc;
+	if (v == NULL || v->type != want) {
+		if (v != NULL && v->type == TP_BYTE_OBJECT) free(v->data.bo.bytes);
+		free(v);
+		return TP_WRONG_TYPE;
+	}
+	*out = v;
+	return TP_SUCCESS;
+}
+
 // tp_job_size reads the job's size (PMIX_JOB_SIZE of the namespace).
 static tp_status tp_job_size(const tp_proc *me, uint32_t *size) {
-	tp_proc wild;
-	memcpy(wild.nspace, me->nspace, sizeof wild.nspace);
-	wild.rank = TP_RANK_WILDCARD;
-	tp_value *v = NULL;
-	tp_status rc = tp.get(&wild, TP_KEY_JOB_SIZE, NULL, 0, &v);
+	tp_value *v;
+	tp_status rc = tp_get_typed(me, TP_RANK_WILDCARD, TP_KEY_JOB_SIZE, TP_UINT32, &v);
 	if (rc != TP_SUCCESS) return rc;
-	if (v == NULL || v->type != TP_UINT32) {
-		free(v);
-		return -1000; // not a PMIx status: reported as a type mismatch
-	}
 	*size = v->data.uint32;
 	free(v);
 	return TP_SUCCESS;
@@ -138,17 +150,9 @@ static tp_status tp_fence(int collect) {
 // tp_get fetches rank's byte object under key: *bytes (malloc'd, the
 // caller frees it) and *n.
 static tp_status tp_get(const tp_proc *me, uint32_t rank, const char *key, char **bytes, size_t *n) {
-	tp_proc p;
-	memcpy(p.nspace, me->nspace, sizeof p.nspace);
-	p.rank = rank;
-	tp_value *v = NULL;
-	tp_status rc = tp.get(&p, key, NULL, 0, &v);
+	tp_value *v;
+	tp_status rc = tp_get_typed(me, rank, key, TP_BYTE_OBJECT, &v);
 	if (rc != TP_SUCCESS) return rc;
-	if (v == NULL || v->type != TP_BYTE_OBJECT) {
-		if (v && v->type == TP_BYTE_OBJECT) free(v->data.bo.bytes);
-		free(v);
-		return -1000;
-	}
 	*bytes = v->data.bo.bytes;
 	*n = v->data.bo.size;
 	free(v);
@@ -183,10 +187,6 @@ import (
 // the default tries libpmix.so.2, then libpmix.so.
 const EnvPMIxLib = "TROUPE_PMIX_LIB"
 
-// errNotPMIxStatus is the status tp_job_size and tp_get return for a
-// value of another type than asked.
-const errNotPMIxStatus = -1000
-
 func init() { PMIx = joinPMIx }
 
 // pmixMu serialises PMIx_Init and PMIx_Finalize (libpmix counts them).
@@ -206,7 +206,7 @@ type pmixClient struct {
 
 // pmixError is a failed PMIx call.
 func pmixError(call string, rc C.tp_status) error {
-	if rc == errNotPMIxStatus {
+	if rc == C.TP_WRONG_TYPE {
 		return fmt.Errorf("bootstrap: pmix: %s: the value has an unexpected type", call)
 	}
 	return fmt.Errorf("bootstrap: pmix: %s: %s (status %d)", call, C.GoString(C.tp_error(rc)), int(rc))
