@@ -180,6 +180,7 @@ import (
 	"fmt"
 	"os"
 	"sync"
+	"time"
 	"unsafe"
 )
 
@@ -197,12 +198,18 @@ type pmixClient struct {
 	me         C.tp_proc
 	rank, size int
 
-	// mu makes collectives run one at a time, in call order: PMIx fences
-	// are matched by their order, not by name.
-	mu     sync.Mutex
+	// turn is held by the collective running (and by Close): collectives
+	// run one at a time, in call order, since PMIx fences are matched by
+	// their order, not by name. It guards rounds and closed.
+	turn   chan struct{}
 	rounds map[string]int // how often each AllGather key was used
 	closed bool
 }
+
+// pmixCloseWait is how long Close waits for a collective still running
+// (one whose caller's context ended while a rank was missing) before it
+// gives up finalizing PMIx.
+const pmixCloseWait = time.Second
 
 // pmixError is a failed PMIx call.
 func pmixError(call string, rc C.tp_status) error {
@@ -226,7 +233,7 @@ func joinPMIx(ctx context.Context) (Bootstrapper, error) {
 		return nil, fmt.Errorf("bootstrap: started under a PMIx launcher, but its client library could not be loaded (%s); "+
 			"install libpmix2 (or set %s), or start the job with `troupe run -n N -- PROGRAM`", C.GoString(msg), EnvPMIxLib)
 	}
-	c := &pmixClient{rounds: map[string]int{}}
+	c := &pmixClient{rounds: map[string]int{}, turn: make(chan struct{}, 1)}
 	if rc := C.tp_init(&c.me); rc != C.TP_SUCCESS {
 		return nil, pmixError("PMIx_Init", rc)
 	}
@@ -255,8 +262,8 @@ func (c *pmixClient) collective(ctx context.Context, name string, f func() error
 	}
 	done := make(chan error, 1)
 	go func() {
-		c.mu.Lock()
-		defer c.mu.Unlock()
+		c.turn <- struct{}{}
+		defer func() { <-c.turn }()
 		if c.closed {
 			done <- ErrClosed
 			return
@@ -335,10 +342,17 @@ func (c *pmixClient) Barrier(ctx context.Context, name string) error {
 	})
 }
 
-// Close finalizes PMIx; later collectives fail with ErrClosed.
+// Close finalizes PMIx; later collectives fail with ErrClosed. A
+// collective still running after its caller gave up (a rank never came)
+// is waited for up to pmixCloseWait; then Close returns an error and
+// leaves PMIx as it is, to be cleaned up when the process exits.
 func (c *pmixClient) Close() error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
+	select {
+	case c.turn <- struct{}{}:
+	case <-time.After(pmixCloseWait):
+		return fmt.Errorf("bootstrap: pmix: Close: a collective is still waiting for other ranks after %v; PMIx not finalized", pmixCloseWait)
+	}
+	defer func() { <-c.turn }()
 	if c.closed {
 		return nil
 	}

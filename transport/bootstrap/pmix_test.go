@@ -4,10 +4,12 @@ package bootstrap
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -118,4 +120,47 @@ func TestPMIxErrors(t *testing.T) {
 func pmixInstalled() bool {
 	out, err := exec.Command("/sbin/ldconfig", "-p").Output()
 	return err == nil && strings.Contains(string(out), "libpmix.so")
+}
+
+// TestPMIxCollectiveTurns: a collective whose context ends while it waits
+// returns at once and keeps its turn until it is over; Close gives up
+// after pmixCloseWait while one still runs, without finalizing PMIx (the
+// client here has no PMIx behind it: nothing may reach libpmix).
+func TestPMIxCollectiveTurns(t *testing.T) {
+	c := &pmixClient{rounds: map[string]int{}, turn: make(chan struct{}, 1)}
+	release := make(chan struct{})
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() {
+		errc <- c.collective(ctx, "stuck", func() error { <-release; return nil })
+	}()
+	for len(c.turn) == 0 { // the stuck collective has its turn
+		runtime.Gosched()
+	}
+	cancel()
+	if err := <-errc; !errors.Is(err, context.Canceled) || !strings.Contains(err.Error(), `"stuck"`) {
+		t.Fatalf("ended collective: %v", err)
+	}
+	ran := make(chan struct{})
+	next := make(chan error, 1)
+	go func() {
+		next <- c.collective(context.Background(), "next", func() error { close(ran); return nil })
+	}()
+	if err := c.Close(); err == nil || !strings.Contains(err.Error(), "still waiting") {
+		t.Fatalf("Close with a collective running: %v", err)
+	}
+	select {
+	case <-ran:
+		t.Fatal("the next collective ran before the stuck one was over")
+	default:
+	}
+	close(release)
+	if err := <-next; err != nil {
+		t.Fatal(err)
+	}
+	<-ran
+	c.closed = true // as Close would once PMIx is finalized
+	if err := c.Barrier(context.Background(), "after"); !errors.Is(err, ErrClosed) {
+		t.Fatalf("collective after Close: %v", err)
+	}
 }
