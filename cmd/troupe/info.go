@@ -8,12 +8,14 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/troupe-hpc/troupe/gpu"
+	"github.com/troupe-hpc/troupe/transport/bootstrap"
+	"github.com/troupe-hpc/troupe/transport/metrics"
 	"github.com/troupe-hpc/troupe/transport/ucx"
 )
 
 var infoCmd = &cobra.Command{
 	Use:   "info",
-	Short: "Show the UCX version, transports and devices, and the GPU backend",
+	Short: "Show the UCX version, transports and devices, the PMIx client, metrics and the GPU backend",
 	Args:  cobra.NoArgs,
 	RunE: func(cmd *cobra.Command, _ []string) error {
 		out := cmd.OutOrStdout()
@@ -29,6 +31,17 @@ var infoCmd = &cobra.Command{
 		fmt.Fprintln(out, "\nUCX transports and devices (ucp_context_print_info):")
 		for _, line := range strings.Split(strings.TrimSpace(ctx.Info()), "\n") {
 			fmt.Fprintln(out, "  "+line)
+		}
+		fmt.Fprintln(out, "\nJobs:")
+		if lib, v, err := bootstrap.PMIxVersion(); err != nil {
+			fmt.Fprintf(out, "  pmix          unavailable (mpirun and srun launches fail; troupe run works): %v\n", err)
+		} else {
+			fmt.Fprintf(out, "  pmix          %s %s (ranks started by mpirun or srun --mpi=pmix join through it)\n", lib, v)
+		}
+		if v := os.Getenv(metrics.AddrEnv); v != "" {
+			fmt.Fprintf(out, "  metrics       %s=%s: rank r serves http://host:port+r/metrics\n", metrics.AddrEnv, v)
+		} else {
+			fmt.Fprintf(out, "  metrics       off (%s=host:port serves rank r's at port+r)\n", metrics.AddrEnv)
 		}
 		fmt.Fprintln(out, "\nGPU:")
 		sys, err := gpu.Open()

@@ -52,6 +52,8 @@ static struct {
 	tp_status (*fence)(const tp_proc *, size_t, const tp_info *, size_t);
 	tp_status (*get)(const tp_proc *, const char *, const tp_info *, size_t, tp_value **);
 	const char *(*error_string)(tp_status);
+	const char *(*get_version)(void);
+	char name[256]; // the library loaded
 } tp;
 
 static char tp_err[512];
@@ -84,9 +86,20 @@ static const char *tp_open(const char *name) {
 			return tp_err;
 		}
 	}
+	tp.get_version = dlsym(lib, "PMIx_Get_version"); // optional: troupe info only
+	for (int i = 0; names[i]; i++) {
+		if (names[i][0] != 0 && dlopen(names[i], RTLD_NOW | RTLD_NOLOAD) == lib) {
+			snprintf(tp.name, sizeof tp.name, "%s", names[i]);
+			dlclose(lib); // the RTLD_NOLOAD reference
+			break;
+		}
+	}
 	tp.lib = lib;
 	return NULL;
 }
+
+static const char *tp_version(void) { return tp.get_version ? tp.get_version() : ""; }
+static const char *tp_libname(void) { return tp.name; }
 
 static const char *tp_error(tp_status rc) {
 	const char *s = tp.error_string ? tp.error_string(rc) : NULL;
@@ -192,6 +205,20 @@ func init() { PMIx = joinPMIx }
 
 // pmixMu serialises PMIx_Init and PMIx_Finalize (libpmix counts them).
 var pmixMu sync.Mutex
+
+// PMIxVersion loads the PMIx client library, as a PMIx launch would, and
+// returns its name and PMIx's version string (empty if the library does
+// not say), or why it cannot be loaded. troupe info reports it.
+func PMIxVersion() (lib, version string, err error) {
+	name := C.CString(os.Getenv(EnvPMIxLib))
+	defer C.free(unsafe.Pointer(name))
+	pmixMu.Lock()
+	defer pmixMu.Unlock()
+	if msg := C.tp_open(name); msg != nil {
+		return "", "", fmt.Errorf("bootstrap: pmix: %s", C.GoString(msg))
+	}
+	return C.GoString(C.tp_libname()), C.GoString(C.tp_version()), nil
+}
 
 // pmixClient is the PMIx implementation of Bootstrapper.
 type pmixClient struct {

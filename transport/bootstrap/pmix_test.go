@@ -164,3 +164,16 @@ func TestPMIxCollectiveTurns(t *testing.T) {
 		t.Fatalf("collective after Close: %v", err)
 	}
 }
+
+// TestPMIxVersion: with libpmix installed, PMIxVersion names the library
+// it loaded and PMIx's version.
+func TestPMIxVersion(t *testing.T) {
+	if !pmixInstalled() || os.Getenv(EnvPMIxLib) != "" {
+		t.Skip("libpmix is not installed (or TROUPE_PMIX_LIB names another): nothing to report")
+	}
+	lib, v, err := PMIxVersion()
+	if err != nil || !strings.HasPrefix(lib, "libpmix.so") || !strings.Contains(v, "PMIx") {
+		t.Fatalf("PMIxVersion: %q, %q, %v", lib, v, err)
+	}
+	t.Logf("%s: %s", lib, v)
+}
