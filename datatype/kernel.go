@@ -162,7 +162,46 @@ const (
 )
 
 // repBlock says whether blocks of l bytes move with blocksRep.
-func repBlock(l int64) bool { return hasRepKernel && l >= repKernelMin && l <= repKernelMax }
+func repBlock(l int64) bool { return l >= repKernelMin && l <= repKernelMax && repKernel() }
+
+// repFaster says whether blocksRep beats the AVX2 kernel and memmove on a
+// CPU (vendor, display family and model, whether it has ERMS). Measured:
+// on a Zen 4 VM (family 19h, EPYC Genoa) REP MOVSB moved 2.5-4 KiB blocks
+// at 67-93 GB/s against the AVX2 kernel's 54-56 (2026-11-23); on a Zen 3
+// VM (family 19h model 01h, EPYC Milan) it was 5-15 % slower than the
+// AVX2 kernel from 2.5 to 32 KiB blocks and than memmove at 128 KiB
+// (milc_zd 26 against 32 GB/s, fft 26 against 33, 2026-12-01), as on
+// earlier AMD cores, where glibc's memcpy avoids it too. So AMD CPUs before
+// Zen 4 use the AVX2 kernel; Zen 4 and later, and other vendors' CPUs with
+// ERMS (unmeasured here), use REP MOVSB.
+func repFaster(vendor string, family, model uint32, erms bool) bool {
+	if !erms {
+		return false
+	}
+	if vendor != "AuthenticAMD" {
+		return true
+	}
+	switch {
+	case family < 0x19:
+		return false // Zen, Zen 2 and older
+	case family > 0x19:
+		return true // Zen 5 and later
+	}
+	// Family 19h is Zen 3 and Zen 4; these model ranges are Zen 4.
+	return model >= 0x10 && model <= 0x1f || model >= 0x60 && model <= 0x7f || model >= 0xa0 && model <= 0xaf
+}
+
+// RepKernel reports whether packs and unpacks move blocks of 2.5 to 256 KiB
+// with REP MOVSB (docs/datatype.md); otherwise the AVX2 kernel or memmove
+// moves them.
+func RepKernel() bool { return repKernel() }
+
+// SetRepKernel turns the REP MOVSB kernel on or off for packs and unpacks
+// started afterwards, and returns whether it is on: it can be only on amd64
+// CPUs with enhanced REP MOVSB. The default depends on the CPU (on where it
+// was measured to be faster); the setting is for benchmarks and for CPUs
+// the default misjudges. Results are the same bytes either way.
+func SetRepKernel(on bool) bool { return setRepKernel(on) }
 
 // stridedLarge moves n blocks of l bytes for the sizes gather has no
 // instance for: the assembly kernel above 64 bytes, copyRun otherwise.

@@ -16,6 +16,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	dt "github.com/troupe-hpc/troupe/datatype"
 	"github.com/troupe-hpc/troupe/datatype/layouts"
 )
 
@@ -49,6 +50,7 @@ func init() {
 	ddtCmd.Flags().Int("repeat", 1, "with --mpi: measure troupe and each MPI program this many times, alternating, and keep the best of each")
 	ddtCmd.Flags().Int("workers", 1, "goroutines per pack and unpack of page-bound layouts (1: the plain single-threaded Pack)")
 	ddtCmd.Flags().StringSlice("mpi", nil, "MPI reference programs to compare with (bin/mpi_pack-openmpi,bin/mpi_pack-mpich)")
+	ddtCmd.Flags().String("rep", "auto", "REP MOVSB kernel for 2.5-256 KiB blocks: auto (the CPU's default), on or off")
 	benchCmd.AddCommand(ddtCmd)
 }
 
@@ -104,7 +106,21 @@ func runDDT(cmd *cobra.Command, _ []string) error {
 	if err != nil {
 		return err
 	}
+	rep, _ := cmd.Flags().GetString("rep")
+	switch rep {
+	case "auto":
+	case "on", "off":
+		if was := dt.RepKernel(); dt.SetRepKernel(rep == "on") != (rep == "on") {
+			dt.SetRepKernel(was)
+			return fmt.Errorf("--rep on: this CPU has no enhanced REP MOVSB")
+		}
+	default:
+		return fmt.Errorf("--rep %q: want auto, on or off", rep)
+	}
 	out := cmd.OutOrStdout()
+	if !asJSON {
+		fmt.Fprintf(out, "# REP MOVSB kernel for 2.5-256 KiB blocks: %v (--rep %s)\n", onOff(dt.RepKernel()), rep)
+	}
 	var tw *tabwriter.Writer
 	if !asJSON {
 		tw = tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
@@ -247,4 +263,12 @@ func runMPIPack(prog, layout string, round time.Duration, rounds int) (mpiResult
 		return mpiResult{}, fmt.Errorf("bench ddt: %s measured %q, asked for %q", prog, m.Layout, layout)
 	}
 	return m, nil
+}
+
+// onOff writes a setting as on or off.
+func onOff(b bool) string {
+	if b {
+		return "on"
+	}
+	return "off"
 }
