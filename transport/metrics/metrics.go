@@ -28,6 +28,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/prometheus/common/model"
 
 	"github.com/troupe-hpc/troupe/overlap"
 	"github.com/troupe-hpc/troupe/transport"
@@ -82,7 +83,8 @@ func New(rank int) *Collector {
 // out. A struct tag `metric:"name,gauge"` renames a field and makes it a
 // gauge (either part may be empty); `metric:"-"` leaves it out. Fields of
 // sync/atomic types need a pointer snapshot. Add fails on a name already
-// taken or a type it cannot export.
+// taken, a name Prometheus does not accept (a subsystem with a dash, say)
+// or a type it cannot export.
 func Add[T any](c *Collector, subsystem string, snapshot func() T) error {
 	typ := reflect.TypeFor[T]()
 	ptr := typ.Kind() == reflect.Pointer
@@ -150,6 +152,9 @@ func (c *Collector) fields(s *source, st reflect.Type, index []int, prefix, help
 			full += "_total"
 		}
 		metric := Namespace + "_" + full
+		if !model.IsValidMetricName(model.LabelValue(metric)) {
+			return fmt.Errorf("%w: %s is not a valid metric name (subsystem or metric tag)", ErrField, metric)
+		}
 		if names[metric] {
 			return fmt.Errorf("%w: metric %s added twice", ErrField, metric)
 		}

@@ -154,6 +154,9 @@ func TestAddErrors(t *testing.T) {
 	if err := Add(c, "clash", func() clash { return clash{} }); !errors.Is(err, ErrField) || !strings.Contains(err.Error(), "troupe_clash_a_total") {
 		t.Errorf("two fields of one name: %v", err)
 	}
+	if err := Add(c, "bad-name", func() inner { return inner{} }); !errors.Is(err, ErrField) || !strings.Contains(err.Error(), "not a valid metric name") {
+		t.Errorf("a subsystem with a dash: %v", err)
+	}
 	if err := Add(c, "once", func() inner { return inner{} }); err != nil {
 		t.Fatal(err)
 	}
