@@ -8,8 +8,8 @@ package bootstrap
 // neither PMIx's headers nor its library, and a program that never runs
 // under a PMIx launcher never loads it. The few types used are declared
 // here by hand after the PMIx Standard's structures (pmix_proc_t,
-// pmix_value_t, pmix_info_t), whose layout PMIx v3, v4 and v5 share;
-// TestPMIxABI compares them with the installed pmix.h where there is one.
+// pmix_value_t, pmix_info_t); TestPMIxABI compares them with the installed
+// pmix.h where there is one (checked against PMIx 4.2.2).
 
 /*
 #cgo LDFLAGS: -ldl
