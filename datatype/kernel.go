@@ -169,8 +169,8 @@ func repBlock(l int64) bool { return l >= repKernelMin && l <= repKernelMax && r
 // on a Zen 4 VM (family 19h, EPYC Genoa) REP MOVSB moved 2.5-4 KiB blocks
 // at 67-93 GB/s against the AVX2 kernel's 54-56 (2026-11-23); on a Zen 3
 // VM (family 19h model 01h, EPYC Milan) it was 5-15 % slower than the
-// AVX2 kernel from 2.5 to 32 KiB blocks and than memmove at 128 KiB
-// (milc_zd 26 against 32 GB/s, fft 26 against 33, 2026-12-01), as on
+// AVX2 kernel from 2.5 to 16 KiB blocks and than memmove at 32 KiB, level
+// with memmove at 128 KiB (milc_zd 26 against 32 GB/s, fft 26 against 33, 2026-12-01), as on
 // earlier AMD cores, where glibc's memcpy avoids it too. So AMD CPUs before
 // Zen 4 use the AVX2 kernel; Zen 4 and later, and other vendors' CPUs with
 // ERMS (unmeasured here), use REP MOVSB.
