@@ -709,12 +709,13 @@ func (m *matchReceiver) postReceive(src, tag int) error {
 // blockingReceive calls Recv or RecvTyped with a context that has ended
 // or ends soon, which cancels it when no message comes first.
 //
-// Typed receives are not renumbered when one is cancelled
-// (docs/noncontig.md): the message the cancelled receive was owed goes to
-// the next typed receive posted, not to the earliest one pending as MPI
-// has it. The checks do not model this departure; instead the harness
-// cancels only typed receives no later typed receive can be pending
-// behind. Wait does not cancel a typed receive, so only blocking calls
+// A cancelled typed receive's pending successors keep their numbers in a
+// few states (an any-source typed receive of the tag pending, a message
+// parked by IprobeTyped; docs/noncontig.md), and the message the cancelled
+// receive was owed then goes to the next typed receive posted. The checks
+// do not model this departure; instead the harness cancels only typed
+// receives no later typed receive can be pending behind (renumbering is
+// tested in renumber_typed_test.go). Wait does not cancel a typed receive, so only blocking calls
 // (this one and MprobeTyped in matchedProbe) do, and nothing is posted
 // while a blocking call waits: its receive is always the last one posted.
 func (m *matchReceiver) blockingReceive(ctx context.Context, src, tag int) {

@@ -669,7 +669,7 @@ func (x *TypedTransfer) Run(ctx context.Context) (Status, error) {
 		return x.nc.recvPlaced(ctx, x.c, x.seq, x.wait, x.parked)
 	}
 	defer x.nc.rtsBufs.Put(x.hbuf)
-	n, err := x.nc.awaitExactRTS(ctx, x.c, x.seq, x.rts)
+	n, err := x.nc.awaitExactRTS(ctx, x.rts)
 	if err != nil {
 		return Status{}, err
 	}

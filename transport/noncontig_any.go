@@ -219,7 +219,9 @@ func (nc *noncontig) takeRecvSeqLocked(k seqKey) uint32 {
 	if k.tag >= 0 {
 		nc.unposted[k.tag]++
 	}
-	return nc.recvCounter(k).take()
+	c := nc.recvCounter(k)
+	c.unposted++
+	return c.take()
 }
 
 // recvCounter returns k's receive counter, creating it; nc.mu is held.
@@ -232,15 +234,24 @@ func (nc *noncontig) recvCounter(k seqKey) *recvCounter {
 	return c
 }
 
-// rtsPosted records that the RTS receive of a sequence number of k is in
-// UCX (or failed before getting there).
-func (nc *noncontig) rtsPosted(k seqKey) {
+// rtsPostedReq records that r, the RTS receive of sequence number seq of
+// k, is in UCX (or failed before getting there); while it waits there it
+// is one of k's pending receives, which renumbering may give other
+// numbers (renumber.go). The worker lock is held.
+func (nc *noncontig) rtsPostedReq(k seqKey, seq uint32, r *Request) {
 	nc.mu.Lock()
 	defer nc.mu.Unlock()
 	nc.rtsPostedLocked(k)
+	if r.fin.Load() || !r.ureq.Pending() {
+		return
+	}
+	c := nc.recvCounter(k)
+	r.rtsSeq, r.key, r.seq, r.counter = true, k, seq, c
+	c.waiting = append(c.waiting, r)
 }
 
 func (nc *noncontig) rtsPostedLocked(k seqKey) {
+	nc.recvCounter(k).unposted--
 	if k.tag < 0 {
 		return // runtimes' space: no any-source receives
 	}

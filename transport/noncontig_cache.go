@@ -390,14 +390,6 @@ func (nc *noncontig) nextSendSeq(k seqKey) uint32 {
 	return s
 }
 
-// freeRecvSeq gives a cancelled receive's sequence number back; the next
-// receives take the freed numbers oldest first (recvCounter.give).
-func (nc *noncontig) freeRecvSeq(k seqKey, seq uint32) {
-	nc.mu.Lock()
-	defer nc.mu.Unlock()
-	nc.recvSeq[k].give(seq)
-}
-
 func (nc *noncontig) nextXid(peer int) uint32 {
 	nc.mu.Lock()
 	defer nc.mu.Unlock()

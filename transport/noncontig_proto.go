@@ -738,7 +738,7 @@ func (t *Transport) ncPuts(peer int, buf []byte, origin uintptr, moves []datatyp
 // tag) into hbuf and reports its length. A receive cancelled through ctx
 // gives the number back.
 func (nc *noncontig) matchExactRTS(ctx context.Context, c typedCall, seq uint32, hbuf []byte) (int, error) {
-	return nc.awaitExactRTS(ctx, c, seq, nc.postExactRTS(c, seq, hbuf))
+	return nc.awaitExactRTS(ctx, nc.postExactRTS(c, seq, hbuf))
 }
 
 // postExactRTS posts the receive of the RTS of sequence number seq of c's
@@ -746,18 +746,17 @@ func (nc *noncontig) matchExactRTS(ctx context.Context, c typedCall, seq uint32,
 func (nc *noncontig) postExactRTS(c typedCall, seq uint32, hbuf []byte) *Request {
 	key := c.seqKey()
 	return nc.t.ncRecvThen(c.peer, ncRTSTag(c.space, uint32(c.peer), uint16(c.tag), seq), ucx.Buffer{Ptr: bytesPtr(hbuf), Len: len(hbuf)}, nil,
-		func() { nc.rtsPosted(key) })
+		func(r *Request) { nc.rtsPostedReq(key, seq, r) })
 }
 
-// awaitExactRTS waits for rr, a receive postExactRTS posted for sequence
-// number seq, and reports the RTS's length. A receive cancelled through
-// ctx gives the number back.
-func (nc *noncontig) awaitExactRTS(ctx context.Context, c typedCall, seq uint32, rr *Request) (int, error) {
+// awaitExactRTS waits for rr, a receive postExactRTS posted, and reports
+// the RTS's length. A receive cancelled through ctx has given its number
+// back by then (Transport.cancelledSeq), and the receives of its (source,
+// tag) pending behind it may have taken over the numbers before theirs
+// (renumber.go).
+func (nc *noncontig) awaitExactRTS(ctx context.Context, rr *Request) (int, error) {
 	st, err := rr.Wait(ctx)
 	if err != nil {
-		if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
-			nc.freeRecvSeq(c.seqKey(), seq)
-		}
 		return 0, err
 	}
 	return st.Size, nil

@@ -231,13 +231,13 @@ func (t *Transport) ncRecv(peer int, tag uint64, b ucx.Buffer, pins []unsafe.Poi
 
 // ncRecvThen is ncRecv that calls posted (if not nil) once the receive is
 // in UCX, or has failed before getting there; the worker lock is held then.
-func (t *Transport) ncRecvThen(peer int, tag uint64, b ucx.Buffer, pins []unsafe.Pointer, posted func()) *Request {
+func (t *Transport) ncRecvThen(peer int, tag uint64, b ucx.Buffer, pins []unsafe.Pointer, posted func(*Request)) *Request {
 	r := t.newRequest("typed recv", peer, -1, b.Len)
 	r.recv = true
 	r.b, r.pins, r.iov = b, pins, b.IOV
 	t.exec(func() {
 		if posted != nil {
-			defer posted()
+			defer posted(r)
 		}
 		if _, err := t.peerLocked(peer, r.op); err != nil {
 			t.fail(r, err)

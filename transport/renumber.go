@@ -2,6 +2,8 @@ package transport
 
 import (
 	"cmp"
+	"errors"
+	"fmt"
 	"slices"
 
 	"github.com/troupe-hpc/troupe/overlap"
@@ -38,6 +40,7 @@ import (
 // renumbering is the state of the renumbering; the worker lock guards it.
 type renumbering struct {
 	queue []seqKey // (source, tag)s with a number given back, to renumber
+	typed []seqKey // the same for typed receives (renumberTyped)
 }
 
 // leave takes r, completed, off the counter's list of pending receives;
@@ -67,6 +70,10 @@ func (t *Transport) cancelRecv(r *Request, err error) {
 // cancelledSeq gives back the number of r, a cancelled receive, and
 // queues its (source, tag) to be renumbered; the worker lock is held.
 func (t *Transport) cancelledSeq(r *Request) {
+	if r.rtsSeq {
+		t.cancelledRTS(r)
+		return
+	}
 	numbered, k := r.seqd && r.key != chanSinkKey, r.key
 	t.freeSeq(r)
 	if numbered && !t.closed {
@@ -82,6 +89,11 @@ func (t *Transport) runRenumbers() {
 		k := t.renumber.queue[0]
 		t.renumber.queue = t.renumber.queue[1:]
 		t.renumberKey(k)
+	}
+	for len(t.renumber.typed) > 0 {
+		k := t.renumber.typed[0]
+		t.renumber.typed = t.renumber.typed[1:]
+		t.renumberTyped(k)
 	}
 }
 
@@ -240,4 +252,134 @@ func (t *Transport) repostMasked(r *Request) {
 	if r != nil {
 		t.wildAdvance(r.tag)
 	}
+}
+
+// Typed receives.
+//
+// A typed receive takes its number from its (source, tag)'s typed counter
+// (noncontig.go) and posts the receive of the sender's RTS with that
+// number in the tag; the RTS receive is in the counter's list of pending
+// receives while UCX holds it (noncontig.rtsPostedReq). When one is
+// cancelled, the receives pending behind it take over the numbers before
+// theirs as plain receives do, so that the message the cancelled one was
+// owed goes to the earliest typed receive still pending. Their RTS
+// receives are withdrawn from UCX and posted again with the new numbers;
+// the goroutines running them wait on the same requests and learn nothing
+// of it (the number is only in the RTS tag). It is done only when it is
+// sound, else the numbers stay as they are and the owed message goes to
+// the next typed receive posted, as before 2026-12-02:
+//
+//   - every number of the counter handed out has its RTS receive in UCX
+//     (a receive placed but not posted yet, such as a prepared receive of
+//     the runtimes' space before Run, cannot be renumbered);
+//   - none of the pending receives has matched its RTS (found when it is
+//     withdrawn: then the ones withdrawn go back unchanged);
+//   - no any-source typed receive of the tag is pending: its masked RTS
+//     receive, posted after the exact ones, must stay behind them in UCX;
+//   - no message of the (source, tag) is parked by IprobeTyped.
+
+// cancelledRTS gives back the number of r, a typed receive's cancelled
+// RTS receive, and queues its (source, tag) to be renumbered; the worker
+// lock is held.
+func (t *Transport) cancelledRTS(r *Request) {
+	v, ok := noncontigs.Load(t)
+	if !ok {
+		return
+	}
+	nc := v.(*noncontig)
+	r.rtsSeq = false
+	nc.mu.Lock()
+	nc.recvCounter(r.key).give(r.seq)
+	nc.mu.Unlock()
+	if !t.closed {
+		t.renumber.typed = append(t.renumber.typed, r.key)
+	}
+}
+
+// renumberTyped gives k's pending typed receives the oldest numbers, in
+// the order they took theirs, when it is sound (above); the worker lock is
+// held, and no events are in hand.
+func (t *Transport) renumberTyped(k seqKey) {
+	v, ok := noncontigs.Load(t)
+	if !ok || t.closed {
+		return
+	}
+	nc := v.(*noncontig)
+	nc.mu.Lock()
+	defer nc.mu.Unlock()
+	c := nc.recvSeq[k]
+	if c == nil || len(c.freed) == 0 || c.unposted > 0 {
+		return
+	}
+	if k.tag >= 0 && (len(nc.gates[k.tag]) > 0 || nc.parkedLocked(k.peer, k.tag, false) != nil) {
+		return
+	}
+	var rs []*Request
+	for _, r := range c.waiting {
+		if c.age(r.seq) <= c.age(c.freed[0]) {
+			continue
+		}
+		if !r.rtsSeq || r.fin.Load() || !r.ureq.Pending() || t.ops[r.ureq] != r {
+			return
+		}
+		rs = append(rs, r)
+	}
+	if len(rs) == 0 {
+		return
+	}
+	// Numbers are taken in post order, so ordering the receives by their
+	// numbers' age orders them as they were placed.
+	slices.SortFunc(rs, func(a, b *Request) int { return cmp.Compare(c.age(a.seq), c.age(b.seq)) })
+	nums := make([]uint32, 0, len(rs)+len(c.freed))
+	for _, r := range rs {
+		nums = append(nums, r.seq)
+	}
+	nums = append(nums, c.freed...)
+	slices.SortFunc(nums, func(a, b uint32) int { return cmp.Compare(c.age(a), c.age(b)) })
+	if !renumbers(rs, nums) {
+		return
+	}
+	var moved []*Request
+	for i, r := range rs {
+		if r.seq == nums[i] {
+			continue
+		}
+		if !t.cancelInUCX(r) {
+			// It matched its RTS meanwhile: the ones withdrawn go back
+			// with their numbers.
+			for _, m := range moved {
+				t.repostRTS(nc, m)
+			}
+			return
+		}
+		moved = append(moved, r)
+	}
+	for i, r := range rs {
+		r.seq = nums[i]
+	}
+	c.freed = append(c.freed[:0], nums[len(rs):]...)
+	for _, r := range moved {
+		t.repostRTS(nc, r)
+	}
+}
+
+// repostRTS posts r, an RTS receive renumberTyped withdrew, again with the
+// number it now holds. The worker lock and nc.mu are held.
+func (t *Transport) repostRTS(nc *noncontig, r *Request) {
+	space, tag := KindTyped, r.key.tag
+	if tag < 0 {
+		space, tag = KindDDT, -1-tag
+	}
+	ureq, err := t.w.TagRecv(r.b, ncRTSTag(space, uint32(r.key.peer), uint16(tag), r.seq), FullMask)
+	switch {
+	case err == nil && ureq.Pending():
+		t.track(r, ureq)
+		return
+	case err == nil:
+		err = errors.New("UCX completed a receive without reporting it")
+	}
+	// Its number goes back, as a receive that failed to post gives it.
+	r.rtsSeq = false
+	nc.recvCounter(r.key).give(r.seq)
+	t.fail(r, fmt.Errorf("transport: typed recv rank %d tag %d: %w", r.key.peer, tag, err))
 }

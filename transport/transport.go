@@ -282,8 +282,13 @@ type recvCounter struct {
 	freed []uint32
 	mask  uint32 // numbers wrap at mask+1: userSeqMask, or ncSeqMask for typed transfers
 	// waiting: the receives that took a number and have not completed,
-	// in the order they were posted (plain tagged receives; renumber.go).
+	// in the order they were posted (plain tagged receives; renumber.go),
+	// or the typed receives' RTS receives in UCX, in the order UCX got
+	// them; the worker lock guards it.
 	waiting []*Request
+	// unposted: typed counters only, numbers handed out whose RTS receive
+	// is not in UCX yet (renumber.go); nc.mu guards it.
+	unposted int
 }
 
 func (c *recvCounter) take() uint32 {
@@ -997,6 +1002,10 @@ type Request struct {
 	// sender's tag once UCX handed it a message (noncontig_any.go).
 	rtsAny bool
 	wire   uint64
+	// rtsSeq: a typed receive's exact RTS receive in UCX, holding number
+	// seq of key's typed counter, which renumbering may change
+	// (renumber.go).
+	rtsSeq bool
 	ureq   ucx.Request
 	b      ucx.Buffer       // the operation's memory
 	pins   []unsafe.Pointer // what to pin if it goes asynchronous (nil: b.Ptr)

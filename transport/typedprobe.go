@@ -207,7 +207,7 @@ func (nc *noncontig) arrivedRTS(src, tag int, park bool) (*parkedRTS, bool, erro
 		// answer, moves it).
 		defer close(p.ready)
 		defer nc.rtsBufs.Put(bp)
-		n, err := nc.awaitExactRTS(context.Background(), c, seq, rr)
+		n, err := nc.awaitExactRTS(context.Background(), rr)
 		if err != nil {
 			p.err = err
 			return
