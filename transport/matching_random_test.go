@@ -710,8 +710,8 @@ func (m *matchReceiver) postReceive(src, tag int) error {
 // or ends soon, which cancels it when no message comes first.
 //
 // A cancelled typed receive's pending successors keep their numbers in a
-// few states (an any-source typed receive of the tag pending, a message
-// parked by IprobeTyped; docs/noncontig.md), and the message the cancelled
+// few states (one of them matched already, a message parked by
+// IprobeTyped; docs/noncontig.md), and the message the cancelled
 // receive was owed then goes to the next typed receive posted. The checks
 // do not model this departure; instead the harness cancels only typed
 // receives no later typed receive can be pending behind (renumbering is

@@ -142,6 +142,9 @@ func (nc *noncontig) matchAnyRTS(ctx context.Context, c typedCall, w *typedWaite
 			continue
 		}
 		nc.mu.Lock()
+		if nc.anyRTS[c.tag] == r {
+			delete(nc.anyRTS, c.tag)
+		}
 		if r.wire != 0 {
 			// UCX handed it an RTS (even one too long, which is lost):
 			// the receive owns that sequence number.
@@ -290,18 +293,34 @@ func (nc *noncontig) postAnyRTS(tag int, b ucx.Buffer, posted *<-chan struct{}) 
 			t.fail(r, errRTSNotYet)
 			return
 		}
-		const anyMask = FullMask &^ (uint64(ncRankMask)<<(UserTagBits+ncSeqBits) | ncSeqMask)
-		ureq, err := t.w.TagRecv(r.b, ncRTSTag(KindTyped, 0, uint16(tag), 0), anyMask)
-		switch {
-		case err != nil:
+		if err := t.postMaskedRTS(r, tag); err != nil {
 			t.fail(r, fmt.Errorf("transport: typed recv from any rank tag %d: %w", tag, err))
-		case !ureq.Pending():
-			t.fail(r, fmt.Errorf("transport: typed recv from any rank tag %d: UCX completed a receive without reporting it", tag))
-		default:
-			t.track(r, ureq)
+			return
 		}
+		nc.mu.Lock()
+		nc.anyRTS[tag] = r
+		nc.mu.Unlock()
 	})
 	return r
+}
+
+// ncAnyRTSMask matches the RTS tags of one user tag from any rank with any
+// sequence number.
+const ncAnyRTSMask = FullMask &^ (uint64(ncRankMask)<<(UserTagBits+ncSeqBits) | ncSeqMask)
+
+// postMaskedRTS posts r, an any-source typed receive's RTS receive, to UCX
+// with the source and sequence of tag masked, and tracks it; the worker
+// lock is held.
+func (t *Transport) postMaskedRTS(r *Request, tag int) error {
+	ureq, err := t.w.TagRecv(r.b, ncRTSTag(KindTyped, 0, uint16(tag), 0), ncAnyRTSMask)
+	switch {
+	case err != nil:
+		return err
+	case !ureq.Pending():
+		return errors.New("UCX completed a receive without reporting it")
+	}
+	t.track(r, ureq)
+	return nil
 }
 
 // ncAnyFinished completes an any-source RTS receive; the sender's tag is

@@ -295,7 +295,11 @@ type noncontig struct {
 	// numbers handed out still have no RTS receive in UCX; and a channel
 	// closed (and replaced) when such a count falls to zero while an
 	// any-source receive waits for that (postedWanted).
-	gates        map[int][]*typedWaiter
+	gates map[int][]*typedWaiter
+	// anyRTS: per tag, the masked RTS receive of the any-source typed
+	// receive heading the tag's gate, once posted (renumber.go withdraws
+	// it while it renumbers the exact ones it must stay behind).
+	anyRTS       map[int]*Request
 	unposted     map[int]int
 	postedCh     chan struct{}
 	postedWanted bool
@@ -345,6 +349,7 @@ func newNoncontig(t *Transport, o NoncontigOptions) *noncontig {
 		recvSeq:       map[seqKey]*recvCounter{},
 		xids:          map[int]uint32{},
 		gates:         map[int][]*typedWaiter{},
+		anyRTS:        map[int]*Request{},
 		unposted:      map[int]int{},
 		postedCh:      make(chan struct{}),
 		parked:        map[int][]*parkedRTS{},

@@ -274,9 +274,12 @@ func (t *Transport) repostMasked(r *Request) {
 //     the runtimes' space before Run, cannot be renumbered);
 //   - none of the pending receives has matched its RTS (found when it is
 //     withdrawn: then the ones withdrawn go back unchanged);
-//   - no any-source typed receive of the tag is pending: its masked RTS
-//     receive, posted after the exact ones, must stay behind them in UCX;
 //   - no message of the (source, tag) is parked by IprobeTyped.
+//
+// An any-source typed receive of the tag placed after them whose masked RTS
+// receive UCX holds must stay behind them in UCX's queue: it is withdrawn
+// first and posted again last (if it has matched an RTS, the numbers stay
+// as they are).
 
 // cancelledRTS gives back the number of r, a typed receive's cancelled
 // RTS receive, and queues its (source, tag) to be renumbered; the worker
@@ -311,7 +314,7 @@ func (t *Transport) renumberTyped(k seqKey) {
 	if c == nil || len(c.freed) == 0 || c.unposted > 0 {
 		return
 	}
-	if k.tag >= 0 && (len(nc.gates[k.tag]) > 0 || nc.parkedLocked(k.peer, k.tag, false) != nil) {
+	if k.tag >= 0 && nc.parkedLocked(k.peer, k.tag, false) != nil {
 		return
 	}
 	var rs []*Request
@@ -339,6 +342,16 @@ func (t *Transport) renumberTyped(k seqKey) {
 	if !renumbers(rs, nums) {
 		return
 	}
+	// The masked RTS receive of a pending any-source typed receive of the
+	// tag (placed after every exact receive holding a number: those placed
+	// after it wait in the gate without one).
+	var masked *Request
+	if m := nc.anyRTS[k.tag]; k.tag >= 0 && m != nil && !m.fin.Load() && m.ureq.Pending() && t.ops[m.ureq] == m {
+		if !t.cancelInUCX(m) {
+			return // it matched an RTS: its claim decides, numbers as they are
+		}
+		masked = m
+	}
 	var moved []*Request
 	for i, r := range rs {
 		if r.seq == nums[i] {
@@ -350,6 +363,7 @@ func (t *Transport) renumberTyped(k seqKey) {
 			for _, m := range moved {
 				t.repostRTS(nc, m)
 			}
+			t.repostMaskedRTS(nc, masked)
 			return
 		}
 		moved = append(moved, r)
@@ -360,6 +374,20 @@ func (t *Transport) renumberTyped(k seqKey) {
 	c.freed = append(c.freed[:0], nums[len(rs):]...)
 	for _, r := range moved {
 		t.repostRTS(nc, r)
+	}
+	t.repostMaskedRTS(nc, masked)
+}
+
+// repostMaskedRTS posts r, a masked RTS receive renumberTyped withdrew
+// (none if nil), again, behind the exact ones. The worker lock and nc.mu
+// are held.
+func (t *Transport) repostMaskedRTS(nc *noncontig, r *Request) {
+	if r == nil {
+		return
+	}
+	if err := t.postMaskedRTS(r, r.tag); err != nil {
+		delete(nc.anyRTS, r.tag)
+		t.fail(r, fmt.Errorf("transport: typed recv from any rank tag %d: %w", r.tag, err))
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"testing"
 	"time"
 
@@ -130,9 +131,11 @@ func typedRenumberCase(t *testing.T, ts []*Transport, tag int, dt *datatype.Type
 
 // TestTypedCancelledReceiveBeforeAnySource: with an any-source typed
 // receive of the tag pending, whose masked RTS receive UCX holds behind
-// the exact ones, a cancelled exact receive does not renumber the ones
-// pending behind it (docs/noncontig.md): every message is still received
-// exactly once, the cancelled receive's by the any-source receive.
+// the exact ones, a cancelled exact receive's message goes to the exact
+// receive pending behind it, and the next message to the any-source
+// receive, placed last: the masked receive is withdrawn while the exact
+// one is renumbered and posted again behind it. Without the withdrawal
+// the any-source receive took the first message.
 func TestTypedCancelledReceiveBeforeAnySource(t *testing.T) {
 	bytesType, err := datatype.Contiguous(1, datatype.Byte)
 	if err != nil {
@@ -158,6 +161,7 @@ func TestTypedCancelledReceiveBeforeAnySource(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			waitMaskedRTS(ctx, t, ts[1], tag)
 			ended, cancel := context.WithCancel(ctx)
 			cancel()
 			if _, err := xs[0].Run(ended); !errors.Is(err, context.Canceled) {
@@ -177,8 +181,8 @@ func TestTypedCancelledReceiveBeforeAnySource(t *testing.T) {
 			if _, err := xs[1].Run(ctx); err != nil {
 				t.Fatal(err)
 			}
-			if anyBuf[0] != 'a' || bufs[1][0] != 'b' {
-				t.Fatalf("any-source receive got %q, prepared receive 1 got %q; want a and b", anyBuf, bufs[1])
+			if bufs[1][0] != 'a' || anyBuf[0] != 'b' {
+				t.Fatalf("prepared receive 1 got %q, any-source receive got %q; want a and b", bufs[1], anyBuf)
 			}
 			for i, sr := range sends {
 				if _, err := sr.Wait(ctx); err != nil {
@@ -186,5 +190,27 @@ func TestTypedCancelledReceiveBeforeAnySource(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// waitMaskedRTS waits until tr's any-source typed receive of tag has its
+// masked RTS receive in UCX (it is posted from the receive's goroutine).
+func waitMaskedRTS(ctx context.Context, t *testing.T, tr *Transport, tag int) {
+	t.Helper()
+	nc, err := tr.noncontig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		nc.mu.Lock()
+		posted := nc.anyRTS[tag] != nil
+		nc.mu.Unlock()
+		if posted {
+			return
+		}
+		if ctx.Err() != nil {
+			t.Fatal("the any-source typed receive's masked RTS receive was never posted")
+		}
+		runtime.Gosched()
 	}
 }
