@@ -108,12 +108,7 @@ func (t *Transport) renumberKey(k seqKey) {
 	if !ok || len(rs) == 0 {
 		return
 	}
-	nums := make([]uint32, 0, len(rs)+len(c.freed))
-	for _, r := range rs {
-		nums = append(nums, r.seq)
-	}
-	nums = append(nums, c.freed...)
-	slices.SortFunc(nums, func(a, b uint32) int { return cmp.Compare(c.age(a), c.age(b)) })
+	nums := heldAndFreed(c, rs)
 	if !renumbers(rs, nums) {
 		return // each holds its number already
 	}
@@ -333,12 +328,7 @@ func (t *Transport) renumberTyped(k seqKey) {
 	// Numbers are taken in post order, so ordering the receives by their
 	// numbers' age orders them as they were placed.
 	slices.SortFunc(rs, func(a, b *Request) int { return cmp.Compare(c.age(a.seq), c.age(b.seq)) })
-	nums := make([]uint32, 0, len(rs)+len(c.freed))
-	for _, r := range rs {
-		nums = append(nums, r.seq)
-	}
-	nums = append(nums, c.freed...)
-	slices.SortFunc(nums, func(a, b uint32) int { return cmp.Compare(c.age(a), c.age(b)) })
+	nums := heldAndFreed(c, rs)
 	if !renumbers(rs, nums) {
 		return
 	}
@@ -410,4 +400,17 @@ func (t *Transport) repostRTS(nc *noncontig, r *Request) {
 	r.rtsSeq = false
 	nc.recvCounter(r.key).give(r.seq)
 	t.fail(r, fmt.Errorf("transport: typed recv rank %d tag %d: %w", r.key.peer, tag, err))
+}
+
+// heldAndFreed returns the numbers rs hold and c's freed ones, oldest
+// first: the numbers rs, in post order, are to hold (the oldest ones), the
+// rest going back to c.freed.
+func heldAndFreed(c *recvCounter, rs []*Request) []uint32 {
+	nums := make([]uint32, 0, len(rs)+len(c.freed))
+	for _, r := range rs {
+		nums = append(nums, r.seq)
+	}
+	nums = append(nums, c.freed...)
+	slices.SortFunc(nums, func(a, b uint32) int { return cmp.Compare(c.age(a), c.age(b)) })
+	return nums
 }
