@@ -2,6 +2,7 @@ package layouts
 
 import (
 	"fmt"
+	"runtime"
 	"time"
 
 	dt "github.com/troupe-hpc/troupe/datatype"
@@ -32,13 +33,18 @@ func (l Layout) Buffers() (src, packed []byte) {
 // the layout's Workers allows (one for all but page-bound layouts).
 func Measure(l Layout, round time.Duration, rounds, workers int) (Result, error) {
 	src, packed := l.Buffers()
+	cpy := make([]byte, l.Packed)
+	// Finish the garbage collection the large allocation started before
+	// measuring: Fill's long copies hold off its mark termination, and
+	// meanwhile an idle mark worker kept the other processor busy for up
+	// to 0.7 s (GODEBUG=gctrace=1), into the first rounds.
+	runtime.GC()
 	w := l.Type.Workers(1, workers)
 	srcR, packedR := dt.SliceRegion(src), dt.SliceRegion(packed)
 	pack := func() (int64, error) { return l.Type.PackParallel(packedR, srcR, l.Base, 1, 0, w) }
 	if n, err := pack(); err != nil || n != l.Packed {
 		return Result{}, fmt.Errorf("layouts: %s: pack returned %d, %v; want %d bytes", l.Name, n, err, l.Packed)
 	}
-	cpy := make([]byte, l.Packed)
 	ops := []func() error{
 		func() error { _, err := pack(); return err },
 		func() error { _, err := l.Type.UnpackParallel(srcR, packedR, l.Base, 1, 0, w); return err },
