@@ -95,7 +95,7 @@ bench-jacobi-mpi: build
 # there (internal/cudatest).
 ptx: deps
 	@command -v clang >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq clang >/dev/null; }
-	TROUPE_UPDATE_PTX=1 $(GO) test -count=1 -run 'PTXUpToDate' ./gpu/ ./samples/jacobi3d/jacobi/
+	TROUPE_UPDATE_PTX=1 $(GO) test -count=1 -run 'PTXUpToDate' ./gpu/ ./gpupack/ ./samples/jacobi3d/jacobi/
 
 clean:
 	rm -rf $(BIN)

@@ -11,6 +11,7 @@ rm -rf "$out" && mkdir -p "$out/bin" "$out/lib/ucx"
 flags='-ldflags=-s -w'
 go test -c "$flags" -o "$out/bin/gpu.test" ./gpu/
 go test -c -race "$flags" -o "$out/bin/gpu-race.test" ./gpu/
+go test -c "$flags" -o "$out/bin/gpupack.test" ./gpupack/
 go test -c "$flags" -o "$out/bin/integration.test" ./integration/
 go test -c "$flags" -o "$out/bin/jacobi.test" ./samples/jacobi3d/jacobi/
 go test -c "$flags" -o "$out/bin/jacobi3d.test" ./samples/jacobi3d/

@@ -4,7 +4,7 @@
 # Jacobi3D on the device. Each step's output goes to $OUT/<step>.log (or
 # ./gpu-logs) and a summary line per step to stdout.
 #   scripts/gpu-check.sh [step...]
-# steps: info gpu gpurace msgab gpubench kcopy acopy agentab ncab integration jacobi bench benchhost run faces pingpong actor overlap lat8
+# steps: info gpu gpupack gpurace msgab gpubench kcopy acopy agentab ncab integration jacobi bench benchhost run faces pingpong actor overlap lat8
 set -u
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -17,7 +17,7 @@ fi
 export LD_LIBRARY_PATH=$g/lib UCX_MODULE_DIR=$g/lib/ucx UCX_LOG_LEVEL=error
 B=$g/bin
 export PATH=$B:$PATH
-steps=${*:-info gpu integration jacobi bench run}
+steps=${*:-info gpu gpupack integration jacobi bench run}
 
 step() { # step NAME DIR SECONDS COMMAND...: run COMMAND in DIR for at most SECONDS, log it, summarise
 	local name=$1 dir=$2 limit=$3 t0=$SECONDS rc
@@ -36,6 +36,10 @@ for s in $steps; do
 		cat "$logs/info.log" ;;
 	gpu)
 		step gpu gpu 150 env TROUPE_GPU=cuda "$B/gpu.test" -test.v -test.count=1 -test.timeout=300s ;;
+	gpupack) # datatype pack and unpack kernels on the device, then their benchmark beside a D2D copy
+		step gpupack gpupack 120 env TROUPE_GPU=cuda "$B/gpupack.test" -test.v -test.count=1 -test.timeout=100s
+		(cd gpupack && TROUPE_GPU=cuda timeout -k 5 150 "$B/gpupack.test" -test.run '^$' -test.bench Layouts -test.benchtime 200x) >"$logs/gpupackbench.log" 2>&1
+		echo "== gpupack bench: exit $?"; grep -E 'Benchmark|device|ok|FAIL' "$logs/gpupackbench.log" ;;
 	integration)
 		step integration integration 240 "$B/integration.test" -test.v -test.count=1 -test.timeout=400s \
 			-test.run 'TestGPUCUDA|TestGPUChannelIPC|TestGPUChannelsCUDAIPC|TestGPUMessagingIPC' ;;
