@@ -279,6 +279,13 @@ type NoncontigStats struct {
 	// dropped when a peer retired them; RemoteSets the entries it holds.
 	WindowSetsRetired, RemoteSetsForgotten int64
 	RemoteSets                             int64 `metric:",gauge"`
+	// RenumberSkipped counts cancelled typed receives after which the
+	// typed receives pending behind them kept their sequence numbers (one
+	// had matched its RTS, a number was not yet posted, a message was
+	// parked by IprobeTyped): the message the cancelled receive was owed
+	// went to the next typed receive placed instead of the earliest one
+	// pending, a departure from MPI's order (docs/noncontig.md).
+	RenumberSkipped int64
 }
 
 type ncCounters struct {
@@ -381,9 +388,12 @@ func (t *Transport) NoncontigStats() NoncontigStats {
 	nc := v.(*noncontig)
 	c := &nc.c
 	nc.mu.Lock()
-	var remote int64
+	var remote, skipped int64
 	for _, m := range nc.remote {
 		remote += int64(len(m))
+	}
+	for _, n := range nc.renumberSkips {
+		skipped += int64(n)
 	}
 	nc.mu.Unlock()
 	return NoncontigStats{
@@ -411,6 +421,7 @@ func (t *Transport) NoncontigStats() NoncontigStats {
 		WindowSetsRetired:    c.setsRetired.Load(),
 		RemoteSetsForgotten:  c.remoteForgotten.Load(),
 		RemoteSets:           remote,
+		RenumberSkipped:      skipped,
 	}
 }
 

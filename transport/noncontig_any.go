@@ -172,23 +172,34 @@ func (nc *noncontig) matchAnyRTS(ctx context.Context, c typedCall, w *typedWaite
 }
 
 // leave takes a waiter that gave up out of its tag's gate. An exact one
-// released meanwhile gives its sequence number back; an any-source one at
-// the head releases those behind it.
+// released meanwhile gives its sequence number back, and the typed
+// receives pending behind that number are renumbered as after a cancelled
+// RTS receive (renumber.go); an any-source one at the head releases those
+// behind it.
 func (nc *noncontig) leave(tag int, w *typedWaiter) {
 	nc.mu.Lock()
-	defer nc.mu.Unlock()
 	q := nc.gates[tag]
 	i := slices.Index(q, w)
 	switch {
 	case i < 0 && !w.any:
 		k := seqKey{w.peer, tag}
 		nc.recvSeq[k].give(w.seq)
-		nc.rtsPostedLocked(k)
+		nc.rtsPostedLocked(k, w.seq)
+		nc.mu.Unlock()
+		t := nc.t
+		t.exec(func() {
+			if !t.closed {
+				t.renumber.typed = append(t.renumber.typed, k)
+				t.runRenumbers()
+			}
+		})
+		return
 	case i == 0:
 		nc.advanceGate(tag)
 	case i > 0:
 		nc.gates[tag] = slices.Delete(q, i, i+1)
 	}
+	nc.mu.Unlock()
 }
 
 // advanceGate removes the any-source receive at the head of tag's gate
@@ -223,8 +234,9 @@ func (nc *noncontig) takeRecvSeqLocked(k seqKey) uint32 {
 		nc.unposted[k.tag]++
 	}
 	c := nc.recvCounter(k)
-	c.unposted++
-	return c.take()
+	s := c.take()
+	c.unposted = append(c.unposted, s)
+	return s
 }
 
 // recvCounter returns k's receive counter, creating it; nc.mu is held.
@@ -244,7 +256,7 @@ func (nc *noncontig) recvCounter(k seqKey) *recvCounter {
 func (nc *noncontig) rtsPostedReq(k seqKey, seq uint32, r *Request) {
 	nc.mu.Lock()
 	defer nc.mu.Unlock()
-	nc.rtsPostedLocked(k)
+	nc.rtsPostedLocked(k, seq)
 	if r.fin.Load() || !r.ureq.Pending() {
 		return
 	}
@@ -253,8 +265,11 @@ func (nc *noncontig) rtsPostedReq(k seqKey, seq uint32, r *Request) {
 	c.waiting = append(c.waiting, r)
 }
 
-func (nc *noncontig) rtsPostedLocked(k seqKey) {
-	nc.recvCounter(k).unposted--
+func (nc *noncontig) rtsPostedLocked(k seqKey, seq uint32) {
+	c := nc.recvCounter(k)
+	if i := slices.Index(c.unposted, seq); i >= 0 {
+		c.unposted = slices.Delete(c.unposted, i, i+1)
+	}
 	if k.tag < 0 {
 		return // runtimes' space: no any-source receives
 	}

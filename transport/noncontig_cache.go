@@ -307,6 +307,10 @@ type noncontig struct {
 	// found, each waiting for the next typed receive that may take it
 	// (typedprobe.go).
 	parked map[int][]*parkedRTS
+	// renumberSkips counts, per (source, tag), the cancellations after
+	// which the typed receives behind the number given back kept theirs
+	// (renumber.go).
+	renumberSkips map[seqKey]int
 	// turns order the RTS posts of the MPI-style space's typed sends per
 	// (peer, tag) (rtsturn.go).
 	turns map[seqKey]*rtsTurn

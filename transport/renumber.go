@@ -306,23 +306,31 @@ func (t *Transport) renumberTyped(k seqKey) {
 	nc.mu.Lock()
 	defer nc.mu.Unlock()
 	c := nc.recvSeq[k]
-	if c == nil || len(c.freed) == 0 || c.unposted > 0 {
+	if c == nil || len(c.freed) == 0 {
 		return
 	}
-	if k.tag >= 0 && nc.parkedLocked(k.peer, k.tag, false) != nil {
-		return
-	}
+	// rs: the pending receives behind the oldest number given back; a
+	// number behind it not posted yet cannot be renumbered.
 	var rs []*Request
+	sound := k.tag < 0 || nc.parkedLocked(k.peer, k.tag, false) == nil
+	unpostedBehind := slices.ContainsFunc(c.unposted, func(u uint32) bool { return c.age(u) > c.age(c.freed[0]) })
+	if unpostedBehind {
+		sound = false
+	}
 	for _, r := range c.waiting {
 		if c.age(r.seq) <= c.age(c.freed[0]) {
 			continue
 		}
 		if !r.rtsSeq || r.fin.Load() || !r.ureq.Pending() || t.ops[r.ureq] != r {
-			return
+			sound = false
 		}
 		rs = append(rs, r)
 	}
-	if len(rs) == 0 {
+	if len(rs) == 0 && !unpostedBehind {
+		return // nobody behind it: the number goes to the next receive placed
+	}
+	if !sound || len(rs) == 0 {
+		nc.skippedRenumber(k)
 		return
 	}
 	// Numbers are taken in post order, so ordering the receives by their
@@ -338,6 +346,7 @@ func (t *Transport) renumberTyped(k seqKey) {
 	var masked *Request
 	if m := nc.anyRTS[k.tag]; k.tag >= 0 && m != nil && !m.fin.Load() && m.ureq.Pending() && t.ops[m.ureq] == m {
 		if !t.cancelInUCX(m) {
+			nc.skippedRenumber(k)
 			return // it matched an RTS: its claim decides, numbers as they are
 		}
 		masked = m
@@ -354,6 +363,7 @@ func (t *Transport) renumberTyped(k seqKey) {
 				t.repostRTS(nc, m)
 			}
 			t.repostMaskedRTS(nc, masked)
+			nc.skippedRenumber(k)
 			return
 		}
 		moved = append(moved, r)
@@ -366,6 +376,16 @@ func (t *Transport) renumberTyped(k seqKey) {
 		t.repostRTS(nc, r)
 	}
 	t.repostMaskedRTS(nc, masked)
+}
+
+// skippedRenumber counts a cancellation after which k's typed receives
+// kept their numbers although one was pending behind the number given
+// back (NoncontigStats.RenumberSkipped); nc.mu is held.
+func (nc *noncontig) skippedRenumber(k seqKey) {
+	if nc.renumberSkips == nil {
+		nc.renumberSkips = map[seqKey]int{}
+	}
+	nc.renumberSkips[k]++
 }
 
 // repostMaskedRTS posts r, a masked RTS receive renumberTyped withdrew

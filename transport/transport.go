@@ -287,8 +287,8 @@ type recvCounter struct {
 	// them; the worker lock guards it.
 	waiting []*Request
 	// unposted: typed counters only, numbers handed out whose RTS receive
-	// is not in UCX yet (renumber.go); nc.mu guards it.
-	unposted int
+	// is not in UCX yet, oldest first (renumber.go); nc.mu guards it.
+	unposted []uint32
 }
 
 func (c *recvCounter) take() uint32 {
