@@ -264,9 +264,10 @@ func (t *Transport) repostMasked(r *Request) {
 // sound, else the numbers stay as they are and the owed message goes to
 // the next typed receive posted, as before 2026-12-02:
 //
-//   - every number of the counter handed out has its RTS receive in UCX
-//     (a receive placed but not posted yet, such as a prepared receive of
-//     the runtimes' space before Run, cannot be renumbered);
+//   - every number of the counter handed out behind the one given back
+//     has its RTS receive in UCX (a receive placed but not posted yet,
+//     such as a prepared receive of the runtimes' space before Run, cannot
+//     be renumbered);
 //   - none of the pending receives has matched its RTS (found when it is
 //     withdrawn: then the ones withdrawn go back unchanged);
 //   - no message of the (source, tag) is parked by IprobeTyped.
@@ -274,7 +275,10 @@ func (t *Transport) repostMasked(r *Request) {
 // An any-source typed receive of the tag placed after them whose masked RTS
 // receive UCX holds must stay behind them in UCX's queue: it is withdrawn
 // first and posted again last (if it has matched an RTS, the numbers stay
-// as they are).
+// as they are). A number given back by a receive that gave up before
+// posting its RTS receive (noncontig.leave) starts the same renumbering.
+// Each time the numbers stay as they are with a receive pending behind,
+// NoncontigStats.RenumberSkipped counts it.
 
 // cancelledRTS gives back the number of r, a typed receive's cancelled
 // RTS receive, and queues its (source, tag) to be renumbered; the worker
