@@ -1083,30 +1083,30 @@ func (m *matchReceiver) cancelLeftovers() []string {
 			problems = append(problems, "a typed receive is pending with no message left for it: "+r.String())
 			continue
 		}
-		r.cancelStep = m.step
-		ended, cancel := endingAfter(context.Background(), 0)
-		st, err := r.req.Wait(ended)
-		cancel()
-		m.finish(r, st, err)
-		m.logf("final cancel %v", r)
-		if !r.cancelled {
-			problems = append(problems, "a receive left pending after every message was received completed: "+r.String())
-		}
+		problems = append(problems, m.finalCancel(r, "a receive left pending", r.req.Wait)...)
 	}
 	m.pending = nil
 	for _, r := range slices.Backward(m.prepared) {
-		r.cancelStep = m.step
-		ended, cancel := endingAfter(context.Background(), 0)
-		st, err := r.prep.Run(ended)
-		cancel()
-		m.finish(r, st, err)
-		m.logf("final cancel %v", r)
-		if !r.cancelled {
-			problems = append(problems, "a prepared typed receive left after every message was received completed: "+r.String())
-		}
+		problems = append(problems, m.finalCancel(r, "a prepared typed receive left", r.prep.Run)...)
 	}
 	m.prepared = nil
 	return problems
+}
+
+// finalCancel ends r through wait (its Wait or Run) with an ended
+// context; it must come out cancelled, since every message has been
+// received.
+func (m *matchReceiver) finalCancel(r *receiveRecord, what string, wait func(context.Context) (Status, error)) []string {
+	r.cancelStep = m.step
+	ended, cancel := endingAfter(context.Background(), 0)
+	st, err := wait(ended)
+	cancel()
+	m.finish(r, st, err)
+	m.logf("final cancel %v", r)
+	if !r.cancelled {
+		return []string{what + " after every message was received completed: " + r.String()}
+	}
+	return nil
 }
 
 // receivedMessage is a receive that got a message of a (source, tag), or
