@@ -269,51 +269,29 @@ func (p *Packer) move(st *gpu.Stream, user, packed gpu.Buffer, t *datatype.Type,
 	return size, nil
 }
 
+// Check validates count elements of t whose origin is at byte base of user
+// as Pack and Unpack would, without enqueueing anything, and returns their
+// packed size. A caller that receives into user checks it before the
+// message is taken, so that a bad layout loses nothing.
+func (p *Packer) Check(user gpu.Buffer, t *datatype.Type, base, count int64) (int64, error) {
+	size, _, _, err := p.checkUser("check", user, t, base, count)
+	return size, err
+}
+
 // check validates a move and returns its packed size.
 func (p *Packer) check(op string, st *gpu.Stream, user, packed gpu.Buffer, t *datatype.Type, base, count int64) (int64, error) {
-	if t == nil || st == nil {
-		return 0, fmt.Errorf("%w: %s: nil type or stream", ErrInvalid, op)
-	}
-	p.mu.Lock()
-	closed := p.closed
-	p.mu.Unlock()
-	if closed {
-		return 0, fmt.Errorf("%w: %s: packer closed", ErrInvalid, op)
+	if st == nil {
+		return 0, fmt.Errorf("%w: %s: nil stream", ErrInvalid, op)
 	}
 	if st.Device() != p.dev {
 		return 0, fmt.Errorf("%w: %s: stream of %v, packer of %v", ErrInvalid, op, st.Device(), p.dev)
 	}
-	size, err := t.PackedSize(count)
-	if err != nil {
-		return 0, fmt.Errorf("gpupack: %s %d of %v: %w", op, count, t, err)
+	size, lo, hi, err := p.checkUser(op, user, t, base, count)
+	if err != nil || size == 0 {
+		return size, err
 	}
-	if size == 0 {
-		return 0, nil
-	}
-	lo, hi, err := t.DataBounds(count)
-	if err != nil {
-		return 0, fmt.Errorf("gpupack: %s %d of %v: %w", op, count, t, err)
-	}
-	for _, b := range []struct {
-		name string
-		buf  gpu.Buffer
-	}{{"user", user}, {"packed", packed}} {
-		switch {
-		case b.buf.IsZero():
-			return 0, fmt.Errorf("%w: %s: zero %s buffer", ErrInvalid, op, b.name)
-		case b.buf.Freed():
-			return 0, fmt.Errorf("%w: %s: %s buffer: %w", ErrInvalid, op, b.name, gpu.ErrFreed)
-		case b.buf.System() != p.dev.System():
-			return 0, fmt.Errorf("%w: %s: %s buffer %v: %w", ErrInvalid, op, b.name, b.buf, gpu.ErrForeign)
-		case b.buf.Kind() == gpu.KindHost:
-			return 0, fmt.Errorf("%w: %s: %s buffer %v is Go memory: %w", ErrInvalid, op, b.name, b.buf, gpu.ErrUnsupportedKind)
-		case b.buf.Kind() == gpu.KindDevice && b.buf.Device() != p.dev:
-			return 0, fmt.Errorf("%w: %s: %s buffer on %v, packer of %v", ErrInvalid, op, b.name, b.buf.Device(), p.dev)
-		}
-	}
-	if base < -(1<<62) || base > int64(user.Len()) || base+lo < 0 || base+hi > int64(user.Len()) {
-		return 0, fmt.Errorf("%w: %s %d of %v at base %d touches bytes [%d, %d) of a %d-byte user buffer",
-			ErrInvalid, op, count, t, base, base+lo, base+hi, user.Len())
+	if err := p.checkBuffer(op, "packed", packed); err != nil {
+		return 0, err
 	}
 	if int64(packed.Len()) < size {
 		return 0, fmt.Errorf("%w: %s %d of %v: packed buffer of %d bytes, %d needed", ErrInvalid, op, count, t, packed.Len(), size)
@@ -322,6 +300,58 @@ func (p *Packer) check(op string, st *gpu.Stream, user, packed gpu.Buffer, t *da
 		return 0, fmt.Errorf("%w: %s: the packed buffer overlaps the layout's bytes of the user buffer", ErrInvalid, op)
 	}
 	return size, nil
+}
+
+// checkUser validates the user side of a move: the packer, the type and
+// count, and the user buffer holding every byte of the layout at base. It
+// returns the packed size and the layout's bytes [lo, hi) from the origin.
+func (p *Packer) checkUser(op string, user gpu.Buffer, t *datatype.Type, base, count int64) (size, lo, hi int64, err error) {
+	if t == nil {
+		return 0, 0, 0, fmt.Errorf("%w: %s: nil type", ErrInvalid, op)
+	}
+	p.mu.Lock()
+	closed := p.closed
+	p.mu.Unlock()
+	if closed {
+		return 0, 0, 0, fmt.Errorf("%w: %s: packer closed", ErrInvalid, op)
+	}
+	size, err = t.PackedSize(count)
+	if err != nil {
+		return 0, 0, 0, fmt.Errorf("gpupack: %s %d of %v: %w", op, count, t, err)
+	}
+	if size == 0 {
+		return 0, 0, 0, nil
+	}
+	lo, hi, err = t.DataBounds(count)
+	if err != nil {
+		return 0, 0, 0, fmt.Errorf("gpupack: %s %d of %v: %w", op, count, t, err)
+	}
+	if err := p.checkBuffer(op, "user", user); err != nil {
+		return 0, 0, 0, err
+	}
+	if base < -(1<<62) || base > int64(user.Len()) || base+lo < 0 || base+hi > int64(user.Len()) {
+		return 0, 0, 0, fmt.Errorf("%w: %s %d of %v at base %d touches bytes [%d, %d) of a %d-byte user buffer",
+			ErrInvalid, op, count, t, base, base+lo, base+hi, user.Len())
+	}
+	return size, lo, hi, nil
+}
+
+// checkBuffer validates one buffer of a move: live memory of the packer's
+// system that its device can reach.
+func (p *Packer) checkBuffer(op, name string, b gpu.Buffer) error {
+	switch {
+	case b.IsZero():
+		return fmt.Errorf("%w: %s: zero %s buffer", ErrInvalid, op, name)
+	case b.Freed():
+		return fmt.Errorf("%w: %s: %s buffer: %w", ErrInvalid, op, name, gpu.ErrFreed)
+	case b.System() != p.dev.System():
+		return fmt.Errorf("%w: %s: %s buffer %v: %w", ErrInvalid, op, name, b, gpu.ErrForeign)
+	case b.Kind() == gpu.KindHost:
+		return fmt.Errorf("%w: %s: %s buffer %v is Go memory: %w", ErrInvalid, op, name, b, gpu.ErrUnsupportedKind)
+	case b.Kind() == gpu.KindDevice && b.Device() != p.dev:
+		return fmt.Errorf("%w: %s: %s buffer on %v, packer of %v", ErrInvalid, op, name, b.Device(), p.dev)
+	}
+	return nil
 }
 
 // overlap reports whether user's bytes [lo, hi) and packed's first n bytes

@@ -25,11 +25,11 @@ func init() {
 	scenarios["gpuipcloss"] = gpuIPCLoss
 }
 
-// buildFakeCUDA builds the test driver (internal/cudatest); it skips
-// without a C compiler.
+// buildFakeCUDA builds the test driver (internal/cudatest) with gpupack's
+// kernels (typed channel transfers); it skips without a C compiler.
 func buildFakeCUDA(t *testing.T) string {
 	t.Helper()
-	lib, err := cudatest.Build(t.TempDir())
+	lib, err := cudatest.Build(t.TempDir(), "../gpupack/kernels.cu")
 	if errors.Is(err, cudatest.ErrNoCompiler) {
 		t.Skipf("cannot build the fake CUDA driver: %v", err)
 	}
@@ -109,7 +109,7 @@ func TestGPUChannelsCUDAIPC(t *testing.T) {
 			res := runJob(t, "gpuchannel", 2, cfg{"shm", "direct"})
 			requireLines(t, res, "[0] rank 0: gpu backend cuda",
 				fmt.Sprintf("[1] rank 1: channel %d B ok", gpuChannelSizes[len(gpuChannelSizes)-1]),
-				"[1] rank 1: channel size mismatches reported",
+				"[1] rank 1: channel size mismatches reported", typedChannelLine,
 				fmt.Sprintf("[1] rank 1: gpu ipc enabled=%v", tc.ipc == "on"))
 			if tc.agent == "on" {
 				// Staged small messages: the sender stages, the receiver

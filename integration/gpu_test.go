@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/troupe-hpc/troupe/datatype"
 	"github.com/troupe-hpc/troupe/gpu"
 	"github.com/troupe-hpc/troupe/samples/faces/facesim"
 	"github.com/troupe-hpc/troupe/transport"
@@ -184,6 +185,9 @@ func gpuChannel(ctx context.Context, r *rank) error {
 		r.logf("mismatch: %v", err)
 	}
 	if err := agentRounds(ctx, r, sys, ch); err != nil {
+		return err
+	}
+	if err := typedRounds(ctx, r, sys, ch); err != nil {
 		return err
 	}
 	// The channel still works.
@@ -402,7 +406,8 @@ func TestGPUChannels(t *testing.T) {
 	forTLS(t, func(t *testing.T, c cfg) {
 		res := runJob(t, "gpuchannel", 2, c)
 		requireLines(t, res, fmt.Sprintf("[1] rank 1: channel %d B ok", gpuChannelSizes[len(gpuChannelSizes)-1]),
-			"[1] rank 1: channel size mismatches reported")
+			"[1] rank 1: channel size mismatches reported",
+			typedChannelLine)
 	})
 }
 
@@ -456,4 +461,88 @@ func TestGPUCUDA(t *testing.T) {
 		})
 	}
 	t.Run("gpufaces", func(t *testing.T) { runJob(t, "gpufaces", 4, cfg{"shm", "direct"}) })
+}
+
+// typedChannelLine is what rank 1 of gpuchannel logs after typedRounds: two
+// receives unpacked on the device, one in place.
+const typedChannelLine = "[1] rank 1: typed channel ok: 2 packed on the device, 0 in host memory, 1 in place"
+
+// typedRounds sends derived-datatype layouts from rank 0 to rank 1 with
+// SendTyped and RecvTyped: vectors of two strides and a contiguous run,
+// device and host memory, packed sizes over two channel chunks. Rank 1
+// checks every byte of its buffer against datatype's Pack and Unpack on
+// host memory (gaps keep what they held) and logs the typed counters.
+func typedRounds(ctx context.Context, r *rank, sys *gpu.System, ch *transport.Channel) error {
+	const n = 40000 // blocks of 4 float64s: 1.28 MB packed
+	v7, err := datatype.Vector(n, 4, 7, datatype.Float64)
+	if err != nil {
+		return err
+	}
+	v9, err := datatype.Vector(n, 4, 9, datatype.Float64)
+	if err != nil {
+		return err
+	}
+	run, err := datatype.Contiguous(4*n, datatype.Float64)
+	if err != nil {
+		return err
+	}
+	rounds := []struct {
+		send, recv       *datatype.Type
+		sendDev, recvDev bool
+	}{{v7, v9, true, true}, {v7, run, true, false}, {v9, v7, false, true}}
+	for i, rd := range rounds {
+		src := pattern(int(rd.send.Extent()), uint32(i+1))
+		old := pattern(int(rd.recv.Extent()), uint32(i+50))
+		buf := func(dev bool, data []byte) (gpu.Buffer, error) {
+			if dev {
+				return devWith(sys, data)
+			}
+			return sys.HostBuffer(bytes.Clone(data)), nil
+		}
+		if r.id() == 0 {
+			b, err := buf(rd.sendDev, src)
+			if err != nil {
+				return err
+			}
+			req, err := ch.SendTyped(b, rd.send, 1)
+			if err != nil {
+				return err
+			}
+			if err := req.Wait(ctx); err != nil {
+				return fmt.Errorf("typed round %d: send: %w", i, err)
+			}
+			continue
+		}
+		b, err := buf(rd.recvDev, old)
+		if err != nil {
+			return err
+		}
+		req, err := ch.RecvTyped(b, rd.recv, 1)
+		if err != nil {
+			return err
+		}
+		if err := req.Wait(ctx); err != nil {
+			return fmt.Errorf("typed round %d: recv (%s): %w", i, req.Path(), err)
+		}
+		packed := make([]byte, 32*n)
+		want := bytes.Clone(old)
+		if _, err := rd.send.Pack(packed, src, 0, 1); err != nil {
+			return err
+		}
+		if _, err := rd.recv.Unpack(want, packed, 0, 1); err != nil {
+			return err
+		}
+		got := make([]byte, b.Len())
+		if err := gpu.CopyToHost(got, b); err != nil {
+			return err
+		}
+		if d := diff(got, want); d != "" {
+			return fmt.Errorf("typed round %d over %s: %s", i, req.Path(), d)
+		}
+	}
+	if r.id() == 1 {
+		s := r.t.ChannelTypedStats()
+		r.logf("typed channel ok: %d packed on the device, %d in host memory, %d in place", s.DevicePacked, s.HostPacked, s.Run)
+	}
+	return nil
 }

@@ -117,6 +117,7 @@ type Channel struct {
 type streamKey struct {
 	dev  *gpu.Device
 	send bool
+	pack bool // typed transfers' pack and unpack kernels (channel_typed.go)
 }
 
 type channelKey struct {
@@ -248,12 +249,17 @@ func (c *Channel) next(send bool) (uint32, error) {
 // stream returns the channel's copy stream on dev for one direction,
 // creating it on first use.
 func (c *Channel) stream(dev *gpu.Device, send bool) (*gpu.Stream, error) {
+	return c.streamFor(streamKey{dev: dev, send: send})
+}
+
+// streamFor returns the channel's stream of key, creating it on first use.
+func (c *Channel) streamFor(key streamKey) (*gpu.Stream, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
 		return nil, fmt.Errorf("transport: channel %d: %w", c.id, ErrClosed)
 	}
-	key := streamKey{dev, send}
+	dev := key.dev
 	if s := c.streams[key]; s != nil {
 		return s, nil
 	}
@@ -419,6 +425,8 @@ type ChannelRequest struct {
 
 	done chan struct{} // local and staged paths: closed when err is final
 
+	inner *ChannelRequest // typed transfers: the packed message's request
+
 	post func(error) error // direct path: runs once when the chunks are done
 
 	resOnce     sync.Once
@@ -433,6 +441,9 @@ type ChannelRequest struct {
 // when its message arrives: until then Path reports the path its own memory
 // would take without IPC.
 func (r *ChannelRequest) Path() TransferPath {
+	if r.inner != nil {
+		return r.inner.Path()
+	}
 	if p := r.late.Load(); p != nil {
 		return *p
 	}

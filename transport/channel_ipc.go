@@ -526,7 +526,12 @@ func (c *Channel) ipcCopy(dev *gpu.Device, dst, src gpu.Buffer) error {
 // call when done with it (Close waits for that), or nil once the channel is
 // closed or the stream cannot be made.
 func (c *Channel) useStream(dev *gpu.Device) (*gpu.Stream, func()) {
-	s, err := c.stream(dev, false)
+	return c.useStreamKey(streamKey{dev: dev})
+}
+
+// useStreamKey is useStream for the channel's stream of key.
+func (c *Channel) useStreamKey(key streamKey) (*gpu.Stream, func()) {
+	s, err := c.streamFor(key)
 	if err != nil {
 		return nil, nil
 	}

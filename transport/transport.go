@@ -223,6 +223,7 @@ type Transport struct {
 	cpuYield      bool          // idle polls call sched_yield (yield.go; read-only after New)
 	gipc          gpuIPCState   // CUDA IPC for channels (channel_ipc.go)
 	dimp          deviceImports // CUDA IPC copies for the layers above (device_ipc.go)
+	ctyped        chanTyped     // typed channel transfers' packers and staging (channel_typed.go)
 
 	amMu    sync.Mutex  // orders active-message delivery; guards the two below
 	amSpare []ucx.Event // the other of amq's two buffers (also under mu)
@@ -1570,6 +1571,9 @@ func (t *Transport) Close() error {
 	// mappings first.
 	if err := t.dimp.close(); err != nil {
 		t.log.Warn("closing CUDA IPC device imports", zap.Error(err))
+	}
+	if err := t.ctyped.close(); err != nil {
+		t.log.Warn("closing typed channel staging", zap.Error(err))
 	}
 	t.mu.Lock()
 	if t.closed {

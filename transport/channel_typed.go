@@ -1,0 +1,350 @@
+package transport
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+
+	"github.com/troupe-hpc/troupe/datatype"
+	"github.com/troupe-hpc/troupe/gpu"
+	"github.com/troupe-hpc/troupe/gpupack"
+)
+
+// Typed channel transfers: a channel message made of count elements of a
+// derived datatype in any memory kind (docs/gpu.md). What travels is the
+// layout's packed stream, exactly datatype's Pack, so the two ends may use
+// different layouts of one packed size, host or device memory on either
+// side. A layout that is one run of bytes travels from the buffer itself;
+// any other is packed into a staging buffer of the same memory kind first:
+// on the device by gpupack's kernels, in host memory by datatype's Pack.
+// The message is then an ordinary channel message of the packed size (its
+// path, counters and size checks are the channel's).
+
+// StagePoolBytes bounds the staging buffers a transport keeps for reuse by
+// typed channel transfers, per transport; beyond it they are freed.
+const StagePoolBytes = 64 << 20
+
+// ChannelTypedStats counts typed channel transfers.
+type ChannelTypedStats struct {
+	// Run: the layout was one run of bytes, sent or received in place.
+	Run int64
+	// DevicePacked and HostPacked: packed into (or unpacked from) a staging
+	// buffer by gpupack's kernels or by datatype's Pack.
+	DevicePacked, HostPacked int64
+	// StageAllocs: staging buffers allocated (the others were reused).
+	StageAllocs int64
+}
+
+// chanTyped is a transport's state for typed channel transfers.
+type chanTyped struct {
+	mu      sync.Mutex
+	closed  bool
+	packers map[*gpu.Device]*gpupack.Packer
+	free    map[stageKey][]gpu.Buffer // device staging buffers for reuse
+	bytes   int                       // bytes held in free
+	stats   struct{ run, dev, host, allocs atomic.Int64 }
+}
+
+type stageKey struct {
+	dev *gpu.Device
+	n   int
+}
+
+// packer returns the transport's gpupack.Packer for dev.
+func (s *chanTyped) packer(dev *gpu.Device) (*gpupack.Packer, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil, ErrClosed
+	}
+	if p := s.packers[dev]; p != nil {
+		return p, nil
+	}
+	p, err := gpupack.New(dev, gpupack.Options{})
+	if err != nil {
+		return nil, err
+	}
+	if s.packers == nil {
+		s.packers = map[*gpu.Device]*gpupack.Packer{}
+	}
+	s.packers[dev] = p
+	return p, nil
+}
+
+// stage returns an n-byte device buffer on dev.
+func (s *chanTyped) stage(dev *gpu.Device, n int) (gpu.Buffer, error) {
+	k := stageKey{dev, n}
+	s.mu.Lock()
+	if l := s.free[k]; len(l) > 0 {
+		b := l[len(l)-1]
+		s.free[k] = l[:len(l)-1]
+		s.bytes -= n
+		s.mu.Unlock()
+		return b, nil
+	}
+	s.mu.Unlock()
+	s.stats.allocs.Add(1)
+	return dev.Alloc(n)
+}
+
+// unstage keeps b for reuse, or frees it.
+func (s *chanTyped) unstage(b gpu.Buffer) {
+	k := stageKey{b.Device(), b.Len()}
+	s.mu.Lock()
+	if !s.closed && s.bytes+b.Len() <= StagePoolBytes {
+		if s.free == nil {
+			s.free = map[stageKey][]gpu.Buffer{}
+		}
+		s.free[k] = append(s.free[k], b)
+		s.bytes += b.Len()
+		s.mu.Unlock()
+		return
+	}
+	s.mu.Unlock()
+	_ = gpu.Free(b)
+}
+
+// close frees the kept buffers and closes the packers; buffers in use are
+// freed when their transfers end.
+func (s *chanTyped) close() error {
+	s.mu.Lock()
+	s.closed = true
+	free, packers := s.free, s.packers
+	s.free, s.packers, s.bytes = nil, nil, 0
+	s.mu.Unlock()
+	var first error
+	keep := func(err error) {
+		// A closed system has freed its memory and modules itself.
+		if err != nil && !errors.Is(err, gpu.ErrClosed) && first == nil {
+			first = err
+		}
+	}
+	for _, l := range free {
+		for _, b := range l {
+			keep(gpu.Free(b))
+		}
+	}
+	for _, p := range packers {
+		keep(p.Close())
+	}
+	return first
+}
+
+// ChannelTypedStats returns the typed channel transfer counters so far.
+func (t *Transport) ChannelTypedStats() ChannelTypedStats {
+	s := &t.ctyped.stats
+	return ChannelTypedStats{Run: s.run.Load(), DevicePacked: s.dev.Load(), HostPacked: s.host.Load(), StageAllocs: s.allocs.Load()}
+}
+
+// typedEnd is one end's layout: count elements of t whose origin is the
+// first byte of buf.
+type typedEnd struct {
+	buf   gpu.Buffer
+	t     *datatype.Type
+	count int64
+	size  int64      // packed size
+	run   gpu.Buffer // the layout as one run of bytes, when it is one
+	host  []byte     // buf's bytes, when host-accessible
+	p     *gpupack.Packer
+}
+
+// typedLayout validates a typed channel transfer's buffer and layout, as
+// a receive must before it takes a message.
+func (c *Channel) typedLayout(op string, buf gpu.Buffer, t *datatype.Type, count int) (*typedEnd, error) {
+	e := &typedEnd{buf: buf, t: t, count: int64(count)}
+	fail := func(err error) (*typedEnd, error) {
+		return nil, fmt.Errorf("%w: channel %d %s %d of %v: %w", ErrInvalid, c.id, op, count, t, err)
+	}
+	switch {
+	case buf.IsZero() || t == nil:
+		return nil, fmt.Errorf("%w: channel %d %s: zero gpu.Buffer or nil type", ErrInvalid, c.id, op)
+	case buf.Freed():
+		return fail(gpu.ErrFreed)
+	}
+	if buf.Kind().HostAccessible() {
+		b, err := buf.Bytes()
+		if err != nil {
+			return fail(err)
+		}
+		lo, hi, err := t.DataBounds(e.count)
+		if err != nil {
+			return fail(err)
+		}
+		if e.size, err = t.PackedSize(e.count); err != nil {
+			return fail(err)
+		}
+		if e.size > 0 && (lo < 0 || hi > int64(len(b))) {
+			return fail(fmt.Errorf("layout touches bytes [%d, %d) of a %d-byte buffer", lo, hi, len(b)))
+		}
+		e.host = b
+	} else {
+		p, err := c.t.ctyped.packer(buf.Device())
+		if err != nil {
+			return nil, fmt.Errorf("transport: channel %d %s: device packer: %w", c.id, op, err)
+		}
+		if e.size, err = p.Check(buf, t, 0, e.count); err != nil {
+			return fail(err)
+		}
+		e.p = p
+	}
+	if e.size == 0 {
+		e.run, _ = buf.Slice(0, 0)
+		return e, nil
+	}
+	if off, ok := oneRun(t, e.count, e.size); ok {
+		e.run, _ = buf.Slice(int(off), int(e.size))
+	}
+	return e, nil
+}
+
+// oneRun reports whether count elements of t are one run of size bytes in
+// packed order, and where it starts.
+func oneRun(t *datatype.Type, count, size int64) (int64, bool) {
+	segs, err := t.Segments(count, 0, size)
+	if err != nil {
+		return 0, false
+	}
+	var first datatype.Segment
+	n := 0
+	for s := range segs {
+		if n++; n > 1 {
+			return 0, false
+		}
+		first = s
+	}
+	return first.Off, n == 1 && first.Len == size
+}
+
+// SendTyped starts sending count elements of t whose origin is buf's first
+// byte (any memory kind) as the channel's next message, and returns a
+// request that completes when buf may be reused. The peer receives it with
+// RecvTyped (any layout of the same packed size) or with Recv into a buffer
+// of the packed size. A layout that is one run of bytes is sent in place;
+// any other is packed before SendTyped returns (on the device by gpupack's
+// kernels, on a stream of the channel's), so buf may already be modified
+// then, though the request completes only when the packed copy has gone.
+// As for Send, device data must be complete when SendTyped is called.
+func (c *Channel) SendTyped(buf gpu.Buffer, t *datatype.Type, count int) (*ChannelRequest, error) {
+	e, err := c.typedLayout("typed send", buf, t, count)
+	if err != nil {
+		return nil, err
+	}
+	if !e.run.IsZero() {
+		c.t.ctyped.stats.run.Add(1)
+		return c.Send(e.run)
+	}
+	if e.host != nil {
+		packed := make([]byte, e.size)
+		if _, err := t.Pack(packed, e.host, 0, e.count); err != nil {
+			return nil, fmt.Errorf("transport: channel %d typed send: %w", c.id, err)
+		}
+		c.t.ctyped.stats.host.Add(1)
+		return c.SendBytes(packed)
+	}
+	stage, err := c.t.ctyped.stage(buf.Device(), int(e.size))
+	if err != nil {
+		return nil, fmt.Errorf("transport: channel %d typed send: staging buffer: %w", c.id, err)
+	}
+	if err := c.deviceMove(e, stage, false); err != nil {
+		c.t.ctyped.unstage(stage)
+		return nil, err
+	}
+	inner, err := c.Send(stage)
+	if err != nil {
+		c.t.ctyped.unstage(stage)
+		return nil, err
+	}
+	return c.after(inner, "typed send", func(err error) error {
+		c.t.ctyped.unstage(stage)
+		return err
+	}), nil
+}
+
+// RecvTyped starts receiving the channel's next message into count
+// elements of t whose origin is buf's first byte (any memory kind). The
+// message must have the layout's packed size: another size fails the
+// request with a *SizeMismatchError, as Recv's (the sender learns of it on
+// the same-process path only). Bytes of buf outside
+// the layout are left as they are. An invalid layout or buffer is refused
+// before the message is taken.
+func (c *Channel) RecvTyped(buf gpu.Buffer, t *datatype.Type, count int) (*ChannelRequest, error) {
+	e, err := c.typedLayout("typed recv", buf, t, count)
+	if err != nil {
+		return nil, err
+	}
+	if !e.run.IsZero() {
+		c.t.ctyped.stats.run.Add(1)
+		return c.Recv(e.run)
+	}
+	if e.host != nil {
+		packed := make([]byte, e.size)
+		inner, err := c.RecvBytes(packed)
+		if err != nil {
+			return nil, err
+		}
+		return c.after(inner, "typed recv", func(err error) error {
+			if err != nil {
+				return err
+			}
+			c.t.ctyped.stats.host.Add(1)
+			if _, err := t.Unpack(e.host, packed, 0, e.count); err != nil {
+				return fmt.Errorf("transport: channel %d typed recv: %w", c.id, err)
+			}
+			return nil
+		}), nil
+	}
+	stage, err := c.t.ctyped.stage(buf.Device(), int(e.size))
+	if err != nil {
+		return nil, fmt.Errorf("transport: channel %d typed recv: staging buffer: %w", c.id, err)
+	}
+	inner, err := c.Recv(stage)
+	if err != nil {
+		c.t.ctyped.unstage(stage)
+		return nil, err
+	}
+	return c.after(inner, "typed recv", func(err error) error {
+		if err == nil {
+			err = c.deviceMove(e, stage, true)
+		}
+		c.t.ctyped.unstage(stage)
+		return err
+	}), nil
+}
+
+// deviceMove packs e into stage, or unpacks stage into e, on the channel's
+// pack stream of the device, and waits for it.
+func (c *Channel) deviceMove(e *typedEnd, stage gpu.Buffer, unpack bool) error {
+	op := "typed send"
+	if unpack {
+		op = "typed recv"
+	}
+	st, done := c.useStreamKey(streamKey{dev: e.buf.Device(), send: !unpack, pack: true})
+	if st == nil {
+		return fmt.Errorf("transport: channel %d %s: %w", c.id, op, ErrClosed)
+	}
+	defer done()
+	var err error
+	if unpack {
+		_, err = e.p.Unpack(st, e.buf, stage, e.t, 0, e.count)
+	} else {
+		_, err = e.p.Pack(st, stage, e.buf, e.t, 0, e.count)
+	}
+	if err == nil {
+		err = st.Synchronize()
+	}
+	if err != nil {
+		return fmt.Errorf("transport: channel %d %s: %w", c.id, op, err)
+	}
+	c.t.ctyped.stats.dev.Add(1)
+	return nil
+}
+
+// after returns a request that completes when inner has completed and then
+// fin has run with its outcome (fin's result is the request's).
+func (c *Channel) after(inner *ChannelRequest, op string, fin func(error) error) *ChannelRequest {
+	r := &ChannelRequest{c: c, op: op, n: inner.n, counter: inner.counter, path: inner.path, inner: inner, done: make(chan struct{})}
+	go func() { r.finish(fin(inner.Wait(context.Background()))) }()
+	return r
+}

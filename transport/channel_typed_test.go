@@ -1,0 +1,213 @@
+package transport
+
+import (
+	"bytes"
+	"errors"
+	"testing"
+
+	"github.com/troupe-hpc/troupe/datatype"
+	"github.com/troupe-hpc/troupe/gpu"
+)
+
+// typedLayouts are layouts of one packed size (256 float64s) and one type
+// signature: a strided vector, an indexed type with blocks out of order, a
+// struct of two vectors with a gap, and a contiguous run at an offset.
+func typedLayouts(t *testing.T) map[string]*datatype.Type {
+	t.Helper()
+	must := func(ty *datatype.Type, err error) *datatype.Type {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ty
+	}
+	vec := must(datatype.Vector(64, 4, 7, datatype.Float64))
+	idx := must(datatype.Indexed([]int64{100, 3, 153}, []int64{300, 0, 20}, datatype.Float64))
+	half := must(datatype.Vector(32, 4, 5, datatype.Float64))
+	st := must(datatype.Struct([]int64{1, 1}, []int64{16, 16 + 8*5*32 + 40}, []*datatype.Type{half, half}))
+	run := must(datatype.HIndexed([]int64{256}, []int64{24}, datatype.Float64))
+	return map[string]*datatype.Type{"vector": vec, "indexed": idx, "struct": st, "run": run}
+}
+
+// typedBufferSize is a buffer size that holds every typedLayouts layout.
+const typedBufferSize = 8 * 500
+
+// TestChannelTyped sends every layout into every other, device and host
+// memory on either end, over every channel variant, and checks the bytes
+// against datatype's Pack and Unpack on host memory: the layout's bytes
+// arrive, the gaps keep what they held, staging buffers are reused, and the
+// one-run layout travels in place.
+func TestChannelTyped(t *testing.T) {
+	for _, v := range channelVariants {
+		t.Run(v.name, func(t *testing.T) {
+			ts := channelJob(t, v.local, v.engine, v.progress)
+			ctx := testCtx(t)
+			sys := hostSystem(t)
+			a, err := ts[0].Channel(21, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, err := ts[1].Channel(21, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer a.Close()
+			defer b.Close()
+			layouts := typedLayouts(t)
+			src := pattern(typedBufferSize, 7)
+			old := pattern(typedBufferSize, 99) // what the receive buffer holds before
+			runs := int64(0)
+			for round := 0; round < 2; round++ {
+				for sn, st := range layouts {
+					packed := make([]byte, 256*8)
+					if _, err := st.Pack(packed, src, 0, 1); err != nil {
+						t.Fatal(err)
+					}
+					for rn, rt := range layouts {
+						want := bytes.Clone(old)
+						if _, err := rt.Unpack(want, packed, 0, 1); err != nil {
+							t.Fatal(err)
+						}
+						for _, kinds := range [][2]bool{{true, true}, {true, false}, {false, true}} {
+							sb, rb := typedBuf(t, sys, kinds[0], src), typedBuf(t, sys, kinds[1], old)
+							rr, err := b.RecvTyped(rb, rt, 1)
+							if err != nil {
+								t.Fatal(err)
+							}
+							sr, err := a.SendTyped(sb, st, 1)
+							if err != nil {
+								t.Fatal(err)
+							}
+							if err := sr.Wait(ctx); err != nil {
+								t.Fatalf("%s -> %s (device %v): send: %v", sn, rn, kinds, err)
+							}
+							if err := rr.Wait(ctx); err != nil {
+								t.Fatalf("%s -> %s (device %v): recv: %v", sn, rn, kinds, err)
+							}
+							if sr.Size() != 256*8 || rr.Size() != 256*8 {
+								t.Fatalf("sizes %d/%d, want %d", sr.Size(), rr.Size(), 256*8)
+							}
+							if got := typedRead(t, rb); !bytes.Equal(got, want) {
+								t.Fatalf("%s -> %s (device %v): bytes differ from datatype's pack and unpack", sn, rn, kinds)
+							}
+							runs += int64(boolInt(sn == "run") + boolInt(rn == "run"))
+						}
+					}
+				}
+				if round == 0 {
+					continue
+				}
+				// Every layout but the run packs on the device or in host memory;
+				// staging buffers of the second round were the first round's.
+				for i, tr := range ts {
+					s := tr.ChannelTypedStats()
+					t.Logf("rank %d: %+v", i, s)
+					if s.DevicePacked == 0 || s.HostPacked == 0 {
+						t.Fatalf("rank %d: %+v: a packing path went unused", i, s)
+					}
+					if s.StageAllocs > 4 {
+						t.Fatalf("rank %d: %d staging buffers allocated for transfers one at a time", i, s.StageAllocs)
+					}
+				}
+				if got := ts[0].ChannelTypedStats().Run + ts[1].ChannelTypedStats().Run; got != runs {
+					t.Fatalf("%d transfers in place, want %d", got, runs)
+				}
+			}
+		})
+	}
+}
+
+// typedBuf returns a buffer holding data: device memory, or Go memory.
+func typedBuf(t *testing.T, sys *gpu.System, device bool, data []byte) gpu.Buffer {
+	if device {
+		return devBuf(t, sys, len(data), data)
+	}
+	return sys.HostBuffer(bytes.Clone(data))
+}
+
+func typedRead(t *testing.T, b gpu.Buffer) []byte {
+	if b.Kind().HostAccessible() {
+		out, err := b.Bytes()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	return readDev(t, b)
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// TestChannelTypedErrors: a receive whose layout the buffer cannot hold is
+// refused before it takes a message, and the message goes to the next
+// receive; a packed size other than the sender's fails the receive with a
+// *SizeMismatchError, and the channel goes on.
+func TestChannelTypedErrors(t *testing.T) {
+	ts := channelJob(t, false, false, ProgressDirect)
+	ctx := testCtx(t)
+	sys := hostSystem(t)
+	a, _ := ts[0].Channel(22, 1)
+	b, _ := ts[1].Channel(22, 0)
+	defer a.Close()
+	defer b.Close()
+	vec := typedLayouts(t)["vector"]
+	src := pattern(typedBufferSize, 3)
+	for _, device := range []bool{true, false} {
+		short := typedBuf(t, sys, device, make([]byte, 100))
+		if _, err := b.RecvTyped(short, vec, 1); !errors.Is(err, ErrInvalid) {
+			t.Fatalf("device %v: receive into a 100-byte buffer: %v, want ErrInvalid", device, err)
+		}
+		if _, err := b.RecvTyped(short, vec, -1); err == nil {
+			t.Fatalf("device %v: negative count accepted", device)
+		}
+	}
+	if _, err := a.SendTyped(gpu.Buffer{}, vec, 1); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("zero buffer: %v", err)
+	}
+	dst := devBuf(t, sys, typedBufferSize, nil)
+	rr, err := b.RecvTyped(dst, vec, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sr, err := a.SendTyped(devBuf(t, sys, typedBufferSize, src), vec, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rr.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := sr.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	want := make([]byte, typedBufferSize)
+	packed := make([]byte, 256*8)
+	_, _ = vec.Pack(packed, src, 0, 1)
+	_, _ = vec.Unpack(want, packed, 0, 1)
+	if !bytes.Equal(readDev(t, dst), want) {
+		t.Fatal("the message after refused receives differs")
+	}
+	// 63 vector elements' worth received against 64 sent.
+	fewer, err := datatype.Vector(63, 4, 7, datatype.Float64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keep := pattern(typedBufferSize, 5)
+	dst = devBuf(t, sys, typedBufferSize, keep)
+	rr, _ = b.RecvTyped(dst, fewer, 1)
+	sr, _ = a.SendTyped(devBuf(t, sys, typedBufferSize, src), vec, 1)
+	var sm *SizeMismatchError
+	if err := rr.Wait(ctx); !errors.As(err, &sm) {
+		t.Fatalf("receive of 63 vector elements from 64: %v, want *SizeMismatchError", err)
+	}
+	if err := sr.Wait(ctx); err != nil {
+		t.Fatalf("sender: %v", err)
+	}
+	if !bytes.Equal(readDev(t, dst), keep) {
+		t.Fatal("a failed typed receive wrote its buffer")
+	}
+}
