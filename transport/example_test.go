@@ -7,6 +7,7 @@ import (
 	"unsafe"
 
 	"github.com/troupe-hpc/troupe/datatype"
+	"github.com/troupe-hpc/troupe/gpu"
 	"github.com/troupe-hpc/troupe/transport"
 )
 
@@ -269,6 +270,64 @@ func ExampleTransport_Channel() {
 	}
 	fmt.Println(string(first), string(second))
 	// Output: first later
+}
+
+// A column of a 4x4 row-major matrix in device memory goes over a channel
+// into a contiguous device buffer: the channel packs it on the device and
+// sends the packed bytes. The host backend stands in for a GPU here.
+func ExampleChannel_SendTyped() {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ts, stop, err := transport.StartLocal(ctx, 2, transport.Options{})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer stop()
+	sys, err := gpu.OpenBackend(gpu.BackendHost)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer sys.Close()
+	dev := sys.Devices()[0]
+
+	a, _ := ts[0].Channel(7, 1)
+	b, _ := ts[1].Channel(7, 0)
+	defer a.Close()
+	defer b.Close()
+
+	matrix := make([]byte, 16)
+	for i := range matrix {
+		matrix[i] = byte(i) // row r, column c holds 4r+c
+	}
+	src, _ := dev.Alloc(16)
+	_ = gpu.CopyFromHost(src, matrix)
+	dst, _ := dev.Alloc(4)
+	column, _ := datatype.Vector(4, 1, 4, datatype.Uint8) // column 0
+
+	rr, err := b.RecvTyped(dst, datatype.Uint8, 4) // four bytes in a row
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	sr, err := a.SendTyped(src, column, 1)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	if err := sr.Wait(ctx); err != nil {
+		fmt.Println(err)
+		return
+	}
+	if err := rr.Wait(ctx); err != nil {
+		fmt.Println(err)
+		return
+	}
+	got := make([]byte, 4)
+	_ = gpu.CopyToHost(got, dst)
+	fmt.Println(got, ts[0].ChannelTypedStats().DevicePacked)
+	// Output: [0 4 8 12] 1
 }
 
 // One-sided access: rank 1 registers memory and ships its key; rank 0 puts
