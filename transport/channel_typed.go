@@ -47,9 +47,12 @@ type chanTyped struct {
 	stats   struct{ run, dev, host, allocs atomic.Int64 }
 }
 
+// stageKey names staging buffers of one size: device memory of dev, or
+// pinned host memory of dev's system.
 type stageKey struct {
-	dev *gpu.Device
-	n   int
+	dev    *gpu.Device
+	n      int
+	pinned bool
 }
 
 // packer returns the transport's gpupack.Packer for dev.
@@ -73,9 +76,9 @@ func (s *chanTyped) packer(dev *gpu.Device) (*gpupack.Packer, error) {
 	return p, nil
 }
 
-// stage returns an n-byte device buffer on dev.
-func (s *chanTyped) stage(dev *gpu.Device, n int) (gpu.Buffer, error) {
-	k := stageKey{dev, n}
+// stage returns a staging buffer of k.
+func (s *chanTyped) stage(k stageKey) (gpu.Buffer, error) {
+	n := k.n
 	s.mu.Lock()
 	if l := s.free[k]; len(l) > 0 {
 		b := l[len(l)-1]
@@ -86,12 +89,14 @@ func (s *chanTyped) stage(dev *gpu.Device, n int) (gpu.Buffer, error) {
 	}
 	s.mu.Unlock()
 	s.stats.allocs.Add(1)
-	return dev.Alloc(n)
+	if k.pinned {
+		return k.dev.System().AllocHost(n)
+	}
+	return k.dev.Alloc(n)
 }
 
-// unstage keeps b for reuse, or frees it.
-func (s *chanTyped) unstage(b gpu.Buffer) {
-	k := stageKey{b.Device(), b.Len()}
+// unstage keeps b, a staging buffer of k, for reuse, or frees it.
+func (s *chanTyped) unstage(k stageKey, b gpu.Buffer) {
 	s.mu.Lock()
 	if !s.closed && s.bytes+b.Len() <= StagePoolBytes {
 		if s.free == nil {
@@ -243,23 +248,35 @@ func (c *Channel) SendTyped(buf gpu.Buffer, t *datatype.Type, count int) (*Chann
 		c.t.ctyped.stats.host.Add(1)
 		return c.SendBytes(packed)
 	}
-	stage, err := c.t.ctyped.stage(buf.Device(), int(e.size))
+	k := c.stageKey(e)
+	stage, err := c.t.ctyped.stage(k)
 	if err != nil {
 		return nil, fmt.Errorf("transport: channel %d typed send: staging buffer: %w", c.id, err)
 	}
 	if err := c.deviceMove(e, stage, false); err != nil {
-		c.t.ctyped.unstage(stage)
+		c.t.ctyped.unstage(k, stage)
 		return nil, err
 	}
 	inner, err := c.Send(stage)
 	if err != nil {
-		c.t.ctyped.unstage(stage)
+		c.t.ctyped.unstage(k, stage)
 		return nil, err
 	}
 	return c.after(inner, "typed send", func(err error) error {
-		c.t.ctyped.unstage(stage)
+		c.t.ctyped.unstage(k, stage)
 		return err
 	}), nil
+}
+
+// stageKey returns the staging buffers for device layout e: device memory
+// where the channel moves device memory as it is (same process, CUDA IPC,
+// UCX with support for the memory), else pinned host memory, which the
+// kernels write and read through the bus and UCX sends as host memory (one
+// copy fewer than device staging and the staged path's chunk copies).
+func (c *Channel) stageKey(e *typedEnd) stageKey {
+	dev := e.buf.Device()
+	pinned := c.local == nil && !c.ipc && !c.t.deviceDirect(e.buf)
+	return stageKey{dev: dev, n: int(e.size), pinned: pinned}
 }
 
 // RecvTyped starts receiving the channel's next message into count
@@ -295,20 +312,21 @@ func (c *Channel) RecvTyped(buf gpu.Buffer, t *datatype.Type, count int) (*Chann
 			return nil
 		}), nil
 	}
-	stage, err := c.t.ctyped.stage(buf.Device(), int(e.size))
+	k := c.stageKey(e)
+	stage, err := c.t.ctyped.stage(k)
 	if err != nil {
 		return nil, fmt.Errorf("transport: channel %d typed recv: staging buffer: %w", c.id, err)
 	}
 	inner, err := c.Recv(stage)
 	if err != nil {
-		c.t.ctyped.unstage(stage)
+		c.t.ctyped.unstage(k, stage)
 		return nil, err
 	}
 	return c.after(inner, "typed recv", func(err error) error {
 		if err == nil {
 			err = c.deviceMove(e, stage, true)
 		}
-		c.t.ctyped.unstage(stage)
+		c.t.ctyped.unstage(k, stage)
 		return err
 	}), nil
 }
