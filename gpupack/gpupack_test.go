@@ -5,27 +5,18 @@ import (
 	"errors"
 	"iter"
 	"math/rand/v2"
-	"os"
-	"os/exec"
-	"strings"
 	"testing"
+	"time"
 
 	"github.com/troupe-hpc/troupe/datatype"
 	"github.com/troupe-hpc/troupe/gpu"
+	"github.com/troupe-hpc/troupe/internal/cudarun"
 	"github.com/troupe-hpc/troupe/internal/cudatest"
 )
 
 // TestPTXUpToDate: the embedded PTX is what clang makes of kernels.cu now
 // (skipped without clang; `make ptx` regenerates it).
-func TestPTXUpToDate(t *testing.T) {
-	err := cudatest.CheckPTX("kernels.cu", "kernels.ptx")
-	if errors.Is(err, cudatest.ErrNoClang) {
-		t.Skipf("PTX not checked: %v", err)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-}
+func TestPTXUpToDate(t *testing.T) { cudatest.RequirePTX(t, "kernels.cu", "kernels.ptx") }
 
 func must[T any](t *testing.T) func(T, error) T {
 	return func(v T, err error) T {
@@ -188,21 +179,7 @@ func TestHost(t *testing.T) {
 // when there is one, else on the test CUDA driver (internal/cudatest) with
 // kernels.cu compiled in for the host, in a child process that loads it.
 func TestCUDA(t *testing.T) {
-	if err := gpu.CUDAAvailable(); err != nil {
-		if lib := os.Getenv(gpu.EnvCUDALibrary); lib != "" {
-			t.Fatalf("cuda backend unavailable with driver %s: %v", lib, err)
-		}
-		lib, err := cudatest.Build(t.TempDir(), "kernels.cu")
-		if errors.Is(err, cudatest.ErrNoCompiler) {
-			t.Skipf("no GPU (%v) and no C compiler for the test driver: %v", gpu.CUDAAvailable(), err)
-		}
-		ok(t, err)
-		cmd := exec.Command(os.Args[0], "-test.run=^TestCUDA$", "-test.count=1", "-test.v", "-test.timeout=120s")
-		cmd.Env = append(os.Environ(), gpu.EnvCUDALibrary+"="+lib)
-		out, err := cmd.CombinedOutput()
-		if err != nil || !strings.Contains(string(out), "--- PASS: TestCUDA") || strings.Contains(string(out), "--- SKIP") {
-			t.Fatalf("on the test driver: %v\n%s", err, out)
-		}
+	if cudarun.OnTestDriver(t, "TestCUDA", 2*time.Minute, "kernels.cu") {
 		return
 	}
 	dev := openDevice(t, gpu.BackendCUDA)

@@ -19,6 +19,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"testing"
 )
 
 // ErrNoCompiler: no C compiler to build the driver with ($CC, else cc).
@@ -125,4 +126,17 @@ func CheckPTX(src, ptx string) error {
 		return err
 	}
 	return fmt.Errorf("cudatest: %s is stale: regenerate it from %s with `make ptx`", ptx, src)
+}
+
+// RequirePTX fails t unless the committed PTX file ptx is what clang makes
+// of src now, and skips it without clang.
+func RequirePTX(t testing.TB, src, ptx string) {
+	t.Helper()
+	err := CheckPTX(src, ptx)
+	if errors.Is(err, ErrNoClang) {
+		t.Skipf("PTX not checked: %v", err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
 }

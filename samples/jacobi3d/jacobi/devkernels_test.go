@@ -1,7 +1,6 @@
 package jacobi
 
 import (
-	"errors"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -12,15 +11,7 @@ import (
 
 // TestPTXUpToDate: the embedded PTX is what clang makes of kernels.cu now
 // (skipped without clang; `make ptx` regenerates it).
-func TestPTXUpToDate(t *testing.T) {
-	err := cudatest.CheckPTX("kernels.cu", "kernels.ptx")
-	if errors.Is(err, cudatest.ErrNoClang) {
-		t.Skipf("PTX not checked: %v", err)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-}
+func TestPTXUpToDate(t *testing.T) { cudatest.RequirePTX(t, "kernels.cu", "kernels.ptx") }
 
 // TestPlane: the plane geometry the device kernel uses addresses exactly
 // the points PackFaceTo reads and UnpackFace writes, in the same order.

@@ -2,19 +2,15 @@ package jacobi
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math"
-	"os"
-	"os/exec"
 	"runtime"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/troupe-hpc/troupe/actor"
 	"github.com/troupe-hpc/troupe/gpu"
-	"github.com/troupe-hpc/troupe/internal/cudatest"
+	"github.com/troupe-hpc/troupe/internal/cudarun"
 )
 
 // startLocal starts n ranks in this process (real UCX between their
@@ -229,23 +225,7 @@ func TestRunGPU(t *testing.T) { runGPUMatrix(t, hostDevice(t)) }
 // CUDA driver (internal/cudatest) with kernels.cu compiled in for the host,
 // in a child process that loads it.
 func TestRunGPUCUDA(t *testing.T) {
-	if err := gpu.CUDAAvailable(); err != nil {
-		if lib := os.Getenv(gpu.EnvCUDALibrary); lib != "" {
-			t.Fatalf("cuda backend unavailable with driver %s: %v", lib, err)
-		}
-		lib, err := cudatest.Build(t.TempDir(), "kernels.cu")
-		if errors.Is(err, cudatest.ErrNoCompiler) {
-			t.Skipf("no GPU (%v) and no C compiler for the test driver: %v", gpu.CUDAAvailable(), err)
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		cmd := exec.Command(os.Args[0], "-test.run=^TestRunGPUCUDA$", "-test.count=1", "-test.v", "-test.timeout=300s")
-		cmd.Env = append(os.Environ(), gpu.EnvCUDALibrary+"="+lib)
-		out, err := cmd.CombinedOutput()
-		if err != nil || !strings.Contains(string(out), "--- PASS: TestRunGPUCUDA") || strings.Contains(string(out), "--- SKIP") {
-			t.Fatalf("on the test driver: %v\n%s", err, out)
-		}
+	if cudarun.OnTestDriver(t, "TestRunGPUCUDA", 5*time.Minute, "kernels.cu") {
 		return
 	}
 	dev := openDevice(t, gpu.BackendCUDA)
