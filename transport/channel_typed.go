@@ -155,16 +155,16 @@ type typedEnd struct {
 	p     *gpupack.Packer
 }
 
-// typedLayout validates a typed channel transfer's buffer and layout, as
-// a receive must before it takes a message.
-func (c *Channel) typedLayout(op string, buf gpu.Buffer, t *datatype.Type, count int) (*typedEnd, error) {
-	e := &typedEnd{buf: buf, t: t, count: int64(count)}
+// typedLayout validates a typed transfer's buffer and layout, as a receive
+// must before it takes a message; what names the transfer in errors.
+func (t *Transport) typedLayout(what string, buf gpu.Buffer, dt *datatype.Type, count int) (*typedEnd, error) {
+	e := &typedEnd{buf: buf, t: dt, count: int64(count)}
 	fail := func(err error) (*typedEnd, error) {
-		return nil, fmt.Errorf("%w: channel %d %s %d of %v: %w", ErrInvalid, c.id, op, count, t, err)
+		return nil, fmt.Errorf("%w: %s %d of %v: %w", ErrInvalid, what, count, dt, err)
 	}
 	switch {
-	case buf.IsZero() || t == nil:
-		return nil, fmt.Errorf("%w: channel %d %s: zero gpu.Buffer or nil type", ErrInvalid, c.id, op)
+	case buf.IsZero() || dt == nil:
+		return nil, fmt.Errorf("%w: %s: zero gpu.Buffer or nil type", ErrInvalid, what)
 	case buf.Freed():
 		return fail(gpu.ErrFreed)
 	}
@@ -173,11 +173,11 @@ func (c *Channel) typedLayout(op string, buf gpu.Buffer, t *datatype.Type, count
 		if err != nil {
 			return fail(err)
 		}
-		lo, hi, err := t.DataBounds(e.count)
+		lo, hi, err := dt.DataBounds(e.count)
 		if err != nil {
 			return fail(err)
 		}
-		if e.size, err = t.PackedSize(e.count); err != nil {
+		if e.size, err = dt.PackedSize(e.count); err != nil {
 			return fail(err)
 		}
 		if e.size > 0 && (lo < 0 || hi > int64(len(b))) {
@@ -185,11 +185,11 @@ func (c *Channel) typedLayout(op string, buf gpu.Buffer, t *datatype.Type, count
 		}
 		e.host = b
 	} else {
-		p, err := c.t.ctyped.packer(buf.Device())
+		p, err := t.ctyped.packer(buf.Device())
 		if err != nil {
-			return nil, fmt.Errorf("transport: channel %d %s: device packer: %w", c.id, op, err)
+			return nil, fmt.Errorf("transport: %s: device packer: %w", what, err)
 		}
-		if e.size, err = p.Check(buf, t, 0, e.count); err != nil {
+		if e.size, err = p.Check(buf, dt, 0, e.count); err != nil {
 			return fail(err)
 		}
 		e.p = p
@@ -198,10 +198,42 @@ func (c *Channel) typedLayout(op string, buf gpu.Buffer, t *datatype.Type, count
 		e.run, _ = buf.Slice(0, 0)
 		return e, nil
 	}
-	if off, ok := oneRun(t, e.count, e.size); ok {
+	if off, ok := oneRun(dt, e.count, e.size); ok {
 		e.run, _ = buf.Slice(int(off), int(e.size))
 	}
 	return e, nil
+}
+
+// typedLayout is the transport's typedLayout for a transfer of the channel.
+func (c *Channel) typedLayout(op string, buf gpu.Buffer, t *datatype.Type, count int) (*typedEnd, error) {
+	return c.t.typedLayout(fmt.Sprintf("channel %d %s", c.id, op), buf, t, count)
+}
+
+// move packs e into stage, or unpacks stage into e, on stream st (device
+// layouts) or in host memory, and waits for it.
+func (e *typedEnd) move(st *gpu.Stream, stage gpu.Buffer, unpack bool) error {
+	if e.host != nil {
+		b, err := stage.Bytes()
+		if err != nil {
+			return err
+		}
+		if unpack {
+			_, err = e.t.Unpack(e.host, b, 0, e.count)
+		} else {
+			_, err = e.t.Pack(b, e.host, 0, e.count)
+		}
+		return err
+	}
+	var err error
+	if unpack {
+		_, err = e.p.Unpack(st, e.buf, stage, e.t, 0, e.count)
+	} else {
+		_, err = e.p.Pack(st, stage, e.buf, e.t, 0, e.count)
+	}
+	if err == nil {
+		err = st.Synchronize()
+	}
+	return err
 }
 
 // oneRun reports whether count elements of t are one run of size bytes in
@@ -343,16 +375,7 @@ func (c *Channel) deviceMove(e *typedEnd, stage gpu.Buffer, unpack bool) error {
 		return fmt.Errorf("transport: channel %d %s: %w", c.id, op, ErrClosed)
 	}
 	defer done()
-	var err error
-	if unpack {
-		_, err = e.p.Unpack(st, e.buf, stage, e.t, 0, e.count)
-	} else {
-		_, err = e.p.Pack(st, stage, e.buf, e.t, 0, e.count)
-	}
-	if err == nil {
-		err = st.Synchronize()
-	}
-	if err != nil {
+	if err := e.move(st, stage, unpack); err != nil {
 		return fmt.Errorf("transport: channel %d %s: %w", c.id, op, err)
 	}
 	c.t.ctyped.stats.dev.Add(1)

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"unsafe"
 
+	"github.com/troupe-hpc/troupe/datatype"
 	"github.com/troupe-hpc/troupe/gpu"
 	"github.com/troupe-hpc/troupe/transport/ucx"
 )
@@ -65,6 +66,8 @@ type Queue struct {
 	err       error         // first operation failure: sticky
 	kickStart chan struct{}
 	kickDone  chan struct{}
+
+	packStreams map[*gpu.Device]*gpu.Stream // typed operations' kernels (packStream)
 }
 
 type qbatch struct {
@@ -82,6 +85,8 @@ type QueueOp struct {
 
 	req  *Request
 	slot gpu.Buffer // pinned staging buffer, for device memory
+
+	typed *typedEnd // EnqueueSendTyped, EnqueueRecvTyped: the layout, packed through slot
 
 	done   chan struct{}
 	status Status
@@ -145,10 +150,91 @@ func (q *Queue) EnqueueRecv(buf gpu.Buffer, src, tag int) (*QueueOp, error) {
 	return q.enqueue(false, buf, src, tag)
 }
 
+// EnqueueSendTyped adds a send of count elements of dt whose origin is
+// buf's first byte (device, managed or host memory) to rank dst with a user
+// tag. When the stream reaches the queue's next Start the agent packs the
+// layout into pinned staging memory (on the device by gpupack's kernels)
+// and sends the packed stream as a tagged message: it matches a Recv (or
+// EnqueueRecv) into a buffer of the packed size, or EnqueueRecvTyped of any
+// layout with that packed size; not the typed API's RecvTyped, whose
+// protocol carries the type signature.
+func (q *Queue) EnqueueSendTyped(buf gpu.Buffer, dt *datatype.Type, count, dst, tag int) (*QueueOp, error) {
+	return q.enqueueTyped(true, buf, dt, count, dst, tag)
+}
+
+// EnqueueRecvTyped adds a receive of count elements of dt whose origin is
+// buf's first byte from rank src with a user tag. The message must have the
+// layout's packed size (another size fails the operation with an error
+// wrapping ErrTruncated). The agent unpacks it before the completion
+// counter advances, so the data is in buf when the stream passes the Wait
+// that follows the Start triggering it. The layout is checked when it is
+// enqueued. A layout that is one run of bytes is sent or received in
+// place, as EnqueueSend or EnqueueRecv of that part of buf (a shorter
+// message is then received as EnqueueRecv receives it).
+func (q *Queue) EnqueueRecvTyped(buf gpu.Buffer, dt *datatype.Type, count, src, tag int) (*QueueOp, error) {
+	return q.enqueueTyped(false, buf, dt, count, src, tag)
+}
+
+func (q *Queue) enqueueTyped(send bool, buf gpu.Buffer, dt *datatype.Type, count, peer, tag int) (*QueueOp, error) {
+	op := "EnqueueRecvTyped"
+	if send {
+		op = "EnqueueSendTyped"
+	}
+	if !buf.IsZero() && buf.System() != q.sys {
+		return nil, fmt.Errorf("%w: %s: buffer of another gpu.System than the queue's stream", ErrInvalid, op)
+	}
+	e, err := q.t.typedLayout(fmt.Sprintf("queue %s rank %d tag %d", op, peer, tag), buf, dt, count)
+	if err != nil {
+		return nil, err
+	}
+	if !e.run.IsZero() {
+		return q.enqueueOp(send, e.run, peer, tag, nil)
+	}
+	if e.size > QueueMaxMessage {
+		return nil, fmt.Errorf("%w: %s: %d packed bytes over the %d-byte staging limit", ErrInvalid, op, e.size, QueueMaxMessage)
+	}
+	if e.p != nil {
+		if _, err := q.packStream(buf.Device()); err != nil {
+			return nil, fmt.Errorf("transport: %s: %w", op, err)
+		}
+	}
+	return q.enqueueOp(send, buf, peer, tag, e)
+}
+
+// packStream returns the queue's stream for the pack and unpack kernels of
+// typed operations on dev (one per device, made on first use; Free
+// destroys them).
+func (q *Queue) packStream(dev *gpu.Device) (*gpu.Stream, error) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if s := q.packStreams[dev]; s != nil {
+		return s, nil
+	}
+	if q.freed {
+		return nil, ErrQueueFreed
+	}
+	s, err := dev.NewStream()
+	if err != nil {
+		return nil, fmt.Errorf("pack stream: %w", err)
+	}
+	if q.packStreams == nil {
+		q.packStreams = map[*gpu.Device]*gpu.Stream{}
+	}
+	q.packStreams[dev] = s
+	return s, nil
+}
+
 func (q *Queue) enqueue(send bool, buf gpu.Buffer, peer, tag int) (*QueueOp, error) {
+	return q.enqueueOp(send, buf, peer, tag, nil)
+}
+
+func (q *Queue) enqueueOp(send bool, buf gpu.Buffer, peer, tag int, typed *typedEnd) (*QueueOp, error) {
 	op := "EnqueueRecv"
 	if send {
 		op = "EnqueueSend"
+	}
+	if typed != nil {
+		op += "Typed"
 	}
 	if !send && (peer < 0 || tag < 0) {
 		return nil, fmt.Errorf("%w: %s: source %d tag %d: stream-triggered receives take no wildcards", ErrInvalid, op, peer, tag)
@@ -165,10 +251,10 @@ func (q *Queue) enqueue(send bool, buf gpu.Buffer, peer, tag int) (*QueueOp, err
 	if buf.System() != q.sys {
 		return nil, fmt.Errorf("%w: %s: buffer of another gpu.System than the queue's stream", ErrInvalid, op)
 	}
-	if q.staged(buf) && buf.Len() > QueueMaxMessage {
+	if typed == nil && q.staged(buf) && buf.Len() > QueueMaxMessage {
 		return nil, fmt.Errorf("%w: %s: %d-byte device message over the %d-byte staging limit", ErrInvalid, op, buf.Len(), QueueMaxMessage)
 	}
-	o := &QueueOp{q: q, send: send, peer: peer, tag: tag, buf: buf, done: make(chan struct{})}
+	o := &QueueOp{q: q, send: send, peer: peer, tag: tag, buf: buf, typed: typed, done: make(chan struct{})}
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if q.freed {
@@ -286,6 +372,13 @@ func (q *Queue) Free() error {
 		o.finish(o.freedErr())
 	}
 	errs := []error{gpu.WriteValue64Host(q.comp, last)}
+	q.mu.Lock()
+	streams := q.packStreams
+	q.packStreams = nil
+	q.mu.Unlock()
+	for _, s := range streams {
+		errs = append(errs, s.Destroy())
+	}
 	errs = append(errs, gpu.Free(q.words), q.pool.Close())
 	return errors.Join(errs...)
 }
@@ -383,7 +476,22 @@ func (o *QueueOp) issue() {
 	q, t := o.q, o.q.t
 	n := o.buf.Len()
 	var p unsafe.Pointer
-	if q.staged(o.buf) {
+	if o.typed != nil {
+		n = int(o.typed.size)
+		slot, err := q.pool.Get(max(n, 1))
+		if err == nil {
+			o.slot, _ = slot.Slice(0, n)
+			if o.send {
+				// The stream reached the trigger: the data is final.
+				err = o.move(false)
+			}
+		}
+		if err != nil {
+			o.fail(fmt.Errorf("transport: queue typed %s rank %d tag %d: %w", o.kind(), o.peer, o.tag, err))
+			return
+		}
+		p = o.ptr(o.slot)
+	} else if q.staged(o.buf) {
 		slot, err := q.pool.Get(max(n, 1))
 		if err == nil {
 			o.slot, _ = slot.Slice(0, n)
@@ -412,6 +520,22 @@ func (o *QueueOp) issue() {
 		r.recv = true
 		t.execReq(r, startRecv)
 	}
+}
+
+// move packs the operation's layout into its slot, or unpacks the slot
+// into the layout (agent goroutines).
+func (o *QueueOp) move(unpack bool) error {
+	if o.typed.size == 0 {
+		return nil
+	}
+	var st *gpu.Stream
+	if o.typed.p != nil {
+		var err error
+		if st, err = o.q.packStream(o.buf.Device()); err != nil {
+			return err
+		}
+	}
+	return o.typed.move(st, o.slot, unpack)
 }
 
 // ptr is the address UCX uses for b.
@@ -446,7 +570,13 @@ func (o *QueueOp) complete(ctx context.Context) bool {
 			err = o.freedErr() // a receive Free withdrew
 		}
 	}
-	if err == nil && !o.send && !o.slot.IsZero() && st.Size > 0 {
+	if err == nil && !o.send && o.typed != nil {
+		if st.Size != int(o.typed.size) {
+			err = fmt.Errorf("%w: queue typed recv rank %d tag %d: %d bytes arrived, the layout packs %d", ErrTruncated, o.peer, o.tag, st.Size, o.typed.size)
+		} else if err = o.move(true); err != nil {
+			err = fmt.Errorf("transport: queue typed recv rank %d tag %d: %w", o.peer, o.tag, err)
+		}
+	} else if err == nil && !o.send && !o.slot.IsZero() && st.Size > 0 {
 		var src, dst gpu.Buffer
 		if src, err = o.slot.Slice(0, st.Size); err == nil {
 			if dst, err = o.buf.Slice(0, st.Size); err == nil {
