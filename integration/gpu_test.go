@@ -358,10 +358,79 @@ func gpuQueue(ctx context.Context, r *rank) error {
 			}
 		}
 	}
+	if err := queueTyped(ctx, r, sys, s, q); err != nil {
+		return err
+	}
 	if err := q.Free(); err != nil {
 		return err
 	}
 	r.logf("queue ops matched ordinary tagged ops")
+	return nil
+}
+
+// queueTyped exchanges derived-datatype layouts between the two ranks'
+// queues: each sends a vector of stride 7 from device memory and receives
+// it into a vector of stride 9, and checks every byte of its buffer
+// against datatype's Pack and Unpack on host memory.
+func queueTyped(ctx context.Context, r *rank, sys *gpu.System, s *gpu.Stream, q *transport.Queue) error {
+	const n = 40000 // blocks of 4 float64s: 1.28 MB packed
+	v7, err := datatype.Vector(n, 4, 7, datatype.Float64)
+	if err != nil {
+		return err
+	}
+	v9, err := datatype.Vector(n, 4, 9, datatype.Float64)
+	if err != nil {
+		return err
+	}
+	peer := 1 - r.id()
+	mine, theirs := pattern(int(v7.Extent()), uint32(7+r.id())), pattern(int(v7.Extent()), uint32(7+peer))
+	old := pattern(int(v9.Extent()), 77)
+	src, err := devWith(sys, mine)
+	if err != nil {
+		return err
+	}
+	dst, err := devWith(sys, old)
+	if err != nil {
+		return err
+	}
+	so, err := q.EnqueueSendTyped(src, v7, 1, peer, 70)
+	if err != nil {
+		return err
+	}
+	ro, err := q.EnqueueRecvTyped(dst, v9, 1, peer, 70)
+	if err != nil {
+		return err
+	}
+	if err := q.Start(); err != nil {
+		return err
+	}
+	if err := q.Wait(); err != nil {
+		return err
+	}
+	if err := s.Synchronize(); err != nil {
+		return err
+	}
+	for _, o := range []*transport.QueueOp{so, ro} {
+		if _, err := o.Wait(ctx); err != nil {
+			return fmt.Errorf("typed queue op: %w", err)
+		}
+	}
+	packed := make([]byte, 32*n)
+	want := bytes.Clone(old)
+	if _, err := v7.Pack(packed, theirs, 0, 1); err != nil {
+		return err
+	}
+	if _, err := v9.Unpack(want, packed, 0, 1); err != nil {
+		return err
+	}
+	got := make([]byte, dst.Len())
+	if err := gpu.CopyToHost(got, dst); err != nil {
+		return err
+	}
+	if d := diff(got, want); d != "" {
+		return fmt.Errorf("typed queue receive: %s", d)
+	}
+	r.logf("typed queue ops ok")
 	return nil
 }
 
@@ -434,7 +503,8 @@ func TestGPUQueue(t *testing.T) {
 				t.Setenv(transport.OverlapEnv, "on")
 			}
 			res := runJob(t, "gpuqueue", 2, cfg{tc.tls, "direct"})
-			requireLines(t, res, "[0] rank 0: queue ops matched ordinary tagged ops", "[1] rank 1: queue ops matched ordinary tagged ops")
+			requireLines(t, res, "[0] rank 0: queue ops matched ordinary tagged ops", "[1] rank 1: queue ops matched ordinary tagged ops",
+				"[0] rank 0: typed queue ops ok", "[1] rank 1: typed queue ops ok")
 		})
 	}
 }
@@ -449,6 +519,17 @@ func TestGPUFaces(t *testing.T) {
 
 // TestGPUCUDA re-runs the scenarios on the cuda backend. It needs a GPU and
 // skips, naming the reason, without one.
+// TestGPUQueueCUDA runs the queue scenario on the cuda backend: on this
+// machine's GPU, else on the test driver with gpupack's kernels compiled
+// in (typed operations pack on the device), stream memory operations and
+// staging included.
+func TestGPUQueueCUDA(t *testing.T) {
+	useCUDA(t)
+	res := runJob(t, "gpuqueue", 2, cfg{"shm", "direct"})
+	requireLines(t, res, "[0] rank 0: gpu backend cuda", "[1] rank 1: queue ops matched ordinary tagged ops",
+		"[0] rank 0: typed queue ops ok", "[1] rank 1: typed queue ops ok")
+}
+
 func TestGPUCUDA(t *testing.T) {
 	if err := gpu.CUDAAvailable(); err != nil {
 		t.Skipf("cuda backend skipped: no CUDA driver/device: %v", err)
