@@ -42,7 +42,7 @@ for s in $steps; do
 		echo "== gpupack bench: exit $?"; grep -E 'Benchmark|device|ok|FAIL' "$logs/gpupackbench.log" ;;
 	integration)
 		step integration integration 240 "$B/integration.test" -test.v -test.count=1 -test.timeout=400s \
-			-test.run 'TestGPUCUDA|TestGPUChannelIPC|TestGPUChannelsCUDAIPC|TestGPUMessagingIPC' ;;
+			-test.run 'TestGPUCUDA|TestGPUQueueCUDA|TestGPUChannelIPC|TestGPUChannelsCUDAIPC|TestGPUMessagingIPC' ;;
 	jacobi)
 		step jacobi samples/jacobi3d/jacobi 120 "$B/jacobi.test" -test.v -test.count=1 -test.timeout=300s -test.run 'TestRunGPUCUDA'
 		step jacobi3d samples/jacobi3d 150 "$B/jacobi3d.test" -test.v -test.count=1 -test.timeout=300s -test.run 'TestProcessesGPU' ;;
