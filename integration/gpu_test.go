@@ -415,20 +415,8 @@ func queueTyped(ctx context.Context, r *rank, sys *gpu.System, s *gpu.Stream, q 
 			return fmt.Errorf("typed queue op: %w", err)
 		}
 	}
-	packed := make([]byte, 32*n)
-	want := bytes.Clone(old)
-	if _, err := v7.Pack(packed, theirs, 0, 1); err != nil {
-		return err
-	}
-	if _, err := v9.Unpack(want, packed, 0, 1); err != nil {
-		return err
-	}
-	got := make([]byte, dst.Len())
-	if err := gpu.CopyToHost(got, dst); err != nil {
-		return err
-	}
-	if d := diff(got, want); d != "" {
-		return fmt.Errorf("typed queue receive: %s", d)
+	if err := checkTyped(dst, v7, v9, theirs, old); err != nil {
+		return fmt.Errorf("typed queue receive: %w", err)
 	}
 	r.logf("typed queue ops ok")
 	return nil
@@ -605,25 +593,38 @@ func typedRounds(ctx context.Context, r *rank, sys *gpu.System, ch *transport.Ch
 		if err := req.Wait(ctx); err != nil {
 			return fmt.Errorf("typed round %d: recv (%s): %w", i, req.Path(), err)
 		}
-		packed := make([]byte, 32*n)
-		want := bytes.Clone(old)
-		if _, err := rd.send.Pack(packed, src, 0, 1); err != nil {
-			return err
-		}
-		if _, err := rd.recv.Unpack(want, packed, 0, 1); err != nil {
-			return err
-		}
-		got := make([]byte, b.Len())
-		if err := gpu.CopyToHost(got, b); err != nil {
-			return err
-		}
-		if d := diff(got, want); d != "" {
-			return fmt.Errorf("typed round %d over %s: %s", i, req.Path(), d)
+		if err := checkTyped(b, rd.send, rd.recv, src, old); err != nil {
+			return fmt.Errorf("typed round %d over %s: %w", i, req.Path(), err)
 		}
 	}
 	if r.id() == 1 {
 		s := r.t.ChannelTypedStats()
 		r.logf("typed channel ok: %d packed on the device, %d in host memory, %d in place", s.DevicePacked, s.HostPacked, s.Run)
+	}
+	return nil
+}
+
+// checkTyped reports how dst differs from what one element of recv holds
+// after receiving one element of send taken from src, over a buffer that
+// held old: datatype's Pack and Unpack on host memory.
+func checkTyped(dst gpu.Buffer, send, recv *datatype.Type, src, old []byte) error {
+	n, err := send.PackedSize(1)
+	if err != nil {
+		return err
+	}
+	packed, want := make([]byte, n), bytes.Clone(old)
+	if _, err := send.Pack(packed, src, 0, 1); err != nil {
+		return err
+	}
+	if _, err := recv.Unpack(want, packed, 0, 1); err != nil {
+		return err
+	}
+	got := make([]byte, dst.Len())
+	if err := gpu.CopyToHost(got, dst); err != nil {
+		return err
+	}
+	if d := diff(got, want); d != "" {
+		return errors.New(d)
 	}
 	return nil
 }
