@@ -42,8 +42,10 @@ type chanTyped struct {
 	mu      sync.Mutex
 	closed  bool
 	packers map[*gpu.Device]*gpupack.Packer
-	free    map[stageKey][]gpu.Buffer // device staging buffers for reuse
-	bytes   int                       // bytes held in free
+	free    map[stageKey][]gpu.Buffer         // staging buffers for reuse
+	bytes   int                               // bytes held in free
+	twins   map[*datatype.Type]*datatype.Type // packed twins (typed_device.go)
+	streams map[*gpu.Device]*gpu.Stream       // pack streams of the tagged API (typed_device.go)
 	stats   struct{ run, dev, host, allocs atomic.Int64 }
 }
 
@@ -116,8 +118,8 @@ func (s *chanTyped) unstage(k stageKey, b gpu.Buffer) {
 func (s *chanTyped) close() error {
 	s.mu.Lock()
 	s.closed = true
-	free, packers := s.free, s.packers
-	s.free, s.packers, s.bytes = nil, nil, 0
+	free, packers, streams := s.free, s.packers, s.streams
+	s.free, s.packers, s.streams, s.bytes = nil, nil, nil, 0
 	s.mu.Unlock()
 	var first error
 	keep := func(err error) {
@@ -130,6 +132,9 @@ func (s *chanTyped) close() error {
 		for _, b := range l {
 			keep(gpu.Free(b))
 		}
+	}
+	for _, st := range streams {
+		keep(st.Destroy())
 	}
 	for _, p := range packers {
 		keep(p.Close())
