@@ -79,7 +79,9 @@ func TestTypedBuffer(t *testing.T) {
 	}
 	keep := devBuf(t, sys, typedBufferSize, old)
 	done := make(chan error, 1)
-	go func() { done <- ts[0].SendTypedBuffer(ctx, 1, 6, devBuf(t, sys, typedBufferSize, src), layouts["vector"], 1) }()
+	go func() {
+		done <- ts[0].SendTypedBuffer(ctx, 1, 6, devBuf(t, sys, typedBufferSize, src), layouts["vector"], 1)
+	}()
 	if _, err := ts[1].RecvTypedBuffer(ctx, 0, 6, keep, ints, 1); !errors.Is(err, ErrTypeMismatch) {
 		t.Fatalf("float64s into int64s: receiver %v, want ErrTypeMismatch", err)
 	}
