@@ -79,9 +79,8 @@ func TestTypedBuffer(t *testing.T) {
 	}
 	keep := devBuf(t, sys, typedBufferSize, old)
 	done := make(chan error, 1)
-	go func() {
-		done <- ts[0].SendTypedBuffer(ctx, 1, 6, devBuf(t, sys, typedBufferSize, src), layouts["vector"], 1)
-	}()
+	floats := devBuf(t, sys, typedBufferSize, src)
+	go func() { done <- ts[0].SendTypedBuffer(ctx, 1, 6, floats, layouts["vector"], 1) }()
 	if _, err := ts[1].RecvTypedBuffer(ctx, 0, 6, keep, ints, 1); !errors.Is(err, ErrTypeMismatch) {
 		t.Fatalf("float64s into int64s: receiver %v, want ErrTypeMismatch", err)
 	}
@@ -103,7 +102,8 @@ func TestTypedBuffer(t *testing.T) {
 	}
 	before := pattern(32*80, 8)
 	dst := devBuf(t, sys, 32*80, before)
-	go func() { done <- ts[0].SendTypedBuffer(ctx, 1, 7, devBuf(t, sys, 768, src[:768]), datatype.Float64, 96) }()
+	first := devBuf(t, sys, 768, src[:768])
+	go func() { done <- ts[0].SendTypedBuffer(ctx, 1, 7, first, datatype.Float64, 96) }()
 	st, err := ts[1].RecvTypedBuffer(ctx, 0, 7, dst, row, 32)
 	if err != nil || st.Size != 768 {
 		t.Fatalf("96 float64s into 32 rows of 8: %v (size %d)", err, st.Size)
@@ -139,7 +139,8 @@ func TestTypedBufferErrors(t *testing.T) {
 	}
 	src := pattern(typedBufferSize, 2)
 	done := make(chan error, 1)
-	go func() { done <- ts[0].SendTypedBuffer(ctx, 1, 1, devBuf(t, sys, typedBufferSize, src), vec, 1) }()
+	sb := devBuf(t, sys, typedBufferSize, src)
+	go func() { done <- ts[0].SendTypedBuffer(ctx, 1, 1, sb, vec, 1) }()
 	dst := devBuf(t, sys, typedBufferSize, nil)
 	if _, err := ts[1].RecvTypedBuffer(ctx, 0, 1, dst, vec, 1); err != nil {
 		t.Fatal(err)
