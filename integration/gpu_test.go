@@ -533,11 +533,14 @@ func TestGPUCUDA(t *testing.T) {
 }
 
 // typedChannelLine is what rank 1 of gpuchannel logs after typedRounds: two
-// receives unpacked on the device, one in place.
-const typedChannelLine = "[1] rank 1: typed channel ok: 2 packed on the device, 0 in host memory, 1 in place"
+// channel receives and one tagged receive unpacked on the device, one
+// channel receive in place (the tagged receive into Go memory is the plain
+// typed API's).
+const typedChannelLine = "[1] rank 1: typed channel ok: 3 packed on the device, 0 in host memory, 1 in place"
 
 // typedRounds sends derived-datatype layouts from rank 0 to rank 1 with
-// SendTyped and RecvTyped: vectors of two strides and a contiguous run,
+// the channel's SendTyped and RecvTyped, and with the tagged API's
+// SendTypedBuffer and RecvTypedBuffer: vectors of two strides and a contiguous run,
 // device and host memory, packed sizes over two channel chunks. Rank 1
 // checks every byte of its buffer against datatype's Pack and Unpack on
 // host memory (gaps keep what they held) and logs the typed counters.
@@ -558,7 +561,9 @@ func typedRounds(ctx context.Context, r *rank, sys *gpu.System, ch *transport.Ch
 	rounds := []struct {
 		send, recv       *datatype.Type
 		sendDev, recvDev bool
-	}{{v7, v9, true, true}, {v7, run, true, false}, {v9, v7, false, true}}
+		tagged           bool // SendTypedBuffer and RecvTypedBuffer, not the channel
+	}{{v7, v9, true, true, false}, {v7, run, true, false, false}, {v9, v7, false, true, false},
+		{v7, v9, true, true, true}, {v9, run, true, false, true}}
 	for i, rd := range rounds {
 		src := pattern(int(rd.send.Extent()), uint32(i+1))
 		old := pattern(int(rd.recv.Extent()), uint32(i+50))
@@ -573,6 +578,12 @@ func typedRounds(ctx context.Context, r *rank, sys *gpu.System, ch *transport.Ch
 			if err != nil {
 				return err
 			}
+			if rd.tagged {
+				if err := r.t.SendTypedBuffer(ctx, 1, 80, b, rd.send, 1); err != nil {
+					return fmt.Errorf("typed round %d: tagged send: %w", i, err)
+				}
+				continue
+			}
 			req, err := ch.SendTyped(b, rd.send, 1)
 			if err != nil {
 				return err
@@ -585,6 +596,15 @@ func typedRounds(ctx context.Context, r *rank, sys *gpu.System, ch *transport.Ch
 		b, err := buf(rd.recvDev, old)
 		if err != nil {
 			return err
+		}
+		if rd.tagged {
+			if _, err := r.t.RecvTypedBuffer(ctx, 0, 80, b, rd.recv, 1); err != nil {
+				return fmt.Errorf("typed round %d: tagged recv: %w", i, err)
+			}
+			if err := checkTyped(b, rd.send, rd.recv, src, old); err != nil {
+				return fmt.Errorf("typed round %d (tagged): %w", i, err)
+			}
+			continue
 		}
 		req, err := ch.RecvTyped(b, rd.recv, 1)
 		if err != nil {

@@ -26,7 +26,8 @@ import (
 // typed channel transfers, per transport; beyond it they are freed.
 const StagePoolBytes = 64 << 20
 
-// ChannelTypedStats counts typed channel transfers.
+// ChannelTypedStats counts typed channel transfers (DevicePacked and
+// StageAllocs also count SendTypedBuffer's and RecvTypedBuffer's).
 type ChannelTypedStats struct {
 	// Run: the layout was one run of bytes, sent or received in place.
 	Run int64
