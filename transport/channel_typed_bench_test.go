@@ -89,3 +89,68 @@ func BenchmarkChannelTypedPingPong(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkTypedBufferPingPong compares, in one run, a typed round trip of
+// a vector of 64-byte blocks through the MPI-style API: Go memory with
+// SendTyped and RecvTyped, against device memory (host backend) with
+// SendTypedBuffer and RecvTypedBuffer, packed by gpupack into pinned
+// memory and sent as the packed twin.
+func BenchmarkTypedBufferPingPong(b *testing.B) {
+	sys, err := gpu.OpenBackend(gpu.BackendHost)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer sys.Close()
+	dev := sys.Devices()[0]
+	for _, blocks := range []int64{64, 1024} {
+		vec, err := datatype.Vector(blocks, 8, 16, datatype.Float64)
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, device := range []bool{false, true} {
+			name := fmt.Sprintf("%dx64B/go-memory", blocks)
+			if device {
+				name = fmt.Sprintf("%dx64B/device", blocks)
+			}
+			b.Run(name, func(b *testing.B) {
+				var bufs [2]gpu.Buffer
+				for i := range bufs {
+					if bufs[i], err = dev.Alloc(int(vec.Extent())); err != nil {
+						b.Fatal(err)
+					}
+					defer gpu.Free(bufs[i])
+				}
+				host := [2][]byte{make([]byte, vec.Extent()), make([]byte, vec.Extent())}
+				send := func(ctx context.Context, t *Transport) error {
+					r := t.Rank()
+					if device {
+						return t.SendTypedBuffer(ctx, 1-r, 1, bufs[r], vec, 1)
+					}
+					return t.SendTyped(ctx, 1-r, 1, host[r], vec, 1)
+				}
+				recv := func(ctx context.Context, t *Transport) error {
+					r := t.Rank()
+					var err error
+					if device {
+						_, err = t.RecvTypedBuffer(ctx, 1-r, 1, bufs[r], vec, 1)
+					} else {
+						_, err = t.RecvTyped(ctx, 1-r, 1, host[r], vec, 1)
+					}
+					return err
+				}
+				pingPong(b, func(ctx context.Context, t *Transport) error {
+					if err := send(ctx, t); err != nil {
+						return err
+					}
+					return recv(ctx, t)
+				}, func(ctx context.Context, t *Transport) error {
+					if err := recv(ctx, t); err != nil {
+						return err
+					}
+					return send(ctx, t)
+				})
+				b.SetBytes(64 * blocks)
+			})
+		}
+	}
+}
