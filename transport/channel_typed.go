@@ -65,18 +65,36 @@ func (s *chanTyped) packer(dev *gpu.Device) (*gpupack.Packer, error) {
 	if s.closed {
 		return nil, ErrClosed
 	}
-	if p := s.packers[dev]; p != nil {
-		return p, nil
+	return perDevice(&s.packers, dev, func() (*gpupack.Packer, error) { return gpupack.New(dev, gpupack.Options{}) })
+}
+
+// perDevice returns (*m)[dev], made by mk on first use. The caller holds
+// the lock that guards *m.
+func perDevice[T comparable](m *map[*gpu.Device]T, dev *gpu.Device, mk func() (T, error)) (T, error) {
+	var zero T
+	if v := (*m)[dev]; v != zero {
+		return v, nil
 	}
-	p, err := gpupack.New(dev, gpupack.Options{})
+	v, err := mk()
 	if err != nil {
-		return nil, err
+		return zero, err
 	}
-	if s.packers == nil {
-		s.packers = map[*gpu.Device]*gpupack.Packer{}
+	if *m == nil {
+		*m = map[*gpu.Device]T{}
 	}
-	s.packers[dev] = p
-	return p, nil
+	(*m)[dev] = v
+	return v, nil
+}
+
+// newPackStream makes a stream on dev for pack and unpack kernels.
+func newPackStream(dev *gpu.Device) func() (*gpu.Stream, error) {
+	return func() (*gpu.Stream, error) {
+		st, err := dev.NewStream()
+		if err != nil {
+			return nil, fmt.Errorf("pack stream: %w", err)
+		}
+		return st, nil
+	}
 }
 
 // stage returns a staging buffer of k.

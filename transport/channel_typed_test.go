@@ -32,6 +32,25 @@ func typedLayouts(t *testing.T) map[string]*datatype.Type {
 // typedBufferSize is a buffer size that holds every typedLayouts layout.
 const typedBufferSize = 8 * 500
 
+// typedWant is what a buffer that held old holds after one element of recv
+// received one element of send taken from src: datatype's Pack and Unpack
+// on host memory.
+func typedWant(t *testing.T, send, recv *datatype.Type, src, old []byte) []byte {
+	t.Helper()
+	n, err := send.PackedSize(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	packed, want := make([]byte, n), bytes.Clone(old)
+	if _, err := send.Pack(packed, src, 0, 1); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := recv.Unpack(want, packed, 0, 1); err != nil {
+		t.Fatal(err)
+	}
+	return want
+}
+
 // TestChannelTyped sends every layout into every other, device and host
 // memory on either end, over every channel variant, and checks the bytes
 // against datatype's Pack and Unpack on host memory: the layout's bytes
@@ -59,15 +78,8 @@ func TestChannelTyped(t *testing.T) {
 			runs := int64(0)
 			for round := 0; round < 2; round++ {
 				for sn, st := range layouts {
-					packed := make([]byte, 256*8)
-					if _, err := st.Pack(packed, src, 0, 1); err != nil {
-						t.Fatal(err)
-					}
 					for rn, rt := range layouts {
-						want := bytes.Clone(old)
-						if _, err := rt.Unpack(want, packed, 0, 1); err != nil {
-							t.Fatal(err)
-						}
+						want := typedWant(t, st, rt, src, old)
 						for _, kinds := range [][2]bool{{true, true}, {true, false}, {false, true}} {
 							sb, rb := typedBuf(t, sys, kinds[0], src), typedBuf(t, sys, kinds[1], old)
 							rr, err := b.RecvTyped(rb, rt, 1)
@@ -184,11 +196,7 @@ func TestChannelTypedErrors(t *testing.T) {
 	if err := sr.Wait(ctx); err != nil {
 		t.Fatal(err)
 	}
-	want := make([]byte, typedBufferSize)
-	packed := make([]byte, 256*8)
-	_, _ = vec.Pack(packed, src, 0, 1)
-	_, _ = vec.Unpack(want, packed, 0, 1)
-	if !bytes.Equal(readDev(t, dst), want) {
+	if !bytes.Equal(readDev(t, dst), typedWant(t, vec, vec, src, make([]byte, typedBufferSize))) {
 		t.Fatal("the message after refused receives differs")
 	}
 	// 63 vector elements' worth received against 64 sent.

@@ -213,15 +213,7 @@ func (q *Queue) packStream(dev *gpu.Device) (*gpu.Stream, error) {
 	if q.freed {
 		return nil, ErrQueueFreed
 	}
-	s, err := dev.NewStream()
-	if err != nil {
-		return nil, fmt.Errorf("pack stream: %w", err)
-	}
-	if q.packStreams == nil {
-		q.packStreams = map[*gpu.Device]*gpu.Stream{}
-	}
-	q.packStreams[dev] = s
-	return s, nil
+	return perDevice(&q.packStreams, dev, newPackStream(dev))
 }
 
 func (q *Queue) enqueue(send bool, buf gpu.Buffer, peer, tag int) (*QueueOp, error) {

@@ -24,16 +24,9 @@ func TestQueueTyped(t *testing.T) {
 	old := pattern(typedBufferSize, 12)
 	tag := 0
 	for sn, st := range layouts {
-		packed := make([]byte, 256*8)
-		if _, err := st.Pack(packed, src, 0, 1); err != nil {
-			t.Fatal(err)
-		}
 		for rn, rt := range layouts {
 			tag++
-			want := bytes.Clone(old)
-			if _, err := rt.Unpack(want, packed, 0, 1); err != nil {
-				t.Fatal(err)
-			}
+			want := typedWant(t, st, rt, src, old)
 			sb, rb := devBuf(t, sys0, typedBufferSize, src), devBuf(t, sys1, typedBufferSize, old)
 			so, err := q0.EnqueueSendTyped(sb, st, 1, 1, tag)
 			if err != nil {

@@ -212,16 +212,5 @@ func (s *chanTyped) stream(dev *gpu.Device) (*gpu.Stream, error) {
 	if s.closed {
 		return nil, ErrClosed
 	}
-	if st := s.streams[dev]; st != nil {
-		return st, nil
-	}
-	st, err := dev.NewStream()
-	if err != nil {
-		return nil, fmt.Errorf("pack stream: %w", err)
-	}
-	if s.streams == nil {
-		s.streams = map[*gpu.Device]*gpu.Stream{}
-	}
-	s.streams[dev] = st
-	return st, nil
+	return perDevice(&s.streams, dev, newPackStream(dev))
 }

@@ -21,17 +21,6 @@ func TestTypedBuffer(t *testing.T) {
 	layouts := typedLayouts(t)
 	src := pattern(typedBufferSize, 21)
 	old := pattern(typedBufferSize, 22)
-	expect := func(st, rt *datatype.Type, from []byte) []byte {
-		packed := make([]byte, 256*8)
-		if _, err := st.Pack(packed, from, 0, 1); err != nil {
-			t.Fatal(err)
-		}
-		want := bytes.Clone(old)
-		if _, err := rt.Unpack(want, packed, 0, 1); err != nil {
-			t.Fatal(err)
-		}
-		return want
-	}
 	for sn, st := range layouts {
 		for rn, rt := range layouts {
 			for _, kinds := range [][2]bool{{true, true}, {true, false}, {false, true}} {
@@ -62,7 +51,7 @@ func TestTypedBuffer(t *testing.T) {
 				if stat.Size != 256*8 || stat.Source != 0 {
 					t.Fatalf("status %+v", stat)
 				}
-				if got := typedRead(t, rb); !bytes.Equal(got, expect(st, rt, src)) {
+				if got := typedRead(t, rb); !bytes.Equal(got, typedWant(t, st, rt, src, old)) {
 					t.Fatalf("%s -> %s (device %v): bytes differ from datatype's pack and unpack", sn, rn, kinds)
 				}
 			}
@@ -148,11 +137,7 @@ func TestTypedBufferErrors(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	want := make([]byte, typedBufferSize)
-	packed := make([]byte, 256*8)
-	_, _ = vec.Pack(packed, src, 0, 1)
-	_, _ = vec.Unpack(want, packed, 0, 1)
-	if !bytes.Equal(readDev(t, dst), want) {
+	if !bytes.Equal(readDev(t, dst), typedWant(t, vec, vec, src, make([]byte, typedBufferSize))) {
 		t.Fatal("the message after refused calls differs")
 	}
 }
