@@ -286,6 +286,11 @@ type NoncontigStats struct {
 	// went to the next typed receive placed instead of the earliest one
 	// pending, a departure from MPI's order (docs/noncontig.md).
 	RenumberSkipped int64
+	// NonblockingInline counts nonblocking typed requests (IsendTyped,
+	// IrecvTyped, TypedMessage.Irecv) whose protocol ran in their Wait's
+	// goroutine, NonblockingStarted those run in a goroutine of their own
+	// (deferred.go; docs/noncontig.md, "Nonblocking typed calls").
+	NonblockingInline, NonblockingStarted int64
 }
 
 type ncCounters struct {
@@ -418,6 +423,8 @@ func (t *Transport) NoncontigStats() NoncontigStats {
 		CrossoverTrials:      c.crossTrials.Load(),
 		CrossoverVerdicts:    c.crossVerdicts.Load(),
 		CrossoverAdopted:     c.crossAdopted.Load(),
+		NonblockingInline:    t.deferred.inline.Load(),
+		NonblockingStarted:   t.deferred.started.Load(),
 		WindowSetsRetired:    c.setsRetired.Load(),
 		RemoteSetsForgotten:  c.remoteForgotten.Load(),
 		RemoteSets:           remote,
@@ -517,10 +524,7 @@ func (t *Transport) IsendTypedWith(dst, tag int, buf []byte, dt *datatype.Type, 
 	}
 	r := t.newRequest("typed send", dst, tag, len(buf))
 	seq := nc.nextSendSeq(c.seqKey())
-	go func() {
-		st, err := nc.send(context.Background(), c, seq)
-		t.ncComplete(r, st, err)
-	}()
+	t.startTyped(r, c.bytes, func() (Status, error) { return nc.send(context.Background(), c, seq) })
 	return r, nil
 }
 
@@ -569,10 +573,7 @@ func (t *Transport) IrecvTypedWith(src, tag int, buf []byte, dt *datatype.Type, 
 	}
 	r := t.newRequest("typed recv", src, tag, len(buf))
 	seq, w, p := nc.placeRecv(c)
-	go func() {
-		st, err := nc.recvPlaced(context.Background(), c, seq, w, p)
-		t.ncComplete(r, st, err)
-	}()
+	t.startTyped(r, c.bytes, func() (Status, error) { return nc.recvPlaced(context.Background(), c, seq, w, p) })
 	return r, nil
 }
 

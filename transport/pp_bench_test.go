@@ -36,19 +36,29 @@ func BenchmarkPingPong8(b *testing.B) {
 // BenchmarkTypedPingPong measures a typed round trip (a vector of 64
 // blocks of 64 B) between two in-process ranks, rank 1 receiving from rank
 // 0 or with AnySource, with a typed receive or with a matched typed probe
-// and the probed message's receive.
+// and the probed message's receive; in nonblocking, both ranks use
+// IsendTyped and IrecvTyped, each followed by Wait (deferred.go).
 func BenchmarkTypedPingPong(b *testing.B) {
 	vec, err := datatype.Vector(64, 8, 16, datatype.Float64)
 	if err != nil {
 		b.Fatal(err)
 	}
 	for _, c := range []struct {
-		name  string
-		src   int
-		probe bool
-	}{{"exact", 0, false}, {"any-source", AnySource, false}, {"mprobe", 0, true}, {"mprobe-any-source", AnySource, true}} {
+		name        string
+		src         int
+		probe       bool
+		nonblocking bool
+	}{{"exact", 0, false, false}, {"nonblocking", 0, false, true}, {"any-source", AnySource, false, false}, {"mprobe", 0, true, false}, {"mprobe-any-source", AnySource, true, false}} {
 		b.Run(c.name, func(b *testing.B) {
 			buf0, buf1 := make([]byte, vec.Extent()), make([]byte, vec.Extent())
+			if c.nonblocking {
+				pingPong(b, func(ctx context.Context, t *Transport) error {
+					return typedNonblocking(ctx, t, 1, buf0, vec)
+				}, func(ctx context.Context, t *Transport) error {
+					return typedNonblocking(ctx, t, 0, buf1, vec)
+				})
+				return
+			}
 			recv := func(ctx context.Context, t *Transport) error {
 				if !c.probe {
 					_, err := t.RecvTyped(ctx, c.src, 1, buf1, vec, 1)
@@ -75,6 +85,28 @@ func BenchmarkTypedPingPong(b *testing.B) {
 			})
 		})
 	}
+}
+
+// typedNonblocking is one side's turn of a nonblocking typed ping-pong:
+// rank 0 sends then receives, rank 1 the reverse, each request waited for
+// at once.
+func typedNonblocking(ctx context.Context, t *Transport, peer int, buf []byte, vec *datatype.Type) error {
+	for i := 0; i < 2; i++ {
+		var r *Request
+		var err error
+		if (i == 0) == (t.Rank() == 0) {
+			r, err = t.IsendTyped(peer, 1, buf, vec, 1)
+		} else {
+			r, err = t.IrecvTyped(peer, 1, buf, vec, 1)
+		}
+		if err != nil {
+			return err
+		}
+		if _, err := r.Wait(ctx); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // pingPong runs b.N round trips between two in-process ranks: rank 0 calls

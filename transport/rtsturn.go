@@ -6,7 +6,8 @@ import "context"
 // post their RTS messages in the order of their sequence numbers.
 //
 // A typed send takes its sequence number in the caller's goroutine, in
-// call order, but IsendTyped runs the protocol in a goroutine of its own,
+// call order, but IsendTyped runs the protocol apart from the call (in a
+// goroutine of its own, or later in a Wait: deferred.go),
 // so two sends started one after the other could post their RTS messages
 // in either order. Exact receives do not mind (they match the sequence
 // number in the tag), but an any-source typed receive is matched by UCX

@@ -257,6 +257,7 @@ type Transport struct {
 	// progress goroutine to do what ovEnter does (it cannot itself).
 	entered  atomic.Bool
 	sleeping atomic.Bool
+	deferred deferredSet // nonblocking typed requests not started yet (deferred.go)
 	// asideLong: the progress goroutine stands aside for a millisecond
 	// (loop) because nothing was in flight; an operation that starts then
 	// (track) calls it back, since its completion may need this side's
@@ -750,6 +751,7 @@ func (t *Transport) loop() {
 	// it is about to sleep (GOMAXPROCS may change).
 	oneP := runtime.GOMAXPROCS(0) == 1
 	for !t.stopping.Load() {
+		t.flushDeferred(nil, deferGrace)
 		if pacing {
 			if t.spinners.Load() == 0 {
 				// Until something is done (progressHandled active), or a
@@ -920,6 +922,7 @@ func (t *Transport) loop() {
 			continue
 		}
 		t.sleeping.Store(true)
+		t.flushDeferred(nil, 0) // nothing made before sleeping stays behind (startTyped)
 		t.mu.Lock()
 		pending = len(t.submit) > 0
 		t.mu.Unlock()
@@ -1027,6 +1030,7 @@ type Request struct {
 	scratch  []byte                // where a receive too small for a descriptor lands
 	bufs     [][]byte              // an IOV receive's buffers
 	probe    func(ucx.Status, int) // an internal probe's completion
+	deferred *deferredRun          // a nonblocking typed request not started yet (deferred.go)
 
 	fin     atomic.Bool
 	done    chan struct{}
@@ -1061,6 +1065,9 @@ func (r *Request) recycle() {
 // Test reports whether the request has completed, without blocking; it makes
 // one progress pass first in direct mode.
 func (r *Request) Test() (bool, Status, error) {
+	if r.deferred != nil && !r.fin.Load() {
+		r.t.startDeferred(r.deferred)
+	}
 	if !r.fin.Load() {
 		r.t.testPass()
 	}
@@ -1104,6 +1111,9 @@ func (r *Request) Finished() (bool, error) {
 
 // Done returns a channel closed when the request completes.
 func (r *Request) Done() <-chan struct{} {
+	if r.deferred != nil && !r.fin.Load() {
+		r.t.startDeferred(r.deferred)
+	}
 	r.t.mu.Lock()
 	defer r.t.mu.Unlock()
 	if r.done == nil {
@@ -1122,6 +1132,7 @@ func (t *Transport) spinWait(done func() bool) bool {
 	start := time.Now()
 	deadline := start.Add(t.opts.WaitSpin)
 	t.spinners.Add(1)
+	t.flushDeferred(nil, 0) // this goroutine is about to wait: what it may wait for must run
 	i := 0
 	// Only a waiter that spun a while has the progress goroutine woken when
 	// it leaves (spinDone); i counts the passes, and the clock is read only
@@ -1149,8 +1160,13 @@ func (t *Transport) spinWait(done func() bool) bool {
 			// say) would otherwise wait for the spin to end.
 			runtime.Gosched()
 		}
-		if i&15 == 15 && time.Now().After(deadline) {
-			return done()
+		if i&15 == 15 {
+			// The progress goroutine stands aside for this spin: start
+			// the deferred requests made meanwhile as it would.
+			t.flushDeferred(nil, deferGrace)
+			if time.Now().After(deadline) {
+				return done()
+			}
 		}
 	}
 	return true
@@ -1290,6 +1306,9 @@ func (r *Request) wait(ctx context.Context, cancel bool) (Status, error) {
 	// Not r.peer: an any-source receive's changes meanwhile.
 	if err := t.waitInHandler(r.op, -1, 0); err != nil {
 		return Status{}, err // the operation goes on
+	}
+	if t.waitDeferred(r, ctx) {
+		return r.status, r.err
 	}
 	if t.spinWait(r.fin.Load) {
 		return r.status, r.err
@@ -1567,6 +1586,7 @@ func (t *Transport) Close() error {
 	if err := t.waitInHandler("close", -1, 0); err != nil {
 		return err // it would wait for the progress goroutine, which runs the handler
 	}
+	t.flushDeferred(nil, 0) // they fail with ErrClosed as started ones do
 	// Device imports use no UCX: wait for those in flight and close their
 	// mappings first.
 	if err := t.dimp.close(); err != nil {

@@ -336,10 +336,7 @@ func (m *TypedMessage) IrecvWith(buf []byte, dt *datatype.Type, count int, o Typ
 	}
 	t := nc.t
 	r := t.newRequest("typed recv", c.peer, c.tag, len(buf))
-	go func() {
-		st, err := nc.recvMatched(context.Background(), c, m.hdr)
-		t.ncComplete(r, st, err)
-	}()
+	t.startTyped(r, c.bytes, func() (Status, error) { return nc.recvMatched(context.Background(), c, m.hdr) })
 	return r, nil
 }
 
