@@ -3,6 +3,7 @@ package transport
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"testing"
 
@@ -159,4 +160,41 @@ func TestTypedNonblockingLargeStartsAtOnce(t *testing.T) {
 	if d := blockDiff(got, want, 64, 128); d != "" {
 		t.Fatal(d)
 	}
+}
+
+// Small nonblocking typed requests still waiting when their rank closes
+// fail with ErrClosed, as started ones do: a receive nobody sends to, and
+// a send nobody receives, neither of them waited for before Close.
+func TestTypedNonblockingClose(t *testing.T) {
+	forModes(t, func(t *testing.T, mode ProgressMode) {
+		ctx := testCtx(t)
+		ts, stop, err := StartLocal(ctx, 2, Options{Progress: mode})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer stop()
+		vec := smallVector(t)
+		span := int(vec.Extent())
+		r, err := ts[0].IrecvTyped(1, 9, make([]byte, span), vec, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := ts[0].IsendTyped(1, 10, pattern(span, 1), vec, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := ts[0].Close(); err != nil {
+			t.Fatal(err)
+		}
+		for _, q := range []*Request{r, s} {
+			select {
+			case <-q.Done():
+			case <-ctx.Done():
+				t.Fatalf("%s still pending after Close", q.op)
+			}
+			if _, err := q.Wait(ctx); !errors.Is(err, ErrClosed) {
+				t.Fatalf("%s after Close: %v, want ErrClosed", q.op, err)
+			}
+		}
+	})
 }
