@@ -409,6 +409,23 @@ func (c *Channel) deviceMove(e *typedEnd, stage gpu.Buffer, unpack bool) error {
 // after returns a request that completes when inner has completed and then
 // fin has run with its outcome (fin's result is the request's).
 func (c *Channel) after(inner *ChannelRequest, op string, fin func(error) error) *ChannelRequest {
+	if inner.reqs != nil {
+		// The direct path (UCX on the packed bytes, in pinned or Go
+		// memory): fin runs where the chunks' outcome is computed
+		// (finalize, in the Wait, Test or Done that completes the
+		// request, in its caller's goroutine), not in a goroutine of its
+		// own: starting one wakes a thread for it, which cost a small
+		// typed transfer more than its bytes (docs/gpu.md, "Typed channel
+		// transfers").
+		prev := inner.post
+		inner.post = func(err error) error {
+			if prev != nil {
+				err = prev(err)
+			}
+			return fin(err)
+		}
+		return inner
+	}
 	r := &ChannelRequest{c: c, op: op, n: inner.n, counter: inner.counter, path: inner.path, inner: inner, done: make(chan struct{})}
 	go func() { r.finish(fin(inner.Wait(context.Background()))) }()
 	return r

@@ -282,9 +282,11 @@ type NoncontigStats struct {
 	// RenumberSkipped counts cancelled typed receives after which the
 	// typed receives pending behind them kept their sequence numbers (one
 	// had matched its RTS, a number was not yet posted, a message was
-	// parked by IprobeTyped): the message the cancelled receive was owed
-	// went to the next typed receive placed instead of the earliest one
-	// pending, a departure from MPI's order (docs/noncontig.md).
+	// parked by IprobeTyped), or after which a receive that took a later
+	// number had matched its message already: the message the cancelled
+	// receive was owed went to the next typed receive placed instead of
+	// the earliest one pending, a departure from MPI's order
+	// (docs/noncontig.md).
 	RenumberSkipped int64
 	// NonblockingInline counts nonblocking typed requests (IsendTyped,
 	// IrecvTyped, TypedMessage.Irecv) whose protocol ran in their Wait's

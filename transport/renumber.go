@@ -278,7 +278,10 @@ func (t *Transport) repostMasked(r *Request) {
 // as they are). A number given back by a receive that gave up before
 // posting its RTS receive (noncontig.leave) starts the same renumbering.
 // Each time the numbers stay as they are with a receive pending behind,
-// NoncontigStats.RenumberSkipped counts it.
+// NoncontigStats.RenumberSkipped counts it, and also each time a receive
+// that took a later number had matched its message already (a receive
+// placed behind an any-source one and not posted when its turn came, then
+// given up: the message it was owed has to go to a receive placed later).
 
 // cancelledRTS gives back the number of r, a typed receive's cancelled
 // RTS receive, and queues its (source, tag) to be renumbered; the worker
@@ -330,6 +333,14 @@ func (t *Transport) renumberTyped(k seqKey) {
 		}
 		rs = append(rs, r)
 	}
+	if matchedBehind(c, c.freed[0], len(rs)) {
+		// A receive that took a later number has matched its message
+		// already: MPI would have given the one owed to the number given
+		// back to the receive that gave it back (placed first), which could
+		// then not have been cancelled. The order departed; the receives
+		// still pending are renumbered all the same.
+		nc.skippedRenumber(k)
+	}
 	if len(rs) == 0 && !unpostedBehind {
 		return // nobody behind it: the number goes to the next receive placed
 	}
@@ -380,6 +391,25 @@ func (t *Transport) renumberTyped(k seqKey) {
 		t.repostRTS(nc, r)
 	}
 	t.repostMaskedRTS(nc, masked)
+}
+
+// matchedBehind reports whether a number of c handed out after s, besides
+// the pending receives behind it, is neither waiting to be posted nor
+// given back: a receive that took it has matched its message. nc.mu is
+// held.
+func matchedBehind(c *recvCounter, s uint32, pending int) bool {
+	newer := int((c.next - s - 1) & c.mask) // handed out after s
+	for _, u := range c.unposted {
+		if c.age(u) > c.age(s) {
+			newer--
+		}
+	}
+	for _, f := range c.freed {
+		if c.age(f) > c.age(s) {
+			newer--
+		}
+	}
+	return newer > pending
 }
 
 // skippedRenumber counts a cancellation after which k's typed receives
