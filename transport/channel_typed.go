@@ -414,9 +414,8 @@ func (c *Channel) after(inner *ChannelRequest, op string, fin func(error) error)
 		// memory): fin runs where the chunks' outcome is computed
 		// (finalize, in the Wait, Test or Done that completes the
 		// request, in its caller's goroutine), not in a goroutine of its
-		// own: starting one wakes a thread for it, which cost a small
-		// typed transfer more than its bytes (docs/gpu.md, "Typed channel
-		// transfers").
+		// own, which would wake a thread for it (docs/gpu.md, "Typed
+		// channel transfers").
 		prev := inner.post
 		inner.post = func(err error) error {
 			if prev != nil {
