@@ -183,7 +183,8 @@ func (nc *noncontig) leave(tag int, w *typedWaiter) {
 	switch {
 	case i < 0 && !w.any:
 		k := seqKey{w.peer, tag}
-		nc.recvSeq[k].give(w.seq)
+		c := nc.recvSeq[k]
+		c.returning = append(c.returning, w.seq)
 		nc.rtsPostedLocked(k, w.seq)
 		nc.mu.Unlock()
 		t := nc.t

@@ -277,6 +277,12 @@ func (t *Transport) repostMasked(r *Request) {
 // first and posted again last (if it has matched an RTS, the numbers stay
 // as they are). A number given back by a receive that gave up before
 // posting its RTS receive (noncontig.leave) starts the same renumbering.
+// A number given back waits in the counter's returning list, where no
+// receive or probe takes it, until its renumbering runs (in the same step
+// as a cancellation under the worker lock, or on the progress goroutine
+// after leave): before 2026-12-03 it went straight to the freed numbers,
+// and an ImprobeTyped in between took the message owed to the receive
+// pending behind (found by TestRandomMatching, queue-on-typed).
 // Each time the numbers stay as they are with a receive pending behind,
 // NoncontigStats.RenumberSkipped counts it, and also each time a receive
 // that took a later number had matched its message already (a receive
@@ -294,7 +300,8 @@ func (t *Transport) cancelledRTS(r *Request) {
 	nc := v.(*noncontig)
 	r.rtsSeq = false
 	nc.mu.Lock()
-	nc.recvCounter(r.key).give(r.seq)
+	c := nc.recvCounter(r.key)
+	c.returning = append(c.returning, r.seq)
 	nc.mu.Unlock()
 	if !t.closed {
 		t.renumber.typed = append(t.renumber.typed, r.key)
@@ -313,7 +320,14 @@ func (t *Transport) renumberTyped(k seqKey) {
 	nc.mu.Lock()
 	defer nc.mu.Unlock()
 	c := nc.recvSeq[k]
-	if c == nil || len(c.freed) == 0 {
+	if c == nil {
+		return
+	}
+	for _, s := range c.returning { // in the renumbering's step
+		c.give(s)
+	}
+	c.returning = c.returning[:0]
+	if len(c.freed) == 0 {
 		return
 	}
 	// rs: the pending receives behind the oldest number given back; a

@@ -291,6 +291,11 @@ type recvCounter struct {
 	// unposted: typed counters only, numbers handed out whose RTS receive
 	// is not in UCX yet, oldest first (renumber.go); nc.mu guards it.
 	unposted []uint32
+	// returning: typed counters only, numbers given back whose
+	// renumbering has not run yet; nobody takes them meanwhile (a receive
+	// or probe placed in between would take the message owed to a
+	// receive pending behind: renumber.go). nc.mu guards it.
+	returning []uint32
 }
 
 func (c *recvCounter) take() uint32 {
@@ -321,9 +326,13 @@ func (c *recvCounter) give(s uint32) {
 func (c *recvCounter) age(x uint32) uint32 { return (x - c.next) & c.mask }
 
 // claim takes s, the sequence number of a message an any-source receive
-// matched in UCX: a freed number or the next one. It reports false if s
-// was neither (already taken).
+// matched in UCX: a freed or returning number, or the next one. It
+// reports false if s was none of them (already taken).
 func (c *recvCounter) claim(s uint32) bool {
+	if i := slices.Index(c.returning, s); i >= 0 {
+		c.returning = slices.Delete(c.returning, i, i+1)
+		return true
+	}
 	if i := slices.Index(c.freed, s); i >= 0 {
 		c.freed = slices.Delete(c.freed, i, i+1)
 		return true
