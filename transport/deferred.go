@@ -73,6 +73,7 @@ func (t *Transport) startTyped(r *Request, bytes int64, run func() (Status, erro
 		return
 	}
 	d.at = time.Now()
+	r.deferred = d // before d is published: whoever runs it completes r
 	s := &t.deferred
 	s.mu.Lock()
 	if s.pending == nil {
@@ -81,7 +82,6 @@ func (t *Transport) startTyped(r *Request, bytes int64, run func() (Status, erro
 	s.pending[d] = struct{}{}
 	s.n.Add(1)
 	s.mu.Unlock()
-	r.deferred = d
 	// The progress goroutine stores sleeping before it looks at the set
 	// (loop): either it sees d, or d sees it asleep and starts now.
 	if t.sleeping.Load() || t.stopping.Load() {
