@@ -198,3 +198,57 @@ func TestTypedNonblockingClose(t *testing.T) {
 		}
 	})
 }
+
+// Test and Done start a deferred request: once either has returned, the
+// request is no longer waiting to be started (whoever started it), and it
+// completes while the caller only polls or selects.
+func TestTypedNonblockingTestAndDoneStart(t *testing.T) {
+	ts := localJob(t, 2, ProgressDirect)
+	ctx := testCtx(t)
+	vec := smallVector(t)
+	span := int(vec.Extent())
+	for _, useDone := range []bool{false, true} {
+		before := ts[0].NoncontigStats()
+		s, err := ts[0].IsendTyped(1, 11, pattern(span, 4), vec, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var done <-chan struct{}
+		finished := false
+		if useDone {
+			done = s.Done()
+		} else {
+			finished, _, _ = s.Test()
+		}
+		after := ts[0].NoncontigStats()
+		if started := after.NonblockingStarted - before.NonblockingStarted; started != 1 || after.NonblockingInline != before.NonblockingInline {
+			t.Fatalf("Done %v: %d started and %d run inline after the first call, want 1 started", useDone, started, after.NonblockingInline-before.NonblockingInline)
+		}
+		got := make(chan error, 1)
+		go func() {
+			_, err := ts[1].RecvTyped(ctx, 0, 11, make([]byte, span), vec, 1)
+			got <- err
+		}()
+		for !finished {
+			if useDone {
+				select {
+				case <-done:
+					finished = true
+				case <-ctx.Done():
+					t.Fatal("Done never closed")
+				}
+				continue
+			}
+			if ctx.Err() != nil {
+				t.Fatal("Test never reported completion")
+			}
+			finished, _, _ = s.Test()
+		}
+		if err := <-got; err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Wait(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
