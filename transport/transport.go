@@ -257,6 +257,10 @@ type Transport struct {
 	// progress goroutine to do what ovEnter does (it cannot itself).
 	entered  atomic.Bool
 	sleeping atomic.Bool
+	// sigW is the worker wake signals (any goroutine, no lock) go to,
+	// until Close destroys it; sigMu orders the two.
+	sigMu    sync.RWMutex
+	sigW     *ucx.Worker
 	deferred deferredSet // nonblocking typed requests not started yet (deferred.go)
 	// asideLong: the progress goroutine stands aside for a millisecond
 	// (loop) because nothing was in flight; an operation that starts then
@@ -431,7 +435,7 @@ func New(ctx context.Context, opts Options) (*Transport, error) {
 		uc.Close()
 		return nil, fmt.Errorf("transport: rank %d: %w", t.rank, err)
 	}
-	t.w = w
+	t.w, t.sigW = w, w
 	fail := func(err error) (*Transport, error) {
 		w.Close()
 		uc.Close()
@@ -617,7 +621,15 @@ func (t *Transport) wake() {
 	}
 	t.pace.wake()
 	if t.sleeping.Load() {
-		_ = t.w.Signal()
+		// Not t.w: Close may be destroying the worker meanwhile (a
+		// goroutine that saw the progress goroutine asleep just before it
+		// stopped signalled a destroyed worker; found by -race in
+		// TestCloseWakesBlockedCalls).
+		t.sigMu.RLock()
+		if t.sigW != nil {
+			_ = t.sigW.Signal()
+		}
+		t.sigMu.RUnlock()
 	}
 }
 
@@ -1699,6 +1711,9 @@ func (t *Transport) Close() error {
 	}
 	t.amq = nil
 	t.postFailed = t.w.PostFailed()
+	t.sigMu.Lock()
+	t.sigW = nil
+	t.sigMu.Unlock()
 	t.w.Close()
 	t.ctx.Close()
 	t.w = nil
