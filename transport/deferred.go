@@ -14,8 +14,9 @@ import (
 // call returns at once. Starting a goroutine while another processor is
 // idle wakes a thread for it, and on a virtual machine that costs more
 // than a small typed transfer itself: a ping-pong of IsendTyped/Wait and
-// IrecvTyped/Wait took 1.5-2x the blocking calls' time (84 vs 50 us per
-// round trip of 4 KiB, docs/noncontig.md). So a small request (at most
+// IrecvTyped/Wait took 1.5-1.9x the blocking calls' time at 4 KiB, and
+// 1.0-1.45x once started lazily (docs/noncontig.md, "Nonblocking typed
+// calls"). So a small request (at most
 // lazyStartMax packed bytes) does not start its goroutine at once: it
 // waits in the transport's deferred set, and the first of these runs it:
 //
