@@ -185,6 +185,65 @@ func ExampleTransport_SendTyped() {
 	// Output: [2 6 10 14]
 }
 
+// Two ranks swap a matrix column each, MPI style: post the receive and the
+// send, then wait for both. A small nonblocking typed request starts when
+// it is needed; a Wait with a context that cannot end runs it in the
+// waiting goroutine, after starting the other requests the peer may need
+// (docs/noncontig.md, "Nonblocking typed calls").
+func ExampleTransport_IsendTyped() {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ts, stop, err := transport.StartLocal(ctx, 2, transport.Options{})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer stop()
+
+	col, err := datatype.Vector(4, 1, 4, datatype.Float64) // a column of a 4x4 matrix
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	got := make([][]float64, 2)
+	done := make(chan error, 2)
+	for r, tr := range ts {
+		go func() {
+			matrix := make([]float64, 16)
+			for i := range matrix {
+				matrix[i] = float64(100*r + i)
+			}
+			peer := 1 - r
+			recv, err := tr.IrecvTyped(peer, 5, float64Bytes(matrix[0:]), col, 1) // into column 0
+			if err != nil {
+				done <- err
+				return
+			}
+			send, err := tr.IsendTyped(peer, 5, float64Bytes(matrix[3:]), col, 1) // column 3
+			if err != nil {
+				done <- err
+				return
+			}
+			for _, q := range []*transport.Request{recv, send} {
+				if _, err := q.Wait(context.Background()); err != nil {
+					done <- err
+					return
+				}
+			}
+			got[r] = []float64{matrix[0], matrix[4], matrix[8], matrix[12]}
+			done <- nil
+		}()
+	}
+	for range ts {
+		if err := <-done; err != nil {
+			fmt.Println(err)
+			return
+		}
+	}
+	fmt.Println(got[0], got[1])
+	// Output: [103 107 111 115] [3 7 11 15]
+}
+
 // A receiver that does not know how much data a typed message carries
 // probes it first (MPI_Mprobe), counts the elements (MPI_Get_count), sizes
 // its buffer and receives the probed message (MPI_Mrecv), which no other
