@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"strings"
@@ -28,6 +29,9 @@ func anySource(ctx context.Context, r *rank) error {
 	}
 	if err := typedProbes(ctx, r); err != nil {
 		return fmt.Errorf("typed probes: %w", err)
+	}
+	if err := typedSwap(r); err != nil {
+		return fmt.Errorf("typed swap: %w", err)
 	}
 	t := r.t
 	if r.id() > 1 {
@@ -75,6 +79,61 @@ func anySource(ctx context.Context, r *rank) error {
 	if r.id() == 1 {
 		r.logf("%d windows of %d any-source receives of %d B", rounds, window, size)
 	}
+	return nil
+}
+
+// typedSwap: ranks 0 and 1 swap a column of 64 float64s, 8 times, each
+// posting IrecvTyped then IsendTyped and waiting for the receive, then the
+// send, with context.Background(): the small requests start lazily, the
+// one waited for in the waiting goroutine (docs/noncontig.md, "Nonblocking
+// typed calls"), and the send not waited for yet must run too for the peer
+// to finish. Every request is counted once, inline or started. The rank's
+// own timeout (the harness kills it) bounds a hang.
+func typedSwap(r *rank) error {
+	if r.id() > 1 {
+		return nil
+	}
+	const rounds, rows = 8, 64
+	col, err := datatype.Vector(rows, 1, 4, datatype.Float64) // a column of a rows x 4 matrix
+	if err != nil {
+		return err
+	}
+	t, peer := r.t, 1-r.id()
+	before := t.NoncontigStats()
+	for round := 0; round < rounds; round++ {
+		send := pattern(int(col.Extent()), uint32(round*10+r.id()))
+		got := make([]byte, col.Extent())
+		rq, err := t.IrecvTyped(peer, 12, got, col, 1)
+		if err != nil {
+			return err
+		}
+		sq, err := t.IsendTyped(peer, 12, send, col, 1)
+		if err != nil {
+			return err
+		}
+		if _, err := rq.Wait(context.Background()); err != nil {
+			return fmt.Errorf("round %d receive: %w", round, err)
+		}
+		if _, err := sq.Wait(context.Background()); err != nil {
+			return fmt.Errorf("round %d send: %w", round, err)
+		}
+		want := pattern(int(col.Extent()), uint32(round*10+peer))
+		for i := 0; i < rows; i++ {
+			if d := diff(got[32*i:32*i+8], want[32*i:32*i+8]); d != "" {
+				return fmt.Errorf("round %d, row %d: %s", round, i, d)
+			}
+			if i < rows-1 && !bytes.Equal(got[32*i+8:32*i+32], make([]byte, 24)) {
+				return fmt.Errorf("round %d: the gap after row %d was written", round, i)
+			}
+		}
+	}
+	after := t.NoncontigStats()
+	inline := after.NonblockingInline - before.NonblockingInline
+	started := after.NonblockingStarted - before.NonblockingStarted
+	if inline+started != 2*rounds {
+		return fmt.Errorf("%d requests run inline and %d started, want %d in all", inline, started, 2*rounds)
+	}
+	r.logf("typed swap: %d of %d nonblocking typed requests ran in their Wait", inline, 2*rounds)
 	return nil
 }
 
