@@ -9,16 +9,16 @@ import (
 
 // Lazy start of nonblocking typed requests.
 //
-// IsendTyped, IrecvTyped and TypedMessage.Irecv run the typed protocol
-// (RTS, CTS, data, completion) in a goroutine of their own, so that the
-// call returns at once. Starting a goroutine while another processor is
-// idle wakes a thread for it, and on a virtual machine that costs more
-// than a small typed transfer itself: a ping-pong of IsendTyped/Wait and
-// IrecvTyped/Wait took 1.5-1.9x the blocking calls' time at 4 KiB, and
-// 1.0-1.45x once started lazily (docs/noncontig.md, "Nonblocking typed
-// calls"). So a small request (at most
-// lazyStartMax packed bytes) does not start its goroutine at once: it
-// waits in the transport's deferred set, and the first of these runs it:
+// IsendTyped, IrecvTyped and TypedMessage.Irecv return at once and run the
+// typed protocol (RTS, CTS, data, completion) apart from the call. They
+// used to start a goroutine for it each time. Starting a goroutine while
+// another processor is idle wakes a thread for it, and on a virtual machine
+// that costs more than a small typed transfer itself: a ping-pong of
+// IsendTyped/Wait and IrecvTyped/Wait took 1.5-1.9x the blocking calls'
+// time at 4 KiB, and 1.0-1.45x once started lazily (docs/noncontig.md,
+// "Nonblocking typed calls"). So a small request (at most lazyStartMax
+// packed bytes) does not start its goroutine at once: it waits in the
+// transport's deferred set, and the first of these runs it:
 //
 //   - Wait on it with a context that cannot end (context.Background):
 //     the protocol runs in the caller's goroutine, which would only have
