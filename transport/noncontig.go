@@ -513,7 +513,11 @@ func (t *Transport) typedCall(op string, peer, tag int, buf []byte, dt *datatype
 // rank dst with a user tag, with the default scheme. buf must not be
 // modified until the request completes. The request completes when the
 // receiver has accepted the message (its signature matched) and buf may be
-// reused; a mismatch fails it with a *TypeMismatchError.
+// reused; a mismatch fails it with a *TypeMismatchError. A request of at
+// most 64 KiB packed runs its protocol when it is needed: in the goroutine
+// of a Wait with a context that cannot end, else in a goroutine started by
+// another wait, Test, Done or the progress goroutine (docs/noncontig.md,
+// "Nonblocking typed calls"); IrecvTyped's alike.
 func (t *Transport) IsendTyped(dst, tag int, buf []byte, dt *datatype.Type, count int) (*Request, error) {
 	return t.IsendTypedWith(dst, tag, buf, dt, count, TypedOptions{})
 }
