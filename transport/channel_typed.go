@@ -167,11 +167,12 @@ func (t *Transport) ChannelTypedStats() ChannelTypedStats {
 	return ChannelTypedStats{Run: s.run.Load(), DevicePacked: s.dev.Load(), HostPacked: s.host.Load(), StageAllocs: s.allocs.Load()}
 }
 
-// typedEnd is one end's layout: count elements of t whose origin is the
-// first byte of buf.
+// typedEnd is one end's layout: count elements of t whose origin is byte
+// base of buf.
 type typedEnd struct {
 	buf   gpu.Buffer
 	t     *datatype.Type
+	base  int64
 	count int64
 	size  int64      // packed size
 	run   gpu.Buffer // the layout as one run of bytes, when it is one
@@ -182,7 +183,13 @@ type typedEnd struct {
 // typedLayout validates a typed transfer's buffer and layout, as a receive
 // must before it takes a message; what names the transfer in errors.
 func (t *Transport) typedLayout(what string, buf gpu.Buffer, dt *datatype.Type, count int) (*typedEnd, error) {
-	e := &typedEnd{buf: buf, t: dt, count: int64(count)}
+	return t.typedLayoutAt(what, buf, dt, 0, int64(count))
+}
+
+// typedLayoutAt is typedLayout for a layout whose origin is byte base of
+// buf.
+func (t *Transport) typedLayoutAt(what string, buf gpu.Buffer, dt *datatype.Type, base, count int64) (*typedEnd, error) {
+	e := &typedEnd{buf: buf, t: dt, base: base, count: count}
 	fail := func(err error) (*typedEnd, error) {
 		return nil, fmt.Errorf("%w: %s %d of %v: %w", ErrInvalid, what, count, dt, err)
 	}
@@ -204,8 +211,8 @@ func (t *Transport) typedLayout(what string, buf gpu.Buffer, dt *datatype.Type, 
 		if e.size, err = dt.PackedSize(e.count); err != nil {
 			return fail(err)
 		}
-		if e.size > 0 && (lo < 0 || hi > int64(len(b))) {
-			return fail(fmt.Errorf("layout touches bytes [%d, %d) of a %d-byte buffer", lo, hi, len(b)))
+		if e.size > 0 && (base < 0 || base+lo < 0 || base+hi > int64(len(b))) {
+			return fail(fmt.Errorf("layout touches bytes [%d, %d) of a %d-byte buffer", base+lo, base+hi, len(b)))
 		}
 		e.host = b
 	} else {
@@ -213,7 +220,7 @@ func (t *Transport) typedLayout(what string, buf gpu.Buffer, dt *datatype.Type, 
 		if err != nil {
 			return nil, fmt.Errorf("transport: %s: device packer: %w", what, err)
 		}
-		if e.size, err = p.Check(buf, dt, 0, e.count); err != nil {
+		if e.size, err = p.Check(buf, dt, base, e.count); err != nil {
 			return fail(err)
 		}
 		e.p = p
@@ -223,7 +230,7 @@ func (t *Transport) typedLayout(what string, buf gpu.Buffer, dt *datatype.Type, 
 		return e, nil
 	}
 	if off, ok := oneRun(dt, e.count, e.size); ok {
-		e.run, _ = buf.Slice(int(off), int(e.size))
+		e.run, _ = buf.Slice(int(base+off), int(e.size))
 	}
 	return e, nil
 }
@@ -242,17 +249,17 @@ func (e *typedEnd) move(st *gpu.Stream, stage gpu.Buffer, unpack bool) error {
 			return err
 		}
 		if unpack {
-			_, err = e.t.Unpack(e.host, b, 0, e.count)
+			_, err = e.t.Unpack(e.host, b, e.base, e.count)
 		} else {
-			_, err = e.t.Pack(b, e.host, 0, e.count)
+			_, err = e.t.Pack(b, e.host, e.base, e.count)
 		}
 		return err
 	}
 	var err error
 	if unpack {
-		_, err = e.p.Unpack(st, e.buf, stage, e.t, 0, e.count)
+		_, err = e.p.Unpack(st, e.buf, stage, e.t, e.base, e.count)
 	} else {
-		_, err = e.p.Pack(st, stage, e.buf, e.t, 0, e.count)
+		_, err = e.p.Pack(st, stage, e.buf, e.t, e.base, e.count)
 	}
 	if err == nil {
 		err = st.Synchronize()
@@ -298,7 +305,7 @@ func (c *Channel) SendTyped(buf gpu.Buffer, t *datatype.Type, count int) (*Chann
 	}
 	if e.host != nil {
 		packed := make([]byte, e.size)
-		if _, err := t.Pack(packed, e.host, 0, e.count); err != nil {
+		if _, err := t.Pack(packed, e.host, e.base, e.count); err != nil {
 			return nil, fmt.Errorf("transport: channel %d typed send: %w", c.id, err)
 		}
 		c.t.ctyped.stats.host.Add(1)
@@ -362,7 +369,7 @@ func (c *Channel) RecvTyped(buf gpu.Buffer, t *datatype.Type, count int) (*Chann
 				return err
 			}
 			c.t.ctyped.stats.host.Add(1)
-			if _, err := t.Unpack(e.host, packed, 0, e.count); err != nil {
+			if _, err := t.Unpack(e.host, packed, e.base, e.count); err != nil {
 				return fmt.Errorf("transport: channel %d typed recv: %w", c.id, err)
 			}
 			return nil

@@ -42,26 +42,21 @@ func (t *Transport) SendTypedBuffer(ctx context.Context, dst, tag int, buf gpu.B
 	if e.host != nil {
 		return t.SendTyped(ctx, dst, tag, e.host, dt, count)
 	}
-	twin, err := t.ctyped.twin(dt)
+	s, err := t.stageEnd(what, e)
 	if err != nil {
-		return fmt.Errorf("%w: %s: %w", ErrInvalid, what, err)
+		return err
 	}
-	k := stageKey{dev: buf.Device(), n: int(e.size), pinned: true}
-	stage, b, err := t.pinnedStage(k)
-	if err != nil {
-		return fmt.Errorf("transport: %s: staging buffer: %w", what, err)
-	}
-	if err := t.ctyped.deviceMove(e, stage, false); err != nil {
-		t.ctyped.unstage(k, stage)
+	if err := s.Pack(); err != nil {
+		s.Release()
 		return fmt.Errorf("transport: %s: %w", what, err)
 	}
-	r, err := t.IsendTyped(dst, tag, b, twin, count)
+	r, err := t.IsendTyped(dst, tag, s.Bytes, s.Twin, count)
 	if err != nil {
-		t.ctyped.unstage(k, stage)
+		s.Release()
 		return err
 	}
 	_, err = t.typedWait(ctx, r, func(Status, error) error {
-		t.ctyped.unstage(k, stage)
+		s.Release()
 		return nil
 	})
 	return err
@@ -101,29 +96,23 @@ func (t *Transport) RecvTypedBuffer(ctx context.Context, src, tag int, buf gpu.B
 	if e.host != nil {
 		return t.RecvTyped(ctx, src, tag, e.host, dt, count)
 	}
-	twin, err := t.ctyped.twin(dt)
+	s, err := t.stageEnd(what, e)
 	if err != nil {
-		return Status{}, fmt.Errorf("%w: %s: %w", ErrInvalid, what, err)
+		return Status{}, err
 	}
-	k := stageKey{dev: buf.Device(), n: int(e.size), pinned: true}
-	stage, b, err := t.pinnedStage(k)
+	r, err := t.IrecvTyped(src, tag, s.Bytes, s.Twin, count)
 	if err != nil {
-		return Status{}, fmt.Errorf("transport: %s: staging buffer: %w", what, err)
-	}
-	r, err := t.IrecvTyped(src, tag, b, twin, count)
-	if err != nil {
-		t.ctyped.unstage(k, stage)
+		s.Release()
 		return Status{}, err
 	}
 	return t.typedWait(ctx, r, func(st Status, err error) error {
-		defer t.ctyped.unstage(k, stage)
+		defer s.Release()
 		if err != nil {
 			return err
 		}
 		// The protocol takes only whole elements: a shorter message
 		// matched the signature of its first elements.
-		e.count = min(e.count, int64(st.Size)/dt.Size())
-		if err := t.ctyped.deviceMove(e, stage, true); err != nil {
+		if err := s.Unpack(int64(st.Size)); err != nil {
 			return fmt.Errorf("transport: %s: %w", what, err)
 		}
 		return nil
@@ -191,8 +180,9 @@ func (s *chanTyped) twin(dt *datatype.Type) (*datatype.Type, error) {
 	return tw, nil
 }
 
-// deviceMove packs device layout e into stage, or unpacks stage into it,
-// on the transport's pack stream of the layout's device, and waits.
+// deviceMove packs layout e into stage, or unpacks stage into it, on the
+// transport's pack stream of the layout's device (in host memory when the
+// layout is host-accessible), and waits.
 func (s *chanTyped) deviceMove(e *typedEnd, stage gpu.Buffer, unpack bool) error {
 	st, err := s.stream(e.buf.Device())
 	if err != nil {

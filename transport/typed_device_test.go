@@ -141,3 +141,80 @@ func TestTypedBufferErrors(t *testing.T) {
 		t.Fatal("the message after refused calls differs")
 	}
 }
+
+// TestTypedStage: a stage packs a layout at a base offset of a device (and
+// a Go-memory) buffer into its Bytes exactly as datatype.Pack does on host
+// memory, unpacks whole elements of a prefix back without touching the
+// gaps, and refuses bad layouts and use after Release.
+func TestTypedStage(t *testing.T) {
+	ts := localJob(t, 1, ProgressDirect)
+	sys := hostSystem(t)
+	// Column 3 of a 40x12 float64 grid, origin at byte 3*8.
+	col, err := datatype.Vector(40, 1, 12, datatype.Float64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const gridBytes = 40 * 12 * 8
+	src := pattern(gridBytes, 31)
+	want := make([]byte, 40*8)
+	if _, err := col.Pack(want, src, 3*8, 1); err != nil {
+		t.Fatal(err)
+	}
+	for _, device := range []bool{true, false} {
+		sb := typedBuf(t, sys, device, src)
+		s, err := ts[0].StageTyped(sb, col, 3*8, 1)
+		if err != nil {
+			t.Fatalf("device %v: %v", device, err)
+		}
+		if err := s.Pack(); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(s.Bytes, want) || s.Count != 1 || s.Twin.Size() != col.Size() {
+			t.Fatalf("device %v: packed bytes differ from datatype.Pack, or count %d, twin %v", device, s.Count, s.Twin)
+		}
+		s.Release()
+
+		// Unpack the first 10 rows (80 bytes, and 4 more that are not a
+		// whole element) into column 3 of another grid.
+		old := pattern(gridBytes, 32)
+		db := typedBuf(t, sys, device, old)
+		row, err := datatype.Resized(datatype.Float64, 0, 12*8)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err := ts[0].StageTyped(db, row, 3*8, 40)
+		if err != nil {
+			t.Fatal(err)
+		}
+		copy(r.Bytes, want)
+		if err := r.Unpack(84); err != nil {
+			t.Fatal(err)
+		}
+		exp := bytes.Clone(old)
+		if _, err := row.Unpack(exp, want[:80], 3*8, 10); err != nil {
+			t.Fatal(err)
+		}
+		if got := typedRead(t, db); !bytes.Equal(got, exp) {
+			t.Fatalf("device %v: unpacking 10 rows wrote other bytes", device)
+		}
+		if err := r.Unpack(int64(len(r.Bytes)) + 1); !errors.Is(err, ErrInvalid) {
+			t.Fatalf("unpacking more than the stage: %v, want ErrInvalid", err)
+		}
+		r.Release()
+		r.Release()
+		if err := r.Pack(); !errors.Is(err, ErrInvalid) {
+			t.Fatalf("Pack after Release: %v, want ErrInvalid", err)
+		}
+	}
+	small := devBuf(t, sys, 100, nil)
+	if _, err := ts[0].StageTyped(small, col, 0, 1); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("a column of 40 rows in 100 bytes: %v, want ErrInvalid", err)
+	}
+	whole := devBuf(t, sys, gridBytes, nil)
+	if _, err := ts[0].StageTyped(whole, col, 12*8, 1); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("a column starting a row late: %v, want ErrInvalid", err)
+	}
+	if s := ts[0].ChannelTypedStats(); s.DevicePacked != 2 || s.HostPacked != 2 {
+		t.Fatalf("counters %+v: want 2 device and 2 host moves", s)
+	}
+}
