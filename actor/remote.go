@@ -130,6 +130,14 @@ func (rt *Runtime) sendAsync(r int, target *pa.PID, msg any, sender *pa.PID, fla
 	// A large Typed field follows the message by the typed-transfer
 	// protocol, and a cuda device buffer for a process of this host goes as
 	// a CUDA IPC descriptor: the body carries the field zeroed.
+	msg, stage, err := rt.stageTyped(ct, msg, ptr)
+	if err != nil {
+		return nil, err
+	}
+	if stage != nil {
+		// post has sent the field's packed bytes when it returns.
+		defer stage.Release()
+	}
 	direct, msg, err := rt.typedDirect(r, ct, msg, ptr)
 	if err != nil {
 		return nil, err

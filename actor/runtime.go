@@ -245,10 +245,13 @@ type Stats struct {
 	TypedUnpacked  atomic.Uint64 // Typed fields unpacked into PostReceiveTyped buffers
 	TypedSent      atomic.Uint64 // Typed fields sent by the typed-transfer protocol
 	TypedReceived  atomic.Uint64 // Typed fields received by the typed-transfer protocol
-	DeadLetters    atomic.Uint64 // undeliverable received messages
-	CreditWaits    atomic.Uint64 // sends that waited for credits
-	CreditsBack    atomic.Uint64 // credit messages sent back to senders
-	DecodeErrors   atomic.Uint64 // malformed envelopes or bodies received
+	// TypedDevicePacked counts Typed fields in device memory packed for
+	// sending (Typed.Dev).
+	TypedDevicePacked atomic.Uint64
+	DeadLetters       atomic.Uint64 // undeliverable received messages
+	CreditWaits       atomic.Uint64 // sends that waited for credits
+	CreditsBack       atomic.Uint64 // credit messages sent back to senders
+	DecodeErrors      atomic.Uint64 // malformed envelopes or bodies received
 	// LargeReused counts messages larger than transport.MaxPostAM encoded
 	// into the buffer of an earlier one whose send had completed.
 	LargeReused atomic.Uint64

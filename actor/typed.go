@@ -8,6 +8,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/troupe-hpc/troupe/datatype"
+	"github.com/troupe-hpc/troupe/gpu"
 	"github.com/troupe-hpc/troupe/transport"
 )
 
@@ -37,11 +38,71 @@ import (
 // its length), which the actor may unpack with any type of the same
 // signature. A signature mismatch makes the message undeliverable; by the
 // protocol the sender's Send fails too (transport.ErrTypeMismatch).
+//
+// The elements may lie in device memory instead: Dev (any memory kind) in
+// place of Buf, the first element's origin at byte Base of Dev. The sender
+// packs them into pinned host memory (on the device by gpupack's kernels)
+// inside Send, and the packed bytes travel as above; a hook that names a
+// Typed with Dev has them unpacked into that device memory before the
+// actor runs (staged through pinned memory, unpacked by the kernels). The
+// device data must be complete when Send is called. A Typed with both Buf
+// and Dev is refused.
 type Typed struct {
 	Buf   []byte
+	Dev   gpu.Buffer
 	Type  *datatype.Type
 	Base  int64
 	Count int64
+}
+
+// onDevice reports whether the field's elements are in Dev.
+func (t Typed) onDevice() bool { return !t.Dev.IsZero() }
+
+// checkTyped refuses a Typed with both kinds of memory.
+func checkTyped(t Typed) error {
+	if t.onDevice() && t.Buf != nil {
+		return fmt.Errorf("a Typed field with both Buf and Dev")
+	}
+	return nil
+}
+
+// stageTyped packs a device Typed field into staging memory and returns
+// msg with the field replaced by the packed bytes as elements of the
+// layout's packed twin (same type signature, so the receiver sees no
+// difference), and the stage, which the caller releases once the message
+// and its field are sent. A message whose Typed field is in host memory
+// comes back unchanged, with a nil stage.
+func (rt *Runtime) stageTyped(ct *codecType, msg any, ptr bool) (any, *transport.TypedStage, error) {
+	if ct.typed < 0 {
+		return msg, nil, nil
+	}
+	v := reflect.ValueOf(msg)
+	if ptr {
+		v = v.Elem()
+	}
+	f := v.Field(ct.typed).Interface().(Typed)
+	if err := checkTyped(f); err != nil {
+		return nil, nil, fmt.Errorf("actor: %s: %w", ct.name, err)
+	}
+	if !f.onDevice() || f.Type == nil {
+		return msg, nil, nil
+	}
+	st, err := rt.t.StageTyped(f.Dev, f.Type, f.Base, f.Count)
+	if err != nil {
+		return nil, nil, fmt.Errorf("actor: %s: device Typed field: %w", ct.name, err)
+	}
+	if err := st.Pack(); err != nil {
+		st.Release()
+		return nil, nil, fmt.Errorf("actor: %s: packing a device Typed field: %w", ct.name, err)
+	}
+	c := reflect.New(ct.typ)
+	c.Elem().Set(v)
+	c.Elem().Field(ct.typed).Set(reflect.ValueOf(Typed{Buf: st.Bytes, Type: st.Twin, Count: st.Count}))
+	rt.stats.TypedDevicePacked.Add(1)
+	if ptr {
+		return c.Interface(), st, nil
+	}
+	return c.Elem().Interface(), st, nil
 }
 
 // TypedPostReceiver is implemented by actors that choose where a message's
@@ -66,10 +127,14 @@ const typedSigSize = 24
 func packTyped(f reflect.Value) ([]byte, error) {
 	t := f.Interface().(Typed)
 	if t.Type == nil {
-		if t.Count != 0 || len(t.Buf) != 0 {
+		if t.Count != 0 || len(t.Buf) != 0 || t.onDevice() {
 			return nil, fmt.Errorf("a Typed field with data but no Type")
 		}
 		return nil, nil
+	}
+	if t.onDevice() {
+		// stageTyped replaces device fields before the body is encoded.
+		return nil, fmt.Errorf("a device Typed field that was not staged")
 	}
 	sig, err := t.Type.SignatureHash(t.Count)
 	if err != nil {
@@ -137,6 +202,9 @@ func (rt *Runtime) typedLanding(it *inItem, data []byte) (Typed, error) {
 	if dst.Type == nil {
 		return Typed{Buf: append([]byte(nil), packed...), Type: datatype.Byte, Count: int64(len(packed))}, nil
 	}
+	if err := checkTyped(dst); err != nil {
+		return Typed{}, fmt.Errorf("PostReceiveTyped: %w", err)
+	}
 	want, err := dst.Type.SignatureHash(dst.Count)
 	if err != nil {
 		return Typed{}, fmt.Errorf("PostReceiveTyped: %w", err)
@@ -144,11 +212,33 @@ func (rt *Runtime) typedLanding(it *inItem, data []byte) (Typed, error) {
 	if want != sig {
 		return Typed{}, fmt.Errorf("type signature mismatch: the sender's is %v, PostReceiveTyped's %v", sig, want)
 	}
-	if _, err := dst.Type.Unpack(dst.Buf, packed, dst.Base, dst.Count); err != nil {
+	if dst.onDevice() {
+		if err := rt.unpackDevice(dst, packed); err != nil {
+			return Typed{}, err
+		}
+	} else if _, err := dst.Type.Unpack(dst.Buf, packed, dst.Base, dst.Count); err != nil {
 		return Typed{}, fmt.Errorf("unpacking into PostReceiveTyped's buffer: %w", err)
 	}
 	rt.stats.TypedUnpacked.Add(1)
 	return dst, nil
+}
+
+// unpackDevice unpacks packed bytes into a device Typed field, through a
+// stage.
+func (rt *Runtime) unpackDevice(dst Typed, packed []byte) error {
+	st, err := rt.t.StageTyped(dst.Dev, dst.Type, dst.Base, dst.Count)
+	if err != nil {
+		return fmt.Errorf("PostReceiveTyped's device layout: %w", err)
+	}
+	defer st.Release()
+	if len(packed) != len(st.Bytes) {
+		return fmt.Errorf("%d packed bytes for a device layout of %d", len(packed), len(st.Bytes))
+	}
+	copy(st.Bytes, packed)
+	if err := st.Unpack(int64(len(packed))); err != nil {
+		return fmt.Errorf("unpacking into PostReceiveTyped's device buffer: %w", err)
+	}
+	return nil
 }
 
 // decodeTyped decodes a message with a Typed field around its landed data.
@@ -282,12 +372,25 @@ func (rt *Runtime) receiveTyped(in *inPeer, m *transport.AMMessage, it *inItem, 
 	}
 	hooked := dst.Type != nil
 	var xfer *transport.TypedTransfer
+	var stage *transport.TypedStage // a device layout's staging memory
 	if hooked {
 		var err error
-		xfer, err = rt.t.PrepareRecvTyped(it.e.Source, 0, dst.Buf, dst.Type, int(dst.Count), rt.typedOptions(dst.Base))
+		if err = checkTyped(dst); err == nil && dst.onDevice() {
+			// Into pinned memory as the layout's packed twin, unpacked
+			// into the device when it is in.
+			if stage, err = rt.t.StageTyped(dst.Dev, dst.Type, dst.Base, dst.Count); err == nil {
+				xfer, err = rt.t.PrepareRecvTyped(it.e.Source, 0, stage.Bytes, stage.Twin, int(stage.Count), rt.typedOptions(0))
+			}
+		} else if err == nil {
+			xfer, err = rt.t.PrepareRecvTyped(it.e.Source, 0, dst.Buf, dst.Type, int(dst.Count), rt.typedOptions(dst.Base))
+		}
 		if err != nil {
 			it.err = "Typed field: PostReceiveTyped: " + err.Error()
 			hooked = false
+			if stage != nil {
+				stage.Release()
+				stage = nil
+			}
 		}
 	}
 	if xfer == nil {
@@ -312,6 +415,14 @@ func (rt *Runtime) receiveTyped(in *inPeer, m *transport.AMMessage, it *inItem, 
 	}
 	in.await(it, xfer.Run, func(st transport.Status, werr error) {
 		it.ready = true
+		if stage != nil {
+			defer stage.Release()
+			if werr == nil && st.Size == n {
+				if werr = stage.Unpack(int64(n)); werr != nil {
+					werr = fmt.Errorf("unpacking into PostReceiveTyped's device buffer: %w", werr)
+				}
+			}
+		}
 		switch {
 		case it.err != "":
 		case werr != nil:
