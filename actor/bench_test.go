@@ -9,6 +9,7 @@ import (
 	pa "github.com/asynkron/protoactor-go/actor"
 
 	"github.com/troupe-hpc/troupe/datatype"
+	"github.com/troupe-hpc/troupe/gpu"
 )
 
 func BenchmarkRequest(b *testing.B) {
@@ -129,19 +130,53 @@ func BenchmarkTypedInProcess(b *testing.B) {
 	}
 }
 
+// BenchmarkTypedDevice is BenchmarkTypedPacked's request and answer with
+// both layouts in Go memory and in device memory (Typed.Dev, host backend),
+// on both paths: what staging a device layout through pinned memory costs.
+func BenchmarkTypedDevice(b *testing.B) {
+	for _, path := range []struct {
+		name string
+		min  int
+	}{{"am", -1}, {"protocol", 1}} {
+		for _, onDev := range []bool{false, true} {
+			mem := "go-memory"
+			if onDev {
+				mem = "device"
+			}
+			b.Run(path.name+"/"+mem, func(b *testing.B) {
+				var dev *gpu.Device
+				if onDev {
+					dev = hostDevice(b)
+				}
+				benchTypedRequestsIn(b, startLocalWith(b, 2, Options{TypedDirectMin: path.min}), dev)
+			})
+		}
+	}
+}
+
 // benchTypedRequests times requests carrying a 128 KiB (packed) Typed field
 // from rts[0] to an actor of rts[1] that unpacks it into its own layout.
-func benchTypedRequests(b *testing.B, rts []*Runtime) {
+func benchTypedRequests(b *testing.B, rts []*Runtime) { benchTypedRequestsIn(b, rts, nil) }
+
+// benchTypedRequestsIn is benchTypedRequests with both layouts in dev's
+// memory, or in Go memory when dev is nil.
+func benchTypedRequestsIn(b *testing.B, rts []*Runtime, dev *gpu.Device) {
 	ty, err := datatype.Vector(64, 2048, 4096, datatype.Byte)
 	if err != nil {
 		b.Fatal(err)
 	}
-	sink := &faceSink{dst: Typed{Buf: make([]byte, 64*4096), Type: ty, Count: 1}, seen: make(chan face, 1)}
+	field := func() Typed {
+		if dev == nil {
+			return Typed{Buf: make([]byte, 64*4096), Type: ty, Count: 1}
+		}
+		return Typed{Dev: devGrid(b, dev, make([]byte, 64*4096)), Type: ty, Count: 1}
+	}
+	sink := &faceSink{dst: field(), seen: make(chan face, 1)}
 	if _, err := rts[1].Root().SpawnNamed(rts[1].Props(func() pa.Actor { return sink }), "faces"); err != nil {
 		b.Fatal(err)
 	}
 	target := rts[0].PID(1, "faces")
-	msg := &face{Col: Typed{Buf: make([]byte, 64*4096), Type: ty, Count: 1}}
+	msg := &face{Col: field()}
 	b.SetBytes(64 * 2048)
 	b.ReportAllocs()
 	for b.Loop() {

@@ -36,7 +36,7 @@ func (d *deviceSink) Receive(c pa.Context) {
 }
 
 // hostDevice opens device 0 of a host-backend system, closed with the test.
-func hostDevice(t *testing.T) *gpu.Device {
+func hostDevice(t testing.TB) *gpu.Device {
 	t.Helper()
 	sys, err := gpu.OpenBackend(gpu.BackendHost)
 	if err != nil {

@@ -14,7 +14,7 @@ import (
 )
 
 // devGrid returns a device buffer (host backend) holding data.
-func devGrid(t *testing.T, dev *gpu.Device, data []byte) gpu.Buffer {
+func devGrid(t testing.TB, dev *gpu.Device, data []byte) gpu.Buffer {
 	t.Helper()
 	b, err := dev.Alloc(len(data))
 	if err != nil {

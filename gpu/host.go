@@ -287,7 +287,12 @@ type hostOp struct {
 	mark func(streamErr error)
 }
 
-// hostStream runs its operations in order on one goroutine.
+// hostStream runs its operations in order, one at a time: on its worker
+// goroutine, or in the goroutine of a Synchronize that finds the worker
+// idle and work queued (it would only wait for that work; running it
+// itself saves two goroutine hand-offs, which cost more than a small copy
+// or kernel). Either way the work is asynchronous to the host until a
+// synchronization, as on a GPU.
 type hostStream struct {
 	h *hostBackend
 
@@ -297,6 +302,7 @@ type hostStream struct {
 	enq, done uint64
 	err       error // first error, sticky
 	destroyed bool
+	running   bool // an operation is being run (by the worker or a Synchronize)
 }
 
 func (h *hostBackend) newStream(int) (streamImpl, error) {
@@ -338,48 +344,62 @@ func (s *hostStream) push(op hostOp) error {
 
 func (s *hostStream) worker() {
 	defer s.h.wg.Done()
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	for {
-		s.mu.Lock()
-		for len(s.q) == 0 && !s.destroyed {
+		switch {
+		case len(s.q) > 0 && !s.running:
+			s.runNext()
+		case len(s.q) == 0 && s.destroyed:
+			return
+		default:
 			s.cond.Wait()
 		}
-		if len(s.q) == 0 {
-			s.mu.Unlock()
-			return
-		}
-		op := s.q[0]
-		s.q[0] = hostOp{}
-		s.q = s.q[1:]
-		failed := s.err
-		s.mu.Unlock()
-
-		// After a failure the rest of the stream's work is skipped, as
-		// a GPU runs no more work after a faulting kernel; events still
-		// complete, reporting the failure.
-		var err error
-		switch {
-		case op.mark != nil:
-			op.mark(failed)
-		case failed == nil:
-			err = op.run(s.h.abortCh)
-		}
-		unhold(op.held)
-
-		s.mu.Lock()
-		s.done++
-		if err != nil && s.err == nil {
-			s.err = err
-		}
-		s.cond.Broadcast()
-		s.mu.Unlock()
 	}
 }
 
+// runNext runs the first queued operation; s.mu is held on entry and on
+// return, released while the operation runs.
+func (s *hostStream) runNext() {
+	op := s.q[0]
+	s.q[0] = hostOp{}
+	s.q = s.q[1:]
+	failed := s.err
+	s.running = true
+	s.mu.Unlock()
+
+	// After a failure the rest of the stream's work is skipped, as a GPU
+	// runs no more work after a faulting kernel; events still complete,
+	// reporting the failure.
+	var err error
+	switch {
+	case op.mark != nil:
+		op.mark(failed)
+	case failed == nil:
+		err = op.run(s.h.abortCh)
+	}
+	unhold(op.held)
+
+	s.mu.Lock()
+	s.running = false
+	s.done++
+	if err != nil && s.err == nil {
+		s.err = err
+	}
+	s.cond.Broadcast()
+}
+
+// synchronize waits for the work enqueued so far, running it itself while
+// the worker is not running any.
 func (s *hostStream) synchronize() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	target := s.enq
 	for s.done < target {
+		if len(s.q) > 0 && !s.running {
+			s.runNext()
+			continue
+		}
 		s.cond.Wait()
 	}
 	return s.err

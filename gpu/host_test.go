@@ -3,8 +3,10 @@ package gpu
 import (
 	"context"
 	"errors"
+	"fmt"
 	"runtime"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -466,4 +468,69 @@ func TestHostZeroStreamAndEvent(t *testing.T) {
 	_, err := (&Event{}).Query()
 	require.ErrorIs(t, err, ErrDestroyed)
 	require.ErrorIs(t, (&Event{}).Destroy(), ErrDestroyed)
+}
+
+// Several goroutines launch kernels on one stream and synchronize it after
+// some of them: whether the worker or a Synchronize runs a kernel, kernels
+// run one at a time, in the order they were enqueued, and a Synchronize
+// returns only after everything its caller enqueued before it has run.
+func TestHostSynchronizeRunsWorkInOrder(t *testing.T) {
+	s := openHost(t)
+	d := dev0(t, s)
+	st, err := d.NewStream()
+	require.NoError(t, err)
+	buf, err := d.Alloc(8)
+	require.NoError(t, err)
+	var (
+		enqMu    sync.Mutex // numbers kernels in enqueue order
+		enqueued int64
+		ran      atomic.Int64 // kernels run so far
+		active   atomic.Int32 // kernels running now
+		bad      atomic.Int64 // kernels that ran out of order or beside another
+	)
+	const goroutines, each = 4, 300
+	var wg sync.WaitGroup
+	errs := make(chan error, goroutines)
+	for g := range goroutines {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range each {
+				enqMu.Lock()
+				n := enqueued
+				enqueued++
+				err := LaunchHost(st, func([][]byte) error {
+					if active.Add(1) != 1 || ran.Load() != n {
+						bad.Add(1)
+					}
+					ran.Add(1)
+					active.Add(-1)
+					return nil
+				}, buf)
+				enqMu.Unlock()
+				if err != nil {
+					errs <- err
+					return
+				}
+				if (i+g)%3 == 0 {
+					if err := st.Synchronize(); err != nil {
+						errs <- err
+						return
+					}
+					if ran.Load() <= n {
+						errs <- fmt.Errorf("Synchronize returned before kernel %d ran (%d ran)", n, ran.Load())
+						return
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	require.NoError(t, st.Synchronize())
+	require.Equal(t, int64(goroutines*each), ran.Load())
+	require.Zero(t, bad.Load(), "kernels run out of order or two at once")
 }

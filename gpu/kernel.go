@@ -44,7 +44,7 @@ func LaunchHost(s *Stream, k HostKernel, bufs ...Buffer) error {
 	return s.dev.sys.be.launchHost(s.impl, k, bufs)
 }
 
-// launchHost runs k on the stream's goroutine over views of bufs.
+// launchHost enqueues k to run in stream order over views of bufs.
 func (h *hostBackend) launchHost(s streamImpl, k HostKernel, bufs []Buffer) error {
 	bufs = append([]Buffer(nil), bufs...)
 	return s.(*hostStream).enqueue(func(<-chan struct{}) error {

@@ -12,7 +12,7 @@ import (
 	"github.com/troupe-hpc/troupe/gpu"
 )
 
-func hostSystem(t *testing.T) *gpu.System {
+func hostSystem(t testing.TB) *gpu.System {
 	t.Helper()
 	sys, err := gpu.OpenBackend(gpu.BackendHost)
 	if err != nil {
@@ -23,7 +23,7 @@ func hostSystem(t *testing.T) *gpu.System {
 }
 
 // devBuf allocates n bytes of device memory holding data (or zeros).
-func devBuf(t *testing.T, sys *gpu.System, n int, data []byte) gpu.Buffer {
+func devBuf(t testing.TB, sys *gpu.System, n int, data []byte) gpu.Buffer {
 	t.Helper()
 	a, err := sys.Devices()[0].Alloc(max(n, 1))
 	if err != nil {

@@ -130,7 +130,7 @@ func TestChannelTyped(t *testing.T) {
 }
 
 // typedBuf returns a buffer holding data: device memory, or Go memory.
-func typedBuf(t *testing.T, sys *gpu.System, device bool, data []byte) gpu.Buffer {
+func typedBuf(t testing.TB, sys *gpu.System, device bool, data []byte) gpu.Buffer {
 	if device {
 		return devBuf(t, sys, len(data), data)
 	}

@@ -9,14 +9,14 @@ import (
 	"time"
 )
 
-func localJob(t *testing.T, n int, mode ProgressMode) []*Transport {
+func localJob(t testing.TB, n int, mode ProgressMode) []*Transport {
 	t.Helper()
 	return localJobWith(t, n, Options{Progress: mode})
 }
 
 // localJobWith starts n in-process ranks with opts, closed when the test
 // ends.
-func localJobWith(t *testing.T, n int, opts Options) []*Transport {
+func localJobWith(t testing.TB, n int, opts Options) []*Transport {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()

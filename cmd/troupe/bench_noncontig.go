@@ -29,6 +29,8 @@ type ncPoint struct {
 	LatUs  float64 `json:"lat_us"`
 	Bytes  int64   `json:"bytes"`
 	Blocks int64   `json:"blocks"`
+	// Backend is the gpu backend of --device points (actor benchmark).
+	Backend string `json:"backend,omitempty"`
 	// Batches is how many batches each scheme ran at this point.
 	Batches int `json:"batches"`
 	// MedianUs is the median one-way latency of the individual ping-pongs
@@ -153,6 +155,7 @@ type noncontigFlags struct {
 	noVec     bool
 	noApp     bool
 	actor     bool
+	device    bool   // --actor: Go memory against device memory (Typed.Dev)
 	stat      string // "median" or "best" (typed benchmark)
 	aa        bool   // measure pack a second time (A/A)
 	procs     string // GOMAXPROCS of each rank, as troupe run --procs ("": Go's default)
@@ -252,6 +255,7 @@ each way's best batch is reported.`,
 	fl.BoolVar(&f.anySource, "any-source", false, "receive every typed message with transport.AnySource (not with --actor)")
 	fl.BoolVar(&f.noApp, "no-apps", false, "skip the DDTBench layouts")
 	fl.BoolVar(&f.actor, "actor", false, "ping-pong actor messages with a Typed field instead: packed into the active message (am) or by the typed-transfer protocol per scheme")
+	fl.BoolVar(&f.device, "device", false, "with --actor: ping-pong both paths (am, adaptive) with the layouts in Go memory and in device memory (Typed.Dev; gpu backend as TROUPE_GPU chooses), columns dev-am and dev-adaptive")
 	fl.IntVar(&f.burst, "burst", 1, "with --actor: each side sends this many messages in a row, then waits for as many from the other (latency per message, one way)")
 	setBenchRun(cmd, func(ctx context.Context) error { return noncontigRank(ctx, f) },
 		func(ctx context.Context, out io.Writer) error {
@@ -260,6 +264,9 @@ each way's best batch is reported.`,
 			}
 			if f.actor && (f.aa || f.stat != "best") {
 				return fmt.Errorf("--aa and --stat median measure typed transfers, not --actor")
+			}
+			if f.device && !f.actor {
+				return fmt.Errorf("--device measures actor Typed fields: give --actor too")
 			}
 			if f.actor && f.anySource {
 				return fmt.Errorf("--any-source measures typed receives, not --actor")
@@ -424,6 +431,9 @@ func runNoncontigJob(ctx context.Context, f noncontigFlags) ([]ncPoint, error) {
 	}
 	if f.actor {
 		args = append(args, "--actor", "--burst", strconv.Itoa(f.burst))
+	}
+	if f.device {
+		args = append(args, "--device")
 	}
 	if f.anySource {
 		args = append(args, "--any-source")
@@ -633,6 +643,15 @@ func (m *ncMeasure) stats() []float64 {
 	return out
 }
 
+// ncRow is one layout's line of the table: its latency per column.
+type ncRow struct {
+	layout        string
+	bytes, blocks int64
+	batches       int
+	lat           map[string]float64
+	used          *transport.SchemeCounts
+}
+
 func printNoncontig(out io.Writer, f noncontigFlags, pts []ncPoint) error {
 	if f.json {
 		enc := json.NewEncoder(out)
@@ -643,19 +662,12 @@ func printNoncontig(out io.Writer, f noncontigFlags, pts []ncPoint) error {
 		}
 		return nil
 	}
-	type row struct {
-		layout        string
-		bytes, blocks int64
-		batches       int
-		lat           map[string]float64
-		used          *transport.SchemeCounts
-	}
-	var rows []*row
-	idx := map[string]*row{}
+	var rows []*ncRow
+	idx := map[string]*ncRow{}
 	for _, p := range pts {
 		r := idx[p.Layout]
 		if r == nil {
-			r = &row{layout: p.Layout, bytes: p.Bytes, blocks: p.Blocks, batches: p.Batches, lat: map[string]float64{}}
+			r = &ncRow{layout: p.Layout, bytes: p.Bytes, blocks: p.Blocks, batches: p.Batches, lat: map[string]float64{}}
 			idx[p.Layout] = r
 			rows = append(rows, r)
 		}
@@ -677,6 +689,13 @@ func printNoncontig(out io.Writer, f noncontigFlags, pts []ncPoint) error {
 		if f.burst > 1 {
 			what = fmt.Sprintf("actor Typed-field bursts of %d,", f.burst)
 		}
+	}
+	if f.device {
+		backend := "?"
+		if len(pts) > 0 {
+			backend = pts[0].Backend
+		}
+		return printNoncontigDevice(out, f, backend, rows)
 	}
 	fixed := len(cols) - 1 // the fixed schemes are the columns before adaptive
 	if f.aa {
@@ -722,5 +741,24 @@ func printNoncontig(out io.Writer, f noncontigFlags, pts []ncPoint) error {
 	if f.aa {
 		fmt.Fprintf(out, "# pack measured twice (A/A) within 5%% of itself at %d of %d points\n", aaWithin, len(rows))
 	}
+	return nil
+}
+
+// printNoncontigDevice prints the table of --actor --device: each path's
+// latency with Go memory and with device memory, and their ratios.
+func printNoncontigDevice(out io.Writer, f noncontigFlags, backend string, rows []*ncRow) error {
+	fmt.Fprintf(out, "# actor Typed-field ping-pong latency (us, one way), Go memory against device memory (gpu backend %s), 2 ranks (GOMAXPROCS %s), UCX_TLS=%s, best of each way's interleaved batches (batches: how many each)\n",
+		backend, procsLabel(f.procs, 2), bootstrap.UCXTLS(f.tls))
+	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "layout\tbytes\tblocks\tbatches\tam\tadaptive\tdev-am\tdev-adaptive\tdev-am/am\tdev-adaptive/adaptive\t")
+	for _, r := range rows {
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%.1f\t%.1f\t%.1f\t%.1f\t%.2f\t%.2f\t\n", r.layout, r.bytes, r.blocks, r.batches,
+			r.lat["am"], r.lat["adaptive"], r.lat["dev-am"], r.lat["dev-adaptive"],
+			r.lat["dev-am"]/r.lat["am"], r.lat["dev-adaptive"]/r.lat["adaptive"])
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintln(out, "# dev-*: both ranks' layouts in device memory (actor.Typed.Dev), packed into and unpacked from pinned staging memory")
 	return nil
 }

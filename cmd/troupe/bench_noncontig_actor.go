@@ -12,6 +12,7 @@ import (
 
 	"github.com/troupe-hpc/troupe/actor"
 	"github.com/troupe-hpc/troupe/datatype"
+	"github.com/troupe-hpc/troupe/gpu"
 	"github.com/troupe-hpc/troupe/transport"
 	"github.com/troupe-hpc/troupe/transport/bootstrap"
 )
@@ -21,7 +22,8 @@ import (
 // message in its own layout (PostReceiveTyped) and sends it back. Columns:
 // the field packed into the active message ("am"), and by the typed-transfer
 // protocol with each scheme forced on both sides and with the adaptive
-// default.
+// default; with --device, both paths with the layouts in Go memory and in
+// device memory.
 
 // ncActorMsg is the benchmark's message.
 type ncActorMsg struct{ Data actor.Typed }
@@ -34,21 +36,41 @@ type ncActorStart struct {
 
 func init() { actor.MustRegister[ncActorMsg]() }
 
-// ncActorWays are the actor columns: the protocol off, then forced schemes.
-var ncActorWays = []struct {
+// ncActorWay is one column of the actor benchmark: how the field travels
+// (actor.Options.TypedDirectMin and the scheme forced on both sides) and
+// whether both ranks' layouts are in device memory.
+type ncActorWay struct {
 	name   string
 	min    int // actor.Options.TypedDirectMin
 	scheme datatype.Scheme
-}{
-	{"am", -1, datatype.SchemeAuto},
-	{"pack", 1, datatype.SchemePack},
-	{"sgl", 1, datatype.SchemeSGL},
-	{"zcopy", 1, datatype.SchemeZCopy},
-	{"adaptive", 1, datatype.SchemeAuto},
+	dev    bool
 }
 
-// ncActorTurns is the balanced cycle in which the actor ways take turns.
-var ncActorTurns = balancedTurns(len(ncActorWays))
+// ncActorWays are the actor columns: the protocol off, then forced schemes.
+var ncActorWays = []ncActorWay{
+	{"am", -1, datatype.SchemeAuto, false},
+	{"pack", 1, datatype.SchemePack, false},
+	{"sgl", 1, datatype.SchemeSGL, false},
+	{"zcopy", 1, datatype.SchemeZCopy, false},
+	{"adaptive", 1, datatype.SchemeAuto, false},
+}
+
+// ncActorDeviceWays are the columns of --device: both paths with the
+// layouts in Go memory and in device memory (Typed.Dev), so that one run
+// gives the cost of device memory as a ratio.
+var ncActorDeviceWays = []ncActorWay{
+	{"am", -1, datatype.SchemeAuto, false},
+	{"adaptive", 1, datatype.SchemeAuto, false},
+	{"dev-am", -1, datatype.SchemeAuto, true},
+	{"dev-adaptive", 1, datatype.SchemeAuto, true},
+}
+
+// ncActorTurns and ncActorDeviceTurns are the balanced cycles in which the
+// ways take turns.
+var (
+	ncActorTurns       = balancedTurns(len(ncActorWays))
+	ncActorDeviceTurns = balancedTurns(len(ncActorDeviceWays))
+)
 
 // ncPinger is the actor on each rank: its layout is where messages land and
 // what it sends back, burst messages at a time once burst have arrived.
@@ -109,12 +131,41 @@ func noncontigActorRank(ctx context.Context, f noncontigFlags, boot bootstrap.Bo
 	if err != nil {
 		return err
 	}
+	ways, turns := ncActorWays, ncActorTurns
+	var dev *gpu.Device
+	backend := ""
+	if f.device {
+		ways, turns = ncActorDeviceWays, ncActorDeviceTurns
+		sys, err := gpu.Open()
+		if err != nil {
+			return err
+		}
+		defer sys.Close()
+		if dev, err = sys.Device(0); err != nil {
+			return err
+		}
+		backend = sys.Backend()
+	}
+	var devBuf gpu.Buffer // the current layout's device copy (--device)
+	defer func() { freeDevice(devBuf) }()
 	for _, c := range cases {
 		r, err := c.prepare(f.scale)
 		if err != nil {
 			return err
 		}
-		p.field.Store(&actor.Typed{Buf: r.buf, Type: c.dt, Base: c.base, Count: 1})
+		host := &actor.Typed{Buf: r.buf, Type: c.dt, Base: c.base, Count: 1}
+		onDev := host
+		if dev != nil {
+			freeDevice(devBuf)
+			if devBuf, err = dev.Alloc(len(r.buf)); err != nil {
+				return err
+			}
+			if err := gpu.CopyFromHost(devBuf, r.buf); err != nil {
+				return err
+			}
+			onDev = &actor.Typed{Dev: devBuf, Type: c.dt, Base: c.base, Count: 1}
+		}
+		p.field.Store(host)
 		// The ways take turns batch by batch in a balanced cycle, each batch
 		// from a collected heap after untimed round trips, as the tagged
 		// benchmark does (ncTurns); each way's best batch is reported.
@@ -124,10 +175,15 @@ func noncontigActorRank(ctx context.Context, f noncontigFlags, boot bootstrap.Bo
 		settle := newNCSettle(boot, c.name, f)
 		rounds := 0
 		for round := 0; ; round++ {
-			for turn, k := range ncActorTurns {
-				w := ncActorWays[k]
+			for turn, k := range turns {
+				w := ways[k]
 				if err := rt.SetTypedTransfer(w.min, w.scheme); err != nil {
 					return err
+				}
+				if w.dev {
+					p.field.Store(onDev)
+				} else {
+					p.field.Store(host)
 				}
 				runtime.GC()
 				if err := boot.Barrier(ctx, fmt.Sprintf("nc.%s.%d.%d", c.name, round, turn)); err != nil {
@@ -145,8 +201,8 @@ func noncontigActorRank(ctx context.Context, f noncontigFlags, boot bootstrap.Bo
 				}
 			}
 			rounds++
-			bests := make([]float64, len(ncActorWays))
-			for k, w := range ncActorWays {
+			bests := make([]float64, len(ways))
+			for k, w := range ways {
 				bests[k] = best[w.name]
 			}
 			if more, err := settle.more(ctx, round, bests); err != nil || !more {
@@ -157,9 +213,9 @@ func noncontigActorRank(ctx context.Context, f noncontigFlags, boot bootstrap.Bo
 			}
 		}
 		if enc != nil {
-			for _, w := range ncActorWays {
+			for _, w := range ways {
 				pt := ncPoint{Layout: c.name, Scheme: w.name, LatUs: best[w.name], Bytes: r.bytes, Blocks: r.segments,
-					Batches: rounds * len(ncActorTurns) / len(ncActorWays)}
+					Batches: rounds * len(turns) / len(ways), Backend: backend}
 				if w.name == "adaptive" {
 					pt.Used = &used
 				}
@@ -171,7 +227,8 @@ func noncontigActorRank(ctx context.Context, f noncontigFlags, boot bootstrap.Bo
 		fmt.Fprintf(os.Stderr, "rank %d: %s done\n", t.Rank(), c.name)
 	}
 	if t.Rank() == 0 {
-		fmt.Fprintf(os.Stderr, "rank 0 counters: %+v; Typed fields sent by the protocol %d\n", t.NoncontigStats(), rt.Stats().TypedSent.Load())
+		fmt.Fprintf(os.Stderr, "rank 0 counters: %+v; Typed fields sent by the protocol %d, packed from device memory %d\n",
+			t.NoncontigStats(), rt.Stats().TypedSent.Load(), rt.Stats().TypedDevicePacked.Load())
 	}
 	return boot.Barrier(ctx, "bench.noncontig.done")
 }
@@ -210,4 +267,11 @@ func ncActorRun(ctx context.Context, t *transport.Transport, rt *actor.Runtime, 
 		best[way] = lat
 	}
 	return nil
+}
+
+// freeDevice frees b unless it is the zero Buffer.
+func freeDevice(b gpu.Buffer) {
+	if !b.IsZero() {
+		_ = gpu.Free(b)
+	}
 }

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/troupe-hpc/troupe/gpu"
 	"github.com/troupe-hpc/troupe/transport"
 )
 
@@ -271,6 +272,44 @@ func TestNoncontigCasesExcluded(t *testing.T) {
 	for _, names := range [][]string{{""}, {"milc_zd", ""}} {
 		if _, err := noncontigCases(noncontigFlags{layouts: names}); err == nil || !strings.Contains(err.Error(), "empty") {
 			t.Errorf("layouts %q: %v, want an error about the empty name", names, err)
+		}
+	}
+}
+
+// A real two-rank job of --actor --device: every way is measured at every
+// layout, the device points name their backend, and the table shows each
+// path's device/Go-memory ratio.
+func TestNoncontigActorDeviceJob(t *testing.T) {
+	t.Setenv(envTestMain, "1")
+	t.Setenv(gpu.EnvBackend, gpu.BackendHost)
+	f := noncontigFlags{tls: "shm", scale: 0.1, rounds: 1, maxRounds: 1, budget: time.Minute,
+		layouts: []string{"vec_64x16", "vec_4096x16"}, stat: "best", procs: "split", actor: true, device: true, burst: 1}
+	pts, err := runNoncontigJob(t.Context(), f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(pts) != 2*len(ncActorDeviceWays) {
+		t.Fatalf("%d points, want %d: %+v", len(pts), 2*len(ncActorDeviceWays), pts)
+	}
+	seen := map[string]int{}
+	for _, p := range pts {
+		seen[p.Scheme]++
+		if p.LatUs <= 0 || p.Batches < 1 || p.Backend != gpu.BackendHost {
+			t.Errorf("%s %s: latency %v, %d batches, backend %q", p.Layout, p.Scheme, p.LatUs, p.Batches, p.Backend)
+		}
+	}
+	for _, w := range ncActorDeviceWays {
+		if seen[w.name] != 2 {
+			t.Errorf("way %s measured at %d layouts, want 2", w.name, seen[w.name])
+		}
+	}
+	var out strings.Builder
+	if err := printNoncontig(&out, f, pts); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"gpu backend host", "dev-am/am", "dev-adaptive/adaptive", "vec_4096x16"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("table lacks %q:\n%s", want, out.String())
 		}
 	}
 }
