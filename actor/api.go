@@ -19,6 +19,9 @@ func Check(msg any) error {
 	if err != nil {
 		return err
 	}
+	if msg, err = checkDeviceTyped(ct, msg); err != nil {
+		return err
+	}
 	_, _, err = encodeBody(ct, msg)
 	return err
 }

@@ -66,6 +66,50 @@ func checkTyped(t Typed) error {
 	return nil
 }
 
+// checkDeviceTyped checks a device Typed field of msg as Send would (a
+// type, one kind of memory, a layout inside a live Dev) and returns msg
+// with the field zeroed, for Check to encode the rest: Send packs the
+// field through a stage, which Check has no transport for. Any other msg
+// comes back as it is.
+func checkDeviceTyped(ct *codecType, msg any) (any, error) {
+	if ct.typed < 0 {
+		return msg, nil
+	}
+	v := reflect.ValueOf(msg)
+	ptr := v.Kind() == reflect.Pointer
+	if ptr {
+		v = v.Elem()
+	}
+	f := v.Field(ct.typed).Interface().(Typed)
+	if !f.onDevice() {
+		return msg, nil
+	}
+	fail := func(err error) (any, error) { return nil, fmt.Errorf("actor: %s: device Typed field: %w", ct.name, err) }
+	if err := checkTyped(f); err != nil {
+		return fail(err)
+	}
+	if f.Type == nil {
+		return fail(fmt.Errorf("no Type"))
+	}
+	if f.Dev.Freed() {
+		return fail(gpu.ErrFreed)
+	}
+	lo, hi, err := f.Type.DataBounds(f.Count)
+	if err != nil {
+		return fail(err)
+	}
+	if n, _ := f.Type.PackedSize(f.Count); n > 0 && (f.Base < 0 || f.Base+lo < 0 || f.Base+hi > int64(f.Dev.Len())) {
+		return fail(fmt.Errorf("layout touches bytes [%d, %d) of a %d-byte buffer", f.Base+lo, f.Base+hi, f.Dev.Len()))
+	}
+	c := reflect.New(ct.typ)
+	c.Elem().Set(v)
+	c.Elem().Field(ct.typed).SetZero()
+	if ptr {
+		return c.Interface(), nil
+	}
+	return c.Elem().Interface(), nil
+}
+
 // stageTyped packs a device Typed field into staging memory and returns
 // msg with the field replaced by the packed bytes as elements of the
 // layout's packed twin (same type signature, so the receiver sees no

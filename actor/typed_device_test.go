@@ -3,6 +3,7 @@ package actor
 import (
 	"bytes"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -182,9 +183,24 @@ func TestTypedDeviceFieldErrors(t *testing.T) {
 				"freed":          {Dev: freed(t, dev), Type: datatype.Byte, Count: 1},
 			}
 			for name, f := range bad {
+				if err := Check(&face{Col: f}); err == nil {
+					t.Fatalf("%s: Check passed it", name)
+				}
 				if err := rts[0].Send(target, &face{Col: f}); err == nil {
 					t.Fatalf("%s: sent", name)
 				}
+			}
+			// A good device field passes Check (which has no stage to pack
+			// it into), and cannot be nested in a broadcast.
+			good := &face{Col: Typed{Dev: grid, Type: col, Base: 299 * 8, Count: 1}}
+			if err := Check(good); err != nil {
+				t.Fatalf("Check of a good device field: %v", err)
+			}
+			if err := Check(*good); err != nil {
+				t.Fatalf("Check of a good device field by value: %v", err)
+			}
+			if err := nestable(mustLookup(t, good)); err == nil || !strings.Contains(err.Error(), "Typed field") {
+				t.Fatalf("nestable = %v, want the Typed field's refusal", err)
 			}
 			if n := rts[0].Stats().Sent.Load(); n != 0 {
 				t.Fatalf("%d messages went out for refused sends", n)
@@ -202,4 +218,13 @@ func freed(t *testing.T, dev *gpu.Device) gpu.Buffer {
 		t.Fatal(err)
 	}
 	return b
+}
+
+func mustLookup(t *testing.T, msg any) *codecType {
+	t.Helper()
+	ct, _, err := lookupType(msg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ct
 }
