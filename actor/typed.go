@@ -84,7 +84,9 @@ func checkDeviceTyped(ct *codecType, msg any) (any, error) {
 	if !f.onDevice() {
 		return msg, nil
 	}
-	fail := func(err error) (any, error) { return nil, fmt.Errorf("actor: %s: device Typed field: %w", ct.name, err) }
+	fail := func(err error) (any, error) {
+		return nil, fmt.Errorf("actor: %s: device Typed field: %w", ct.name, err)
+	}
 	if err := checkTyped(f); err != nil {
 		return fail(err)
 	}
