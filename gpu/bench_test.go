@@ -80,6 +80,27 @@ func BenchmarkStreamCopy(b *testing.B) {
 						timeSynced(b, st, func() error { return CopyAsync(st, dst, src) })
 					})
 					if n == 8 {
+						// Waited for through an event recorded after it
+						// instead, as the staged channel path does.
+						b.Run(fmt.Sprintf("%s/%d/event", c.name, n), func(b *testing.B) {
+							ev, err := st.Device().NewEvent()
+							if err != nil {
+								b.Fatal(err)
+							}
+							b.SetBytes(int64(n))
+							for b.Loop() {
+								err := CopyAsync(st, dst, src)
+								if err == nil {
+									err = ev.Record(st)
+								}
+								if err == nil {
+									err = ev.Synchronize()
+								}
+								if err != nil {
+									b.Fatal(err)
+								}
+							}
+						})
 						// The synchronous call, for comparison with
 						// CopyAsync + Synchronize above.
 						b.Run(fmt.Sprintf("%s/%d/Copy", c.name, n), func(b *testing.B) {

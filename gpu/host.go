@@ -321,25 +321,33 @@ func (s *hostStream) enqueue(run func(abort <-chan struct{}) error, bufs ...Buff
 	return s.push(hostOp{run: run, held: held})
 }
 
-// enqueueMark enqueues an event's record.
-func (s *hostStream) enqueueMark(mark func(streamErr error)) error {
-	return s.push(hostOp{mark: mark})
+// enqueueMark enqueues an event's record and returns its position: the
+// stream's done count once it has run.
+func (s *hostStream) enqueueMark(mark func(streamErr error)) (uint64, error) {
+	return s.pushAt(hostOp{mark: mark})
 }
 
 // push appends op to the stream's queue, or releases what it holds if the
 // stream is destroyed.
 func (s *hostStream) push(op hostOp) error {
+	_, err := s.pushAt(op)
+	return err
+}
+
+// pushAt is push, returning op's position.
+func (s *hostStream) pushAt(op hostOp) (uint64, error) {
 	s.mu.Lock()
 	if s.destroyed {
 		s.mu.Unlock()
 		unhold(op.held)
-		return fmt.Errorf("gpu: stream: %w", ErrDestroyed)
+		return 0, fmt.Errorf("gpu: stream: %w", ErrDestroyed)
 	}
 	s.q = append(s.q, op)
 	s.enq++
+	pos := s.enq
 	s.cond.Broadcast()
 	s.mu.Unlock()
-	return nil
+	return pos, nil
 }
 
 func (s *hostStream) worker() {
@@ -387,6 +395,17 @@ func (s *hostStream) runNext() {
 		s.err = err
 	}
 	s.cond.Broadcast()
+}
+
+// help runs queued operations in the caller's goroutine, while the worker
+// is not running one, until the operation at position pos has run; it
+// returns early, without waiting, when the worker is busy.
+func (s *hostStream) help(pos uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for s.done < pos && len(s.q) > 0 && !s.running {
+		s.runNext()
+	}
 }
 
 // synchronize waits for the work enqueued so far, running it itself while
@@ -446,6 +465,8 @@ type hostEvent struct {
 type hostMark struct {
 	done chan struct{}
 	err  error
+	s    *hostStream // the recording stream, and the mark's position in it
+	pos  uint64
 }
 
 func (h *hostBackend) newEvent(int) (eventImpl, error) { return &hostEvent{h: h}, nil }
@@ -457,13 +478,16 @@ func (e *hostEvent) current() *hostMark {
 }
 
 func (e *hostEvent) record(si streamImpl) error {
-	m := &hostMark{done: make(chan struct{})}
-	if err := si.(*hostStream).enqueueMark(func(streamErr error) {
+	hs := si.(*hostStream)
+	m := &hostMark{done: make(chan struct{}), s: hs}
+	pos, err := hs.enqueueMark(func(streamErr error) {
 		m.err = streamErr
 		close(m.done)
-	}); err != nil {
+	})
+	if err != nil {
 		return err
 	}
+	m.pos = pos
 	e.mu.Lock()
 	e.cur = m
 	e.mu.Unlock()
@@ -475,6 +499,9 @@ func (e *hostEvent) synchronize() error {
 	if m == nil {
 		return nil
 	}
+	// As a stream's Synchronize does: run the work up to the mark here
+	// while the stream's goroutine is idle.
+	m.s.help(m.pos)
 	select {
 	case <-m.done:
 		return m.err

@@ -470,9 +470,10 @@ func TestHostZeroStreamAndEvent(t *testing.T) {
 	require.ErrorIs(t, (&Event{}).Destroy(), ErrDestroyed)
 }
 
-// Several goroutines launch kernels on one stream and synchronize it after
-// some of them: whether the worker or a Synchronize runs a kernel, kernels
-// run one at a time, in the order they were enqueued, and a Synchronize
+// Several goroutines launch kernels on one stream and synchronize it, or an
+// event recorded after their kernel, after some of them: whether the worker
+// or a Synchronize runs a kernel, kernels
+// run one at a time, in the order they were enqueued, and a synchronize
 // returns only after everything its caller enqueued before it has run.
 func TestHostSynchronizeRunsWorkInOrder(t *testing.T) {
 	s := openHost(t)
@@ -489,6 +490,11 @@ func TestHostSynchronizeRunsWorkInOrder(t *testing.T) {
 		bad      atomic.Int64 // kernels that ran out of order or beside another
 	)
 	const goroutines, each = 4, 300
+	evs := make([]*Event, goroutines)
+	for g := range evs {
+		evs[g], err = d.NewEvent()
+		require.NoError(t, err)
+	}
 	var wg sync.WaitGroup
 	errs := make(chan error, goroutines)
 	for g := range goroutines {
@@ -512,13 +518,24 @@ func TestHostSynchronizeRunsWorkInOrder(t *testing.T) {
 					errs <- err
 					return
 				}
-				if (i+g)%3 == 0 {
-					if err := st.Synchronize(); err != nil {
+				var wait func() error
+				switch (i + g) % 3 {
+				case 0:
+					wait = st.Synchronize
+				case 1:
+					if err := evs[g].Record(st); err != nil {
+						errs <- err
+						return
+					}
+					wait = evs[g].Synchronize
+				}
+				if wait != nil {
+					if err := wait(); err != nil {
 						errs <- err
 						return
 					}
 					if ran.Load() <= n {
-						errs <- fmt.Errorf("Synchronize returned before kernel %d ran (%d ran)", n, ran.Load())
+						errs <- fmt.Errorf("a synchronize returned before kernel %d ran (%d ran)", n, ran.Load())
 						return
 					}
 				}
