@@ -66,6 +66,28 @@ func checkTyped(t Typed) error {
 	return nil
 }
 
+// typedFieldOf returns msg's struct value (through the pointer when ptr)
+// and its Typed field; ct must have one.
+func typedFieldOf(ct *codecType, msg any, ptr bool) (reflect.Value, Typed) {
+	v := reflect.ValueOf(msg)
+	if ptr {
+		v = v.Elem()
+	}
+	return v, v.Field(ct.typed).Interface().(Typed)
+}
+
+// withTyped returns a copy of the message value v with its Typed field set
+// to f, as a *T when ptr, else as a T.
+func withTyped(ct *codecType, v reflect.Value, ptr bool, f Typed) any {
+	c := reflect.New(ct.typ)
+	c.Elem().Set(v)
+	c.Elem().Field(ct.typed).Set(reflect.ValueOf(f))
+	if ptr {
+		return c.Interface()
+	}
+	return c.Elem().Interface()
+}
+
 // checkDeviceTyped checks a device Typed field of msg as Send would (a
 // type, one kind of memory, a layout inside a live Dev) and returns msg
 // with the field zeroed, for Check to encode the rest: Send packs the
@@ -75,12 +97,8 @@ func checkDeviceTyped(ct *codecType, msg any) (any, error) {
 	if ct.typed < 0 {
 		return msg, nil
 	}
-	v := reflect.ValueOf(msg)
-	ptr := v.Kind() == reflect.Pointer
-	if ptr {
-		v = v.Elem()
-	}
-	f := v.Field(ct.typed).Interface().(Typed)
+	ptr := reflect.ValueOf(msg).Kind() == reflect.Pointer
+	v, f := typedFieldOf(ct, msg, ptr)
 	if !f.onDevice() {
 		return msg, nil
 	}
@@ -103,13 +121,7 @@ func checkDeviceTyped(ct *codecType, msg any) (any, error) {
 	if n, _ := f.Type.PackedSize(f.Count); n > 0 && (f.Base < 0 || f.Base+lo < 0 || f.Base+hi > int64(f.Dev.Len())) {
 		return fail(fmt.Errorf("layout touches bytes [%d, %d) of a %d-byte buffer", f.Base+lo, f.Base+hi, f.Dev.Len()))
 	}
-	c := reflect.New(ct.typ)
-	c.Elem().Set(v)
-	c.Elem().Field(ct.typed).SetZero()
-	if ptr {
-		return c.Interface(), nil
-	}
-	return c.Elem().Interface(), nil
+	return withTyped(ct, v, ptr, Typed{}), nil
 }
 
 // stageTyped packs a device Typed field into staging memory and returns
@@ -122,11 +134,7 @@ func (rt *Runtime) stageTyped(ct *codecType, msg any, ptr bool) (any, *transport
 	if ct.typed < 0 {
 		return msg, nil, nil
 	}
-	v := reflect.ValueOf(msg)
-	if ptr {
-		v = v.Elem()
-	}
-	f := v.Field(ct.typed).Interface().(Typed)
+	v, f := typedFieldOf(ct, msg, ptr)
 	if err := checkTyped(f); err != nil {
 		return nil, nil, fmt.Errorf("actor: %s: %w", ct.name, err)
 	}
@@ -141,14 +149,8 @@ func (rt *Runtime) stageTyped(ct *codecType, msg any, ptr bool) (any, *transport
 		st.Release()
 		return nil, nil, fmt.Errorf("actor: %s: packing a device Typed field: %w", ct.name, err)
 	}
-	c := reflect.New(ct.typ)
-	c.Elem().Set(v)
-	c.Elem().Field(ct.typed).Set(reflect.ValueOf(Typed{Buf: st.Bytes, Type: st.Twin, Count: st.Count}))
 	rt.stats.TypedDevicePacked.Add(1)
-	if ptr {
-		return c.Interface(), st, nil
-	}
-	return c.Elem().Interface(), st, nil
+	return withTyped(ct, v, ptr, Typed{Buf: st.Bytes, Type: st.Twin, Count: st.Count}), st, nil
 }
 
 // TypedPostReceiver is implemented by actors that choose where a message's
@@ -352,11 +354,7 @@ func (rt *Runtime) typedDirect(r int, ct *codecType, msg any, ptr bool) (*direct
 	if ct.typed < 0 {
 		return nil, msg, nil
 	}
-	v := reflect.ValueOf(msg)
-	if ptr {
-		v = v.Elem()
-	}
-	f := v.Field(ct.typed).Interface().(Typed)
+	v, f := typedFieldOf(ct, msg, ptr)
 	if f.Type == nil {
 		return nil, msg, nil
 	}
@@ -379,13 +377,7 @@ func (rt *Runtime) typedDirect(r int, ct *codecType, msg any, ptr bool) (*direct
 		return nil, nil, fmt.Errorf("actor: %s: Typed field: data at [%d, %d) relative to base %d outside a buffer of %d bytes",
 			ct.name, lo, hi, f.Base, len(f.Buf))
 	}
-	c := reflect.New(ct.typ)
-	c.Elem().Set(v)
-	c.Elem().Field(ct.typed).SetZero()
-	if ptr {
-		return &directTyped{f, n}, c.Interface(), nil
-	}
-	return &directTyped{f, n}, c.Elem().Interface(), nil
+	return &directTyped{f, n}, withTyped(ct, v, ptr, Typed{}), nil
 }
 
 // typedOptions are the transport options of a Typed field's transfer.
