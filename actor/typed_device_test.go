@@ -55,17 +55,8 @@ func testTypedDeviceFields(t *testing.T, min int, direct bool) {
 	dev := hostDevice(t)
 	rts := startLocalWith(t, 2, Options{TypedDirectMin: min})
 	const rows = 512
-	colOf := func(width int64) *datatype.Type {
-		ty, err := datatype.Vector(rows, 1, width, datatype.Float64)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return ty
-	}
-	src := make([]byte, rows*300*8)
-	for i := range src {
-		src[i] = byte(i*7 + 3)
-	}
+	colOf := func(width int64) *datatype.Type { return gridColumn(t, rows, width) }
+	src := patterned(rows*300*8, 7, 3)
 	want := make([]byte, rows*8)
 	if _, err := colOf(300).Pack(want, src, 5*8, 1); err != nil {
 		t.Fatal(err)

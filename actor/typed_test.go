@@ -67,17 +67,8 @@ func TestTypedFields(t *testing.T) {
 func testTypedFields(t *testing.T, min int, direct bool) {
 	rts := startLocalWith(t, 2, Options{TypedDirectMin: min})
 	const rows = 512
-	colOf := func(width int64) *datatype.Type {
-		ty, err := datatype.Vector(rows, 1, width, datatype.Float64)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return ty
-	}
-	src := make([]byte, rows*300*8)
-	for i := range src {
-		src[i] = byte(i*7 + 1)
-	}
+	colOf := func(width int64) *datatype.Type { return gridColumn(t, rows, width) }
+	src := patterned(rows*300*8, 7, 1)
 	// Column 5 of the 300-wide grid, in order.
 	var want []byte
 	for r := 0; r < rows; r++ {
@@ -393,4 +384,23 @@ func checkTypedThreshold(t *testing.T, rt *Runtime, target *pa.PID, seen <-chan 
 			t.Fatalf("a field of %d packed bytes (threshold %d): %d went by the protocol, want %d", packed, threshold, got, want)
 		}
 	}
+}
+
+// gridColumn is a column of a grid of rows x width float64s.
+func gridColumn(t testing.TB, rows, width int64) *datatype.Type {
+	t.Helper()
+	ty, err := datatype.Vector(rows, 1, width, datatype.Float64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ty
+}
+
+// patterned returns n bytes, byte i holding i*mul + add.
+func patterned(n, mul, add int) []byte {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = byte(i*mul + add)
+	}
+	return b
 }
