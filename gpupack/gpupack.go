@@ -33,6 +33,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"sort"
 	"sync"
 
 	"github.com/troupe-hpc/troupe/datatype"
@@ -117,6 +118,7 @@ type plan struct {
 	regular                bool
 	first, n, blen, stride int64
 	table                  gpu.Buffer // nseg entries of segBytes
+	pos                    []int64    // each table segment's packed offset, ascending
 	nseg                   int64
 	group                  int64 // threads per segment of the table kernel
 }
@@ -208,7 +210,7 @@ func (p *Packer) Stats() Stats {
 // at byte base of user, into packed from its start, and returns the packed
 // size. packed must hold at least that many bytes.
 func (p *Packer) Pack(st *gpu.Stream, packed, user gpu.Buffer, t *datatype.Type, base, count int64) (int64, error) {
-	return p.move(st, user, packed, t, base, count, false)
+	return p.move(st, user, packed, t, base, count, 0, -1, false)
 }
 
 // Unpack enqueues on st the unpacking of the packed stream at the start of
@@ -216,24 +218,55 @@ func (p *Packer) Pack(st *gpu.Stream, packed, user gpu.Buffer, t *datatype.Type,
 // returns the packed size read. Bytes of user outside the layout's blocks
 // are left as they are.
 func (p *Packer) Unpack(st *gpu.Stream, user, packed gpu.Buffer, t *datatype.Type, base, count int64) (int64, error) {
-	return p.move(st, user, packed, t, base, count, true)
+	return p.move(st, user, packed, t, base, count, 0, -1, true)
 }
 
-func (p *Packer) move(st *gpu.Stream, user, packed gpu.Buffer, t *datatype.Type, base, count int64, unpack bool) (int64, error) {
+// PackRange enqueues on st the packing of bytes [off, off+n) of the packed
+// stream of count elements of t (origin at byte base of user) into packed
+// from its start, and returns n. packed must hold n bytes and the range
+// must lie inside the stream. Successive ranges build the stream piece by
+// piece, so that a sender can send the first pieces while the next are
+// packed.
+func (p *Packer) PackRange(st *gpu.Stream, packed, user gpu.Buffer, t *datatype.Type, base, count, off, n int64) (int64, error) {
+	if n < 0 {
+		return 0, fmt.Errorf("%w: pack range of %d bytes", ErrInvalid, n)
+	}
+	return p.move(st, user, packed, t, base, count, off, n, false)
+}
+
+// UnpackRange enqueues on st the unpacking of packed's first n bytes, as
+// bytes [off, off+n) of the packed stream of count elements of t, into the
+// layout (origin at byte base of user), and returns n.
+func (p *Packer) UnpackRange(st *gpu.Stream, user, packed gpu.Buffer, t *datatype.Type, base, count, off, n int64) (int64, error) {
+	if n < 0 {
+		return 0, fmt.Errorf("%w: unpack range of %d bytes", ErrInvalid, n)
+	}
+	return p.move(st, user, packed, t, base, count, off, n, true)
+}
+
+// move moves bytes [off, off+n) of the packed stream (n < 0: to its end)
+// between the layout and packed.
+func (p *Packer) move(st *gpu.Stream, user, packed gpu.Buffer, t *datatype.Type, base, count, off, n int64, unpack bool) (int64, error) {
 	op := "pack"
 	if unpack {
 		op = "unpack"
 	}
-	size, err := p.check(op, st, user, packed, t, base, count)
+	size, err := p.check(op, st, user, packed, t, base, count, off, n)
 	if err != nil || size == 0 {
 		return 0, err
 	}
-	packed, err = packed.Slice(0, int(size))
+	if n < 0 {
+		n = size - off
+	}
+	if n == 0 {
+		return 0, nil
+	}
+	packed, err = packed.Slice(0, int(n))
 	if err != nil {
 		return 0, fmt.Errorf("gpupack: %s: %w", op, err)
 	}
 	if p.mod == nil {
-		return size, p.goKernel(st, user, packed, t, base, count, unpack)
+		return n, p.goKernel(st, user, packed, t, base, count, off, unpack)
 	}
 	pl, err := p.plan(t, count)
 	if err != nil {
@@ -246,27 +279,31 @@ func (p *Packer) move(st *gpu.Stream, user, packed gpu.Buffer, t *datatype.Type,
 	}
 	if pl.regular {
 		words := uint64(0)
-		if (origin+uint64(pl.first))%8 == 0 && pl.blen%8 == 0 && pl.stride%8 == 0 && packed.Ptr()%8 == 0 {
+		if (origin+uint64(pl.first))%8 == 0 && pl.blen%8 == 0 && pl.stride%8 == 0 && packed.Ptr()%8 == 0 && off%8 == 0 && n%8 == 0 {
 			words = 1
 		}
-		units := pl.n * pl.blen
+		first, units := off, n
 		if words == 1 {
-			units /= 8
+			first, units = off/8, n/8
 		}
 		err = gpu.Launch(st, p.vector, grid(units), gpu.Dim3{X: blockThreads}, args(
 			origin+uint64(pl.first), uint64(packed.Ptr()),
-			uint64(pl.n), uint64(pl.blen), uint64(pl.stride), words, dir))
+			uint64(first), uint64(units), uint64(pl.blen), uint64(pl.stride), words, dir))
 		p.count(func(s *Stats) { s.Vector++ })
 	} else {
-		err = gpu.Launch(st, p.table, grid(pl.nseg*pl.group), gpu.Dim3{X: blockThreads}, args(
-			origin, uint64(packed.Ptr()), uint64(pl.table.Ptr()),
-			uint64(pl.nseg), uint64(pl.group), dir))
+		// The segments that meet [off, off+n): from the one holding off
+		// to the last that starts before off+n.
+		s0 := sort.Search(len(pl.pos), func(i int) bool { return pl.pos[i] > off }) - 1
+		s1 := sort.Search(len(pl.pos), func(i int) bool { return pl.pos[i] >= off+n })
+		err = gpu.Launch(st, p.table, grid(int64(s1-s0)*pl.group), gpu.Dim3{X: blockThreads}, args(
+			origin, uint64(packed.Ptr()), uint64(pl.table.Ptr())+uint64(s0)*segBytes,
+			uint64(s1-s0), uint64(pl.group), dir, uint64(off), uint64(off+n)))
 		p.count(func(s *Stats) { s.Table++ })
 	}
 	if err != nil {
 		return 0, fmt.Errorf("gpupack: %s %d of %v: %w", op, count, t, err)
 	}
-	return size, nil
+	return n, nil
 }
 
 // Check validates count elements of t whose origin is at byte base of user
@@ -278,8 +315,9 @@ func (p *Packer) Check(user gpu.Buffer, t *datatype.Type, base, count int64) (in
 	return size, err
 }
 
-// check validates a move and returns its packed size.
-func (p *Packer) check(op string, st *gpu.Stream, user, packed gpu.Buffer, t *datatype.Type, base, count int64) (int64, error) {
+// check validates a move of bytes [off, off+n) of the packed stream (n < 0:
+// to its end) and returns the packed size.
+func (p *Packer) check(op string, st *gpu.Stream, user, packed gpu.Buffer, t *datatype.Type, base, count, off, n int64) (int64, error) {
 	if st == nil {
 		return 0, fmt.Errorf("%w: %s: nil stream", ErrInvalid, op)
 	}
@@ -287,16 +325,25 @@ func (p *Packer) check(op string, st *gpu.Stream, user, packed gpu.Buffer, t *da
 		return 0, fmt.Errorf("%w: %s: stream of %v, packer of %v", ErrInvalid, op, st.Device(), p.dev)
 	}
 	size, lo, hi, err := p.checkUser(op, user, t, base, count)
-	if err != nil || size == 0 {
-		return size, err
+	if err != nil {
+		return 0, err
+	}
+	if n < 0 {
+		n = size - off
+	}
+	if off < 0 || n < 0 || off > size-n {
+		return 0, fmt.Errorf("%w: %s %d of %v: bytes [%d, %d) of a %d-byte packed stream", ErrInvalid, op, count, t, off, off+n, size)
+	}
+	if size == 0 {
+		return 0, nil
 	}
 	if err := p.checkBuffer(op, "packed", packed); err != nil {
 		return 0, err
 	}
-	if int64(packed.Len()) < size {
-		return 0, fmt.Errorf("%w: %s %d of %v: packed buffer of %d bytes, %d needed", ErrInvalid, op, count, t, packed.Len(), size)
+	if int64(packed.Len()) < n {
+		return 0, fmt.Errorf("%w: %s %d of %v: packed buffer of %d bytes, %d needed", ErrInvalid, op, count, t, packed.Len(), n)
 	}
-	if overlap(user, base+lo, base+hi, packed, size) {
+	if overlap(user, base+lo, base+hi, packed, n) {
 		return 0, fmt.Errorf("%w: %s: the packed buffer overlaps the layout's bytes of the user buffer", ErrInvalid, op)
 	}
 	return size, nil
@@ -361,15 +408,16 @@ func overlap(user gpu.Buffer, lo, hi int64, packed gpu.Buffer, n int64) bool {
 	return u0 < p0+n && p0 < int64(user.Ptr())+hi
 }
 
-// goKernel enqueues datatype's own pack or unpack as a Go kernel.
-func (p *Packer) goKernel(st *gpu.Stream, user, packed gpu.Buffer, t *datatype.Type, base, count int64, unpack bool) error {
+// goKernel enqueues datatype's own pack or unpack of packed's bytes, from
+// byte off of the packed stream, as a Go kernel.
+func (p *Packer) goKernel(st *gpu.Stream, user, packed gpu.Buffer, t *datatype.Type, base, count, off int64, unpack bool) error {
 	p.count(func(s *Stats) { s.GoKernels++ })
 	return gpu.LaunchHost(st, func(mem [][]byte) error {
 		var err error
 		if unpack {
-			_, err = t.Unpack(mem[0], mem[1], base, count)
+			_, err = t.UnpackRange(mem[0], mem[1], base, count, off)
 		} else {
-			_, err = t.Pack(mem[1], mem[0], base, count)
+			_, err = t.PackRange(mem[1], mem[0], base, count, off)
 		}
 		return err
 	}, user, packed)
@@ -456,6 +504,7 @@ func (p *Packer) build(t *datatype.Type, count int64) (*plan, error) {
 				pl.nseg = pl.n
 				for i := int64(0); i < pl.n; i++ {
 					table = appendSeg(table, pl.first+i*pl.stride, pl.blen, i*pl.blen)
+					pl.pos = append(pl.pos, i*pl.blen)
 				}
 			}
 		}
@@ -464,6 +513,7 @@ func (p *Packer) build(t *datatype.Type, count int64) (*plan, error) {
 				return nil, fmt.Errorf("%w: more than %d", ErrTooManySegments, p.opts.MaxSegments)
 			}
 			table = appendSeg(table, s.Off, s.Len, total)
+			pl.pos = append(pl.pos, total)
 			pl.nseg++
 		}
 		total += s.Len

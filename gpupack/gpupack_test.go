@@ -156,6 +156,73 @@ func checkPacker(t *testing.T, dev *gpu.Device) *Packer {
 	return p
 }
 
+// checkRanges packs and unpacks every test layout range by range, with
+// ranges of several sizes (unaligned ones included), and compares with
+// datatype's Pack and Unpack; a range outside the stream is refused.
+func checkRanges(t *testing.T, dev *gpu.Device) {
+	p := must[*Packer](t)(New(dev, Options{}))
+	defer p.Close()
+	st := must[*gpu.Stream](t)(dev.NewStream())
+	defer st.Destroy()
+	r := rand.New(rand.NewPCG(9, 10))
+	for _, l := range testLayouts(t) {
+		size := must[int64](t)(l.t.PackedSize(l.count))
+		host := randomBytes(r, l.size)
+		user := must[gpu.Buffer](t)(dev.Alloc(int(l.size)))
+		packed := must[gpu.Buffer](t)(dev.Alloc(int(size)))
+		ok(t, gpu.CopyFromHost(user, host))
+		want := make([]byte, size)
+		must[int64](t)(l.t.Pack(want, host, l.base, l.count))
+		stream := randomBytes(r, size)
+		wantUser := bytes.Clone(host)
+		must[int64](t)(l.t.Unpack(wantUser, stream, l.base, l.count))
+		for _, chunk := range []int64{1, 7, 8, 24, 1000, size/3 + 1} {
+			ok(t, gpu.Memset(packed, 0xee))
+			for off := int64(0); off < size; off += chunk {
+				n := min(chunk, size-off)
+				piece := must[gpu.Buffer](t)(packed.Slice(int(off), int(n)))
+				if got, err := p.PackRange(st, piece, user, l.t, l.base, l.count, off, n); err != nil || got != n {
+					t.Fatalf("%s: PackRange(%d, %d) = %d, %v", l.name, off, n, got, err)
+				}
+			}
+			ok(t, st.Synchronize())
+			got := make([]byte, size)
+			ok(t, gpu.CopyToHost(got, packed))
+			if !bytes.Equal(got, want) {
+				t.Fatalf("%s on %v: packed by ranges of %d bytes, the stream differs from datatype's Pack", l.name, dev, chunk)
+			}
+
+			ok(t, gpu.CopyFromHost(user, host))
+			ok(t, gpu.CopyFromHost(packed, stream))
+			for off := int64(0); off < size; off += chunk {
+				n := min(chunk, size-off)
+				piece := must[gpu.Buffer](t)(packed.Slice(int(off), int(n)))
+				if got, err := p.UnpackRange(st, user, piece, l.t, l.base, l.count, off, n); err != nil || got != n {
+					t.Fatalf("%s: UnpackRange(%d, %d) = %d, %v", l.name, off, n, got, err)
+				}
+			}
+			ok(t, st.Synchronize())
+			gotUser := make([]byte, l.size)
+			ok(t, gpu.CopyToHost(gotUser, user))
+			if !bytes.Equal(gotUser, wantUser) {
+				t.Fatalf("%s on %v: unpacked by ranges of %d bytes, the user buffer differs from datatype's Unpack", l.name, dev, chunk)
+			}
+			ok(t, gpu.CopyFromHost(user, host))
+		}
+		for _, bad := range [][2]int64{{-1, 1}, {size, 1}, {0, size + 1}, {1, -1}, {size - 1, 2}} {
+			if _, err := p.PackRange(st, packed, user, l.t, l.base, l.count, bad[0], bad[1]); !errors.Is(err, ErrInvalid) {
+				t.Fatalf("%s: PackRange(%d, %d) = %v, want ErrInvalid", l.name, bad[0], bad[1], err)
+			}
+		}
+		short := must[gpu.Buffer](t)(packed.Slice(0, int(size/2)))
+		if _, err := p.UnpackRange(st, user, short, l.t, l.base, l.count, 0, size/2+1); !errors.Is(err, ErrInvalid) {
+			t.Fatalf("%s: UnpackRange from a short buffer = %v, want ErrInvalid", l.name, err)
+		}
+		ok(t, gpu.Free(packed))
+		ok(t, gpu.Free(user))
+	}
+}
+
 // hostDevice opens device 0 of a host-backend system.
 func hostDevice(t *testing.T) *gpu.Device { return openDevice(t, gpu.BackendHost) }
 
@@ -173,6 +240,7 @@ func TestHost(t *testing.T) {
 	if n := int64(2 * len(testLayouts(t))); s.GoKernels != n || s.Vector+s.Table+s.TablesBuilt != 0 {
 		t.Fatalf("stats %+v, want %d Go kernels and nothing else", s, n)
 	}
+	t.Run("Ranges", func(t *testing.T) { checkRanges(t, hostDevice(t)) })
 }
 
 // TestCUDA runs the layouts through the cuda backend's kernels: on a GPU
@@ -197,6 +265,7 @@ func TestCUDA(t *testing.T) {
 	if s.GoKernels != 0 || s.Vector != 2*regular || s.Table != 2*irregular || s.TablesBuilt != irregular {
 		t.Fatalf("stats %+v, want %d vector and %d table moves, %d tables", s, 2*regular, 2*irregular, irregular)
 	}
+	t.Run("Ranges", func(t *testing.T) { checkRanges(t, dev) })
 	t.Run("Cache", func(t *testing.T) { checkCache(t, dev) })
 	t.Run("Errors", func(t *testing.T) { checkErrors(t, dev) })
 }
