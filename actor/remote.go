@@ -142,6 +142,13 @@ func (rt *Runtime) sendAsync(r int, target *pa.PID, msg any, sender *pa.PID, fla
 	if err != nil {
 		return nil, err
 	}
+	if stage != nil {
+		if direct != nil {
+			direct.stage = stage // packed as its transfer goes
+		} else if err := stage.Pack(); err != nil {
+			return nil, fmt.Errorf("actor: %s: packing a device Typed field: %w", ct.name, err)
+		}
+	}
 	dev, msg := rt.deviceIPC(r, ct, msg, ptr)
 	if dev == nil {
 		dev, msg = rt.devicePair(r, ct, msg, ptr)
@@ -245,7 +252,9 @@ func (rt *Runtime) post(r int, target *pa.PID, msg any, sender *pa.PID, flags ui
 		out.orderMu.Lock()
 		if sent, err = rt.postAM(r, hdr, data, pooled); err == nil {
 			f := direct.f
-			xfer, err = rt.t.PrepareSendTyped(r, 0, f.Buf, f.Type, int(f.Count), rt.typedOptions(f.Base))
+			o := rt.typedOptions(f.Base)
+			o.Stage = direct.stage
+			xfer, err = rt.t.PrepareSendTyped(r, 0, f.Buf, f.Type, int(f.Count), o)
 			if err != nil {
 				// The message is out: keep the receiver's sequence in step
 				// with an empty transfer, which it rejects as short.

@@ -124,12 +124,14 @@ func checkDeviceTyped(ct *codecType, msg any) (any, error) {
 	return withTyped(ct, v, ptr, Typed{}), nil
 }
 
-// stageTyped packs a device Typed field into staging memory and returns
-// msg with the field replaced by the packed bytes as elements of the
-// layout's packed twin (same type signature, so the receiver sees no
-// difference), and the stage, which the caller releases once the message
-// and its field are sent. A message whose Typed field is in host memory
-// comes back unchanged, with a nil stage.
+// stageTyped stages a device Typed field and returns msg with the field
+// replaced by the stage's bytes as elements of the layout's packed twin
+// (same type signature, so the receiver sees no difference), and the
+// stage, not yet packed: the caller packs it (a field packed into the
+// message) or hands it to the typed transfer, which packs it piece by
+// piece as it goes, and releases it once the message and its field are
+// sent. A message whose Typed field is in host memory comes back
+// unchanged, with a nil stage.
 func (rt *Runtime) stageTyped(ct *codecType, msg any, ptr bool) (any, *transport.TypedStage, error) {
 	if ct.typed < 0 {
 		return msg, nil, nil
@@ -144,10 +146,6 @@ func (rt *Runtime) stageTyped(ct *codecType, msg any, ptr bool) (any, *transport
 	st, err := rt.t.StageTyped(f.Dev, f.Type, f.Base, f.Count)
 	if err != nil {
 		return nil, nil, fmt.Errorf("actor: %s: device Typed field: %w", ct.name, err)
-	}
-	if err := st.Pack(); err != nil {
-		st.Release()
-		return nil, nil, fmt.Errorf("actor: %s: packing a device Typed field: %w", ct.name, err)
 	}
 	rt.stats.TypedDevicePacked.Add(1)
 	return withTyped(ct, v, ptr, Typed{Buf: st.Bytes, Type: st.Twin, Count: st.Count}), st, nil
@@ -340,7 +338,8 @@ func (rt *Runtime) setTyped(it *inItem, ct *codecType, field Typed) {
 // directTyped is a Typed field that goes by the typed-transfer protocol.
 type directTyped struct {
 	f     Typed
-	bytes int64 // packed size
+	bytes int64                 // packed size
+	stage *transport.TypedStage // f is a device field's stage, packed as the transfer goes
 }
 
 // maxTypedLanding bounds the fresh memory a hook-less receive of a large
@@ -377,7 +376,7 @@ func (rt *Runtime) typedDirect(r int, ct *codecType, msg any, ptr bool) (*direct
 		return nil, nil, fmt.Errorf("actor: %s: Typed field: data at [%d, %d) relative to base %d outside a buffer of %d bytes",
 			ct.name, lo, hi, f.Base, len(f.Buf))
 	}
-	return &directTyped{f, n}, withTyped(ct, v, ptr, Typed{}), nil
+	return &directTyped{f: f, bytes: n}, withTyped(ct, v, ptr, Typed{}), nil
 }
 
 // typedOptions are the transport options of a Typed field's transfer.
@@ -414,10 +413,12 @@ func (rt *Runtime) receiveTyped(in *inPeer, m *transport.AMMessage, it *inItem, 
 	if hooked {
 		var err error
 		if err = checkTyped(dst); err == nil && dst.onDevice() {
-			// Into pinned memory as the layout's packed twin, unpacked
-			// into the device when it is in.
+			// Into pinned memory as the layout's packed twin, each chunk
+			// unpacked into the device as it lands.
 			if stage, err = rt.t.StageTyped(dst.Dev, dst.Type, dst.Base, dst.Count); err == nil {
-				xfer, err = rt.t.PrepareRecvTyped(it.e.Source, 0, stage.Bytes, stage.Twin, int(stage.Count), rt.typedOptions(0))
+				o := rt.typedOptions(0)
+				o.Stage = stage
+				xfer, err = rt.t.PrepareRecvTyped(it.e.Source, 0, stage.Bytes, stage.Twin, int(stage.Count), o)
 			}
 		} else if err == nil {
 			xfer, err = rt.t.PrepareRecvTyped(it.e.Source, 0, dst.Buf, dst.Type, int(dst.Count), rt.typedOptions(dst.Base))
@@ -454,12 +455,8 @@ func (rt *Runtime) receiveTyped(in *inPeer, m *transport.AMMessage, it *inItem, 
 	in.await(it, xfer.Run, func(st transport.Status, werr error) {
 		it.ready = true
 		if stage != nil {
-			defer stage.Release()
-			if werr == nil && st.Size == n {
-				if werr = stage.Unpack(int64(n)); werr != nil {
-					werr = fmt.Errorf("unpacking into PostReceiveTyped's device buffer: %w", werr)
-				}
-			}
+			// The transfer has unpacked what came.
+			stage.Release()
 		}
 		switch {
 		case it.err != "":

@@ -23,7 +23,7 @@ func BenchmarkChannelTypedPingPong(b *testing.B) {
 	}
 	defer sys.Close()
 	dev := sys.Devices()[0]
-	for _, blocks := range []int64{64, 1024} {
+	for _, blocks := range []int64{64, 1024, 16384} {
 		vec, err := datatype.Vector(blocks, 8, 16, datatype.Float64) // 64-byte blocks, 128 apart
 		if err != nil {
 			b.Fatal(err)
@@ -102,7 +102,7 @@ func BenchmarkTypedBufferPingPong(b *testing.B) {
 	}
 	defer sys.Close()
 	dev := sys.Devices()[0]
-	for _, blocks := range []int64{64, 1024} {
+	for _, blocks := range []int64{64, 1024, 16384} {
 		vec, err := datatype.Vector(blocks, 8, 16, datatype.Float64)
 		if err != nil {
 			b.Fatal(err)

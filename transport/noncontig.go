@@ -330,6 +330,18 @@ type TypedOptions struct {
 	// runtime that must keep its receives in step with messages it cannot
 	// deliver. Sends ignore it.
 	Refuse bool
+	// Stage, when set, is a stage of StageTyped whose Bytes, Twin and Count
+	// the call passes as its buffer, type and count (Base 0): the transfer
+	// fills Bytes from the stage's layout (a send) or empties them into it
+	// (a receive) piece by piece, as the typed protocol moves them, instead
+	// of the caller calling Pack before or Unpack after. On a device, the
+	// pack kernel of one piece runs while the pieces before it travel, and
+	// the unpack of a piece while the next ones arrive. Such a transfer
+	// always takes the pack scheme, whose chunks are sent from, and land
+	// in, Bytes itself (no bounce buffer). A send's layout must not change
+	// until the send completes, a receive's holds the message's elements
+	// when it completes; the caller releases the stage after that.
+	Stage *TypedStage
 }
 
 // ErrRefused: a typed receive with TypedOptions.Refuse refused its message.
@@ -447,6 +459,7 @@ type typedCall struct {
 	space     Kind // KindTyped, or KindDDT for TypedOptions.Runtime
 	packed    bool // TypedOptions.Packed (receives)
 	refuse    bool // TypedOptions.Refuse (receives)
+	stage     *TypedStage // TypedOptions.Stage: buf is its Bytes
 }
 
 // seqKey numbers a call's sequence: runtime-space tags count apart from
@@ -485,6 +498,16 @@ func (t *Transport) typedCall(op string, peer, tag int, buf []byte, dt *datatype
 	}
 	if o.Scheme > datatype.SchemeZCopy {
 		return nil, c, fmt.Errorf("%w: %s: scheme %d", ErrInvalid, op, o.Scheme)
+	}
+	if s := o.Stage; s != nil {
+		if err := s.usable(); err != nil {
+			return nil, c, fmt.Errorf("%s: %w", op, err)
+		}
+		if dt != s.Twin || c.count != s.Count || o.Base != 0 || o.Packed || o.Refuse ||
+			len(buf) != len(s.Bytes) || unsafe.SliceData(buf) != unsafe.SliceData(s.Bytes) {
+			return nil, c, fmt.Errorf("%w: %s: a staged call passes the stage's Bytes, Twin and Count, base 0, and neither Packed nor Refuse", ErrInvalid, op)
+		}
+		c.stage = s
 	}
 	n, err := dt.PackedSize(c.count)
 	if err != nil {

@@ -33,7 +33,7 @@ func (nc *noncontig) nearT(c typedCall, ls *layoutState, known bool, proposal da
 // choose is one side's local scheme for a call (Algorithm 1's
 // SelectLocalScheme for the adaptive default).
 func (nc *noncontig) choose(c typedCall, ls *layoutState, known bool) datatype.Scheme {
-	if c.bytes == 0 || ls == nil {
+	if c.bytes == 0 || ls == nil || c.stage != nil {
 		return datatype.SchemePack
 	}
 	switch c.scheme {
@@ -163,6 +163,18 @@ func (nc *noncontig) plan(c typedCall) (p sendPlan, err error) {
 		h.minBlock, h.segments = ls.lay.Stats.MinBlock, ls.lay.Stats.Segments
 	}
 	p.inline = proposal == datatype.SchemePack && c.bytes <= int64(nc.opts.EagerLimit)
+	if c.stage != nil && c.bytes > 0 {
+		// The pieces are packed while the chunks before them go
+		// (packSender); an inline payload waits for all of them.
+		err := c.stage.fill(int64(nc.opts.PackChunk))
+		if err == nil && p.inline {
+			err = c.stage.ready(c.bytes)
+		}
+		if err != nil {
+			nc.done(ls)
+			return sendPlan{}, fmt.Errorf("%w: typed send: packing: %v", ErrInvalid, err)
+		}
+	}
 	p.msg = make([]byte, rtsHdrLen)
 	if p.inline {
 		h.flags |= rtsInline
@@ -426,7 +438,7 @@ func (ps *packSender) run(ctx context.Context) error {
 			} else if err != nil && ps.first == nil {
 				ps.first = err
 			}
-			if r.fin.Load() {
+			if r.fin.Load() && c.stage == nil {
 				nc.putBounce(ps.q[0].b)
 			}
 			ps.q = ps.q[1:]
@@ -438,11 +450,22 @@ func (ps *packSender) run(ctx context.Context) error {
 	}
 	for ps.k < ps.n && ps.first == nil {
 		off := ps.k * chunk
-		b := nc.getBounce(min(chunk, c.bytes-off))
-		if _, err := c.dt.PackParallel(datatype.SliceRegion(b), datatype.SliceRegion(c.buf), c.base, c.count, off, ps.w); err != nil {
-			return fmt.Errorf("%w: typed send: packing: %v", ErrInvalid, err)
+		n := min(chunk, c.bytes-off)
+		var b []byte
+		if c.stage != nil {
+			// The stage's Bytes are the packed stream: the chunk goes from
+			// them once its piece is packed.
+			if err := c.stage.ready(off + n); err != nil {
+				return fmt.Errorf("%w: typed send: packing: %v", ErrInvalid, err)
+			}
+			b = c.buf[off : off+n]
+		} else {
+			b = nc.getBounce(n)
+			if _, err := c.dt.PackParallel(datatype.SliceRegion(b), datatype.SliceRegion(c.buf), c.base, c.count, off, ps.w); err != nil {
+				return fmt.Errorf("%w: typed send: packing: %v", ErrInvalid, err)
+			}
+			nc.countParallel(ps.w, len(b))
 		}
-		nc.countParallel(ps.w, len(b))
 		r := nc.t.ncSend(c.peer, ncXferTag(dirData, uint32(nc.t.rank), ps.xid, uint32(ps.k)), bufOf(b), nil)
 		ps.q = append(ps.q, packFlight{r, b})
 		ps.k++
@@ -489,8 +512,22 @@ func (nc *noncontig) packRecv(ctx context.Context, c typedCall, h rts, discard b
 	}
 	q := make([]flight, 0, nc.opts.PackDepth)
 	next := int64(0)
+	// A staged receive lands its chunks in the stage's Bytes, the packed
+	// stream, and unpacks each into the layout as it comes.
+	staged := c.stage != nil && !discard
+	putBounce := func(b []byte) {
+		if !staged {
+			nc.putBounce(b)
+		}
+	}
 	post := func() {
 		want := min(h.chunk, h.bytes-next*h.chunk)
+		if staged {
+			b := c.buf[next*h.chunk : next*h.chunk+want]
+			q = append(q, flight{t.ncRecv(c.peer, ncXferTag(dirData, uint32(c.peer), h.xid, uint32(next)), bufOf(b), nil), b})
+			next++
+			return
+		}
 		if discard {
 			// The sender's sizes were not checked against a receive
 			// buffer: take the chunk into at most a pooled buffer (a
@@ -518,21 +555,27 @@ func (nc *noncontig) packRecv(ctx context.Context, c typedCall, h rts, discard b
 				first = err
 			}
 			if ctx.Err() != nil {
-				nc.putBounce(f.b)
+				putBounce(f.b)
 				for _, f := range q {
 					_, _ = f.r.Wait(ctx) // cancels it
-					nc.putBounce(f.b)
+					putBounce(f.b)
 				}
 				return first
 			}
 		}
-		if err == nil && !discard && first == nil {
+		switch {
+		case err != nil || discard || first != nil:
+		case staged:
+			if err := c.stage.landed(k*h.chunk, int64(len(f.b))); err != nil {
+				first = fmt.Errorf("%w: typed recv: unpacking: %v", ErrInvalid, err)
+			}
+		default:
 			if _, err := c.dt.UnpackParallel(datatype.SliceRegion(c.buf), datatype.SliceRegion(f.b), c.base, c.count, k*h.chunk, w); err != nil {
 				first = fmt.Errorf("%w: typed recv: unpacking: %v", ErrInvalid, err)
 			}
 			nc.countParallel(w, len(f.b))
 		}
-		nc.putBounce(f.b)
+		putBounce(f.b)
 		if next < n {
 			post()
 		}
@@ -763,8 +806,20 @@ func (nc *noncontig) awaitExactRTS(ctx context.Context, rr *Request) (int, error
 }
 
 // recvMatched runs the rest of a typed receive once its RTS, hdr, has
-// arrived from c.peer.
+// arrived from c.peer; a staged receive's unpacks are done when it
+// returns.
 func (nc *noncontig) recvMatched(ctx context.Context, c typedCall, hdr []byte) (Status, error) {
+	st, err := nc.recvData(ctx, c, hdr)
+	if c.stage != nil {
+		if serr := c.stage.settle(); serr != nil && err == nil {
+			err = fmt.Errorf("%w: typed recv: unpacking: %v", ErrInvalid, serr)
+		}
+	}
+	return st, err
+}
+
+// recvData is recvMatched but for a staged receive's final wait.
+func (nc *noncontig) recvData(ctx context.Context, c typedCall, hdr []byte) (Status, error) {
 	t := nc.t
 	var h rts
 	if err := h.decode(hdr); err != nil {
@@ -822,7 +877,11 @@ func (nc *noncontig) recvMatched(ctx context.Context, c typedCall, hdr []byte) (
 	if h.proposal == datatype.SchemePack {
 		if h.flags&rtsInline != 0 {
 			if h.bytes > 0 {
-				if _, err := c.dt.UnpackRaw(datatype.SliceRegion(c.buf), datatype.SliceRegion(hdr[rtsHdrLen:rtsHdrLen+h.bytes]), c.base, c.count, 0); err != nil {
+				_, err := c.dt.UnpackRaw(datatype.SliceRegion(c.buf), datatype.SliceRegion(hdr[rtsHdrLen:rtsHdrLen+h.bytes]), c.base, c.count, 0)
+				if err == nil && c.stage != nil {
+					err = c.stage.landed(0, h.bytes)
+				}
+				if err != nil {
 					err = fmt.Errorf("%w: typed recv: unpacking: %v", ErrInvalid, err)
 					_ = reply(idxAck, cts{status: stFailed, rbytes: c.bytes})
 					return status, err
@@ -846,7 +905,7 @@ func (nc *noncontig) recvMatched(ctx context.Context, c typedCall, hdr []byte) (
 	var cross *datatype.Crossover
 	var sk shapeKey // the pair's shape, for the verdict of a timed receive
 	var ctsFlags uint8
-	if h.flags&rtsCrossover != 0 && h.proposal == datatype.SchemeSGL && c.scheme == datatype.SchemeAuto &&
+	if h.flags&rtsCrossover != 0 && h.proposal == datatype.SchemeSGL && c.scheme == datatype.SchemeAuto && c.stage == nil &&
 		known && ls.lay.Stats.Segments <= nc.opts.Thresholds.SGLMaxSegments {
 		// A symmetric exchange (the sender's layout has this side's
 		// shape): the two directions are measured by their receivers

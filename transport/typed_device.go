@@ -46,11 +46,8 @@ func (t *Transport) SendTypedBuffer(ctx context.Context, dst, tag int, buf gpu.B
 	if err != nil {
 		return err
 	}
-	if err := s.Pack(); err != nil {
-		s.Release()
-		return fmt.Errorf("transport: %s: %w", what, err)
-	}
-	r, err := t.IsendTyped(dst, tag, s.Bytes, s.Twin, count)
+	// Packed piece by piece as the chunks go (TypedOptions.Stage).
+	r, err := t.IsendTypedWith(dst, tag, s.Bytes, s.Twin, count, TypedOptions{Stage: s})
 	if err != nil {
 		s.Release()
 		return err
@@ -100,22 +97,15 @@ func (t *Transport) RecvTypedBuffer(ctx context.Context, src, tag int, buf gpu.B
 	if err != nil {
 		return Status{}, err
 	}
-	r, err := t.IrecvTyped(src, tag, s.Bytes, s.Twin, count)
+	// Unpacked piece by piece as the chunks land (TypedOptions.Stage).
+	r, err := t.IrecvTypedWith(src, tag, s.Bytes, s.Twin, count, TypedOptions{Stage: s})
 	if err != nil {
 		s.Release()
 		return Status{}, err
 	}
-	return t.typedWait(ctx, r, func(st Status, err error) error {
-		defer s.Release()
-		if err != nil {
-			return err
-		}
-		// The protocol takes only whole elements: a shorter message
-		// matched the signature of its first elements.
-		if err := s.Unpack(int64(st.Size)); err != nil {
-			return fmt.Errorf("transport: %s: %w", what, err)
-		}
-		return nil
+	return t.typedWait(ctx, r, func(_ Status, err error) error {
+		s.Release()
+		return err
 	})
 }
 

@@ -218,3 +218,98 @@ func TestTypedStage(t *testing.T) {
 		t.Fatalf("counters %+v: want 2 device and 2 host moves", s)
 	}
 }
+
+// TestTypedBufferPieces: a device layout of many pack chunks is packed and
+// unpacked piece by piece (one gpupack range per chunk on each device end,
+// counted by the packers) as the chunks travel, into another layout of the
+// same signature, device to device, device to Go memory and Go memory to
+// device; the receive holds what datatype gives on the host, gaps
+// unchanged. A large message of another signature leaves the device
+// layout untouched.
+func TestTypedBufferPieces(t *testing.T) {
+	const chunk = 16 << 10
+	ts := localJob(t, 2, ProgressDirect)
+	for _, tr := range ts {
+		o := DefaultNoncontigOptions()
+		o.PackChunk = chunk
+		if err := tr.SetNoncontigOptions(o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx := testCtx(t)
+	sys := hostSystem(t)
+	dev, err := sys.Device(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	must := func(ty *datatype.Type, err error) *datatype.Type {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ty
+	}
+	send := must(datatype.Vector(8192, 3, 5, datatype.Float64)) // 192 KiB packed: 12 chunks
+	recv := must(datatype.Vector(4096, 6, 7, datatype.Float64))
+	size := int(max(send.Extent(), recv.Extent()))
+	packed, err := send.PackedSize(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pieces := (packed + chunk - 1) / chunk
+	kernels := func(tr *Transport) int64 {
+		p, err := tr.ctyped.packer(dev)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p.Stats().GoKernels
+	}
+	src, old := pattern(size, 31), pattern(size, 32)
+	for _, kinds := range [][2]bool{{true, true}, {true, false}, {false, true}} {
+		sb, rb := typedBuf(t, sys, kinds[0], src), typedBuf(t, sys, kinds[1], old)
+		k0, k1 := kernels(ts[0]), kernels(ts[1])
+		sent := ts[0].NoncontigStats().Sent.Pack
+		done := make(chan error, 1)
+		go func() { done <- ts[0].SendTypedBuffer(ctx, 1, 8, sb, send, 1) }()
+		st, err := ts[1].RecvTypedBuffer(ctx, 0, 8, rb, recv, 1)
+		if err != nil {
+			t.Fatalf("device %v: recv: %v", kinds, err)
+		}
+		if err := <-done; err != nil {
+			t.Fatalf("device %v: send: %v", kinds, err)
+		}
+		if st.Size != int(packed) {
+			t.Fatalf("device %v: status %+v, want %d bytes", kinds, st, packed)
+		}
+		if got := typedRead(t, rb); !bytes.Equal(got, typedWant(t, send, recv, src, old)) {
+			t.Fatalf("device %v: bytes differ from datatype's pack and unpack", kinds)
+		}
+		if got := ts[0].NoncontigStats().Sent.Pack - sent; got != 1 {
+			t.Fatalf("device %v: %d pack-scheme sends, want 1", kinds, got)
+		}
+		want := [2]int64{0, 0}
+		for i, d := range kinds {
+			if d {
+				want[i] = pieces
+			}
+		}
+		if got := [2]int64{kernels(ts[0]) - k0, kernels(ts[1]) - k1}; got != want {
+			t.Fatalf("device %v: %v pack/unpack pieces (sender, receiver), want %v", kinds, got, want)
+		}
+	}
+
+	// int64s where float64s are sent: refused before a byte lands.
+	ints := must(datatype.Vector(4096, 6, 7, datatype.Int64))
+	keep := devBuf(t, sys, size, old)
+	done := make(chan error, 1)
+	go func() { done <- ts[0].SendTypedBuffer(ctx, 1, 9, devBuf(t, sys, size, src), send, 1) }()
+	if _, err := ts[1].RecvTypedBuffer(ctx, 0, 9, keep, ints, 1); !errors.Is(err, ErrTypeMismatch) {
+		t.Fatalf("recv of another signature: %v, want ErrTypeMismatch", err)
+	}
+	if err := <-done; !errors.Is(err, ErrTypeMismatch) {
+		t.Fatalf("send of another signature: %v, want ErrTypeMismatch", err)
+	}
+	if !bytes.Equal(readDev(t, keep), old) {
+		t.Fatal("a refused message wrote into the device layout")
+	}
+}

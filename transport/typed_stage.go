@@ -30,6 +30,24 @@ type TypedStage struct {
 	k        stageKey
 	stage    gpu.Buffer
 	released atomic.Bool
+
+	// A typed transfer that carries the stage (TypedOptions.Stage) moves
+	// it piece by piece: a send packs range after range on st, an event
+	// after each (pending, oldest first; Bytes[:packed] are done); a
+	// receive enqueues the unpack of each range as it lands (unpacking)
+	// and settles once at the end. err is a piece's first failure.
+	st        *gpu.Stream
+	pending   []stagePiece
+	packed    int64
+	unpacking bool
+	err       error
+}
+
+// stagePiece is a range of Bytes being packed: done when ev has completed,
+// Bytes[:hi] are packed then.
+type stagePiece struct {
+	hi int64
+	ev *gpu.Event
 }
 
 // StageTyped checks count elements of dt whose origin is byte base of buf
@@ -117,11 +135,155 @@ func (s *TypedStage) usable() error {
 	return nil
 }
 
-// Release gives the staging buffer back; Bytes must not be used after it.
-// A second Release does nothing.
+// Release gives the staging buffer back, once the pieces of a transfer
+// that carried the stage are done with it; Bytes must not be used after
+// it. A second Release does nothing.
 func (s *TypedStage) Release() {
 	if s.released.Swap(true) || s.stage.IsZero() {
 		return
 	}
+	s.drain()
+	_ = s.settle()
 	s.t.ctyped.unstage(s.k, s.stage)
+}
+
+// fill starts packing the layout into Bytes in pieces of chunk bytes, for
+// a send that carries the stage: on the device, each piece is a kernel on
+// the transport's pack stream followed by an event, so the first pieces
+// can be sent while the next are packed (ready waits for them). A layout
+// in host-accessible memory is packed at once.
+func (s *TypedStage) fill(chunk int64) error {
+	if err := s.usable(); err != nil {
+		return err
+	}
+	s.drain()
+	s.packed, s.err = 0, nil
+	n := int64(len(s.Bytes))
+	if n == 0 {
+		return nil
+	}
+	if s.stage.IsZero() {
+		if err := s.move(s.e, false); err != nil {
+			return err
+		}
+		s.packed = n
+		return nil
+	}
+	st, err := s.stream()
+	if err != nil {
+		return err
+	}
+	dev := s.e.buf.Device()
+	for lo := int64(0); lo < n; lo += chunk {
+		m := min(chunk, n-lo)
+		piece, err := s.stage.Slice(int(lo), int(m))
+		if err == nil {
+			_, err = s.e.p.PackRange(st, piece, s.e.buf, s.e.t, s.e.base, s.e.count, lo, m)
+		}
+		var ev *gpu.Event
+		if err == nil {
+			if ev, err = dev.NewEvent(); err == nil {
+				if err = ev.Record(st); err != nil {
+					_ = ev.Destroy()
+				}
+			}
+		}
+		if err != nil {
+			s.drain()
+			_ = st.Synchronize() // the pieces enqueued before the failure
+			return err
+		}
+		s.pending = append(s.pending, stagePiece{lo + m, ev})
+	}
+	s.t.ctyped.stats.dev.Add(1)
+	return nil
+}
+
+// ready waits until Bytes[:hi] are packed (fill started them).
+func (s *TypedStage) ready(hi int64) error {
+	for s.packed < hi && len(s.pending) > 0 && s.err == nil {
+		p := s.pending[0]
+		s.pending = s.pending[1:]
+		err := p.ev.Synchronize()
+		_ = p.ev.Destroy()
+		if err != nil {
+			s.err = err
+			s.drain()
+			break
+		}
+		s.packed = p.hi
+	}
+	if s.err != nil {
+		return s.err
+	}
+	if s.packed < hi {
+		return fmt.Errorf("%w: typed stage: bytes up to %d wanted, %d packed", ErrInvalid, hi, s.packed)
+	}
+	return nil
+}
+
+// drain waits for the pieces still being packed and forgets them.
+func (s *TypedStage) drain() {
+	for _, p := range s.pending {
+		_ = p.ev.Synchronize()
+		_ = p.ev.Destroy()
+	}
+	s.pending = nil
+}
+
+// landed unpacks Bytes[lo:lo+n], which a receive that carries the stage
+// has filled, into the layout: enqueued on the pack stream for a device
+// layout (settle waits for it), at once for one in host-accessible
+// memory.
+func (s *TypedStage) landed(lo, n int64) error {
+	if s.err != nil || n == 0 {
+		return s.err
+	}
+	if s.stage.IsZero() {
+		s.t.ctyped.stats.host.Add(1)
+		if _, err := s.e.t.UnpackRange(s.e.host, s.Bytes[lo:lo+n], s.e.base, s.e.count, lo); err != nil {
+			s.err = err
+		}
+		return s.err
+	}
+	st, err := s.stream()
+	var piece gpu.Buffer
+	if err == nil {
+		piece, err = s.stage.Slice(int(lo), int(n))
+	}
+	if err == nil {
+		if !s.unpacking {
+			s.t.ctyped.stats.dev.Add(1)
+		}
+		s.unpacking = true
+		_, err = s.e.p.UnpackRange(st, s.e.buf, piece, s.e.t, s.e.base, s.e.count, lo, n)
+	}
+	if err != nil {
+		s.err = err
+	}
+	return s.err
+}
+
+// settle waits for the unpacks landed enqueued and returns the first
+// failure of a piece.
+func (s *TypedStage) settle() error {
+	if s.unpacking {
+		s.unpacking = false
+		if err := s.st.Synchronize(); err != nil && s.err == nil {
+			s.err = err
+		}
+	}
+	return s.err
+}
+
+// stream returns the pack stream of the layout's device.
+func (s *TypedStage) stream() (*gpu.Stream, error) {
+	if s.st == nil {
+		st, err := s.t.ctyped.stream(s.e.buf.Device())
+		if err != nil {
+			return nil, err
+		}
+		s.st = st
+	}
+	return s.st, nil
 }
