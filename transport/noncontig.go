@@ -456,9 +456,9 @@ type typedCall struct {
 	scheme    datatype.Scheme
 	bytes     int64 // packed size
 	origin    uintptr
-	space     Kind // KindTyped, or KindDDT for TypedOptions.Runtime
-	packed    bool // TypedOptions.Packed (receives)
-	refuse    bool // TypedOptions.Refuse (receives)
+	space     Kind        // KindTyped, or KindDDT for TypedOptions.Runtime
+	packed    bool        // TypedOptions.Packed (receives)
+	refuse    bool        // TypedOptions.Refuse (receives)
 	stage     *TypedStage // TypedOptions.Stage: buf is its Bytes
 }
 
