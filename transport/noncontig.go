@@ -330,8 +330,9 @@ type TypedOptions struct {
 	// runtime that must keep its receives in step with messages it cannot
 	// deliver. Sends ignore it.
 	Refuse bool
-	// Stage, when set, is a stage of StageTyped whose Bytes, Twin and Count
-	// the call passes as its buffer, type and count (Base 0): the transfer
+	// Stage, when set, is a stage from this transport's StageTyped whose
+	// Bytes, Twin and Count the call passes as its buffer, type and count
+	// (Base 0): the transfer
 	// fills Bytes from the stage's layout (a send) or empties them into it
 	// (a receive) piece by piece, as the typed protocol moves them, instead
 	// of the caller calling Pack before or Unpack after. On a device, the
@@ -503,9 +504,9 @@ func (t *Transport) typedCall(op string, peer, tag int, buf []byte, dt *datatype
 		if err := s.usable(); err != nil {
 			return nil, c, fmt.Errorf("%s: %w", op, err)
 		}
-		if dt != s.Twin || c.count != s.Count || o.Base != 0 || o.Packed || o.Refuse ||
+		if s.t != t || dt != s.Twin || c.count != s.Count || o.Base != 0 || o.Packed || o.Refuse ||
 			len(buf) != len(s.Bytes) || unsafe.SliceData(buf) != unsafe.SliceData(s.Bytes) {
-			return nil, c, fmt.Errorf("%w: %s: a staged call passes the stage's Bytes, Twin and Count, base 0, and neither Packed nor Refuse", ErrInvalid, op)
+			return nil, c, fmt.Errorf("%w: %s: a staged call passes its transport's stage's Bytes, Twin and Count, base 0, and neither Packed nor Refuse", ErrInvalid, op)
 		}
 		c.stage = s
 	}

@@ -298,6 +298,35 @@ func TestTypedBufferPieces(t *testing.T) {
 		}
 	}
 
+	// A staged call must pass the stage's own bytes, twin and count.
+	stage, err := ts[0].StageTyped(devBuf(t, sys, size, src), send, 0, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, o := range map[string]struct {
+		buf   []byte
+		dt    *datatype.Type
+		count int
+		opts  TypedOptions
+	}{
+		"other bytes": {make([]byte, len(stage.Bytes)), stage.Twin, 1, TypedOptions{Stage: stage}},
+		"the layout":  {stage.Bytes, send, 1, TypedOptions{Stage: stage}},
+		"a base":      {stage.Bytes, stage.Twin, 1, TypedOptions{Stage: stage, Base: 8}},
+		"packed":      {stage.Bytes, stage.Twin, 1, TypedOptions{Stage: stage, Packed: true}},
+		"two":         {stage.Bytes, stage.Twin, 2, TypedOptions{Stage: stage}},
+	} {
+		if _, err := ts[0].IrecvTypedWith(1, 10, o.buf, o.dt, o.count, o.opts); !errors.Is(err, ErrInvalid) {
+			t.Fatalf("staged receive with %s: %v, want ErrInvalid", name, err)
+		}
+	}
+	if _, err := ts[1].IrecvTypedWith(0, 10, stage.Bytes, stage.Twin, 1, TypedOptions{Stage: stage}); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("staged receive on another transport: %v, want ErrInvalid", err)
+	}
+	stage.Release()
+	if _, err := ts[0].IsendTypedWith(1, 10, stage.Bytes, stage.Twin, 1, TypedOptions{Stage: stage}); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("staged send after Release: %v, want ErrInvalid", err)
+	}
+
 	// int64s where float64s are sent: refused before a byte lands.
 	ints := must(datatype.Vector(4096, 6, 7, datatype.Int64))
 	keep := devBuf(t, sys, size, old)

@@ -18,8 +18,9 @@ import (
 // host-accessible memory. Bytes hold
 // Count elements of Twin, the layout's packed twin (same type signature,
 // elements back to back), so a typed send or receive of Twin moves them as
-// one run. Release returns the staging buffer; a stage is not safe for
-// concurrent use.
+// one run. A typed transfer given the stage (TypedOptions.Stage) packs or
+// unpacks it itself, piece by piece as its chunks travel. Release returns
+// the staging buffer; a stage is not safe for concurrent use.
 type TypedStage struct {
 	Bytes []byte         // the packed bytes: Count elements of Twin
 	Twin  *datatype.Type // the layout's packed twin
