@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 
+	"go.uber.org/zap"
+
 	"github.com/troupe-hpc/troupe/datatype"
 	"github.com/troupe-hpc/troupe/gpu"
 )
@@ -29,10 +31,11 @@ const TwinMaxRuns = 1024
 // SendTypedBuffer sends count elements of dt whose origin is buf's first
 // byte (any memory kind) to rank dst with a user tag, and waits until the
 // receiver accepted them, as SendTyped does for Go memory. Device data must
-// be complete when it is called; it is packed on a stream of the transport
-// before anything is sent, so buf may be modified once the packing is
-// done, which is before SendTypedBuffer returns; when ctx ends first the
-// transfer goes on, as SendTyped's does.
+// be complete when it is called; it is packed chunk by chunk on a stream of
+// the transport while the chunks before go. buf may be modified once
+// SendTypedBuffer has returned: when ctx ends first the transfer goes on,
+// as SendTyped's does, but the call returns only once the packing (which
+// does not wait for the receiver) is done.
 func (t *Transport) SendTypedBuffer(ctx context.Context, dst, tag int, buf gpu.Buffer, dt *datatype.Type, count int) error {
 	what := fmt.Sprintf("typed send rank %d tag %d", dst, tag)
 	e, err := t.typedLayout(what, buf, dt, count)
@@ -56,6 +59,12 @@ func (t *Transport) SendTypedBuffer(ctx context.Context, dst, tag int, buf gpu.B
 		s.Release()
 		return nil
 	})
+	if err != nil && !r.fin.Load() {
+		// Left in flight: its layout is read no more once this returns.
+		if perr := s.readsDone(); perr != nil {
+			t.log.Debug("typed send left by its caller: packing failed", zap.Int("peer", dst), zap.Int("tag", tag), zap.Error(perr))
+		}
+	}
 	return err
 }
 

@@ -2,6 +2,7 @@ package transport
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"testing"
 
@@ -340,5 +341,45 @@ func TestTypedBufferPieces(t *testing.T) {
 	}
 	if !bytes.Equal(readDev(t, keep), old) {
 		t.Fatal("a refused message wrote into the device layout")
+	}
+}
+
+// TestTypedBufferLeftInFlight: a device send whose context has ended
+// returns ctx's error with the transfer still in flight, but only once its
+// layout is read no more: the sender then overwrites its buffer, and the
+// receiver, posted after that, still gets the bytes as they were.
+func TestTypedBufferLeftInFlight(t *testing.T) {
+	ts := localJob(t, 2, ProgressDirect)
+	for _, tr := range ts {
+		o := DefaultNoncontigOptions()
+		o.PackChunk = 16 << 10
+		if err := tr.SetNoncontigOptions(o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx := testCtx(t)
+	sys := hostSystem(t)
+	vec, err := datatype.Vector(8192, 3, 5, datatype.Float64) // 192 KiB packed
+	if err != nil {
+		t.Fatal(err)
+	}
+	size := int(vec.Extent())
+	ended, cancel := context.WithCancel(ctx)
+	cancel()
+	for i := range 8 {
+		src, old := pattern(size, 40+i), pattern(size, 60+i)
+		sb, rb := devBuf(t, sys, size, src), devBuf(t, sys, size, old)
+		if err := ts[0].SendTypedBuffer(ended, 1, 11, sb, vec, 1); !errors.Is(err, context.Canceled) {
+			t.Fatalf("send %d with an ended context: %v, want context.Canceled", i, err)
+		}
+		if err := gpu.Memset(sb, 0); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := ts[1].RecvTypedBuffer(ctx, 0, 11, rb, vec, 1); err != nil {
+			t.Fatalf("recv %d: %v", i, err)
+		}
+		if !bytes.Equal(readDev(t, rb), typedWant(t, vec, vec, src, old)) {
+			t.Fatalf("message %d: the receiver got bytes the sender wrote after SendTypedBuffer returned", i)
+		}
 	}
 }

@@ -2,6 +2,7 @@ package transport
 
 import (
 	"fmt"
+	"sync"
 	"sync/atomic"
 
 	"github.com/troupe-hpc/troupe/datatype"
@@ -37,6 +38,10 @@ type TypedStage struct {
 	// after each (pending, oldest first; Bytes[:packed] are done); a
 	// receive enqueues the unpack of each range as it lands (unpacking)
 	// and settles once at the end. err is a piece's first failure.
+	// mu orders fill with readsDone, the one call from another goroutine.
+	mu        sync.Mutex
+	filling   bool // fill has run
+	prefilled bool // readsDone packed the stage before fill ran
 	st        *gpu.Stream
 	pending   []stagePiece
 	packed    int64
@@ -143,6 +148,8 @@ func (s *TypedStage) Release() {
 	if s.released.Swap(true) || s.stage.IsZero() {
 		return
 	}
+	s.mu.Lock() // a readsDone packing now finishes first
+	defer s.mu.Unlock()
 	s.drain()
 	_ = s.settle()
 	s.t.ctyped.unstage(s.k, s.stage)
@@ -157,10 +164,16 @@ func (s *TypedStage) fill(chunk int64) error {
 	if err := s.usable(); err != nil {
 		return err
 	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	s.drain()
-	s.packed, s.err = 0, nil
+	s.packed, s.err, s.filling = 0, nil, true
 	n := int64(len(s.Bytes))
 	if n == 0 {
+		return nil
+	}
+	if s.prefilled {
+		s.packed = n
 		return nil
 	}
 	if s.stage.IsZero() {
@@ -197,6 +210,27 @@ func (s *TypedStage) fill(chunk int64) error {
 		s.pending = append(s.pending, stagePiece{lo + m, ev})
 	}
 	s.t.ctyped.stats.dev.Add(1)
+	return nil
+}
+
+// readsDone returns once the stage's layout is read no more by a send
+// that carries it, for a caller that leaves before the send completes: a
+// stage whose send has not filled it yet is packed whole now (fill then
+// finds it packed), one being filled is waited for. Safe beside the
+// send's own calls.
+func (s *TypedStage) readsDone() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.filling {
+		if err := s.Pack(); err != nil {
+			return err
+		}
+		s.prefilled = true
+		return nil
+	}
+	if s.st != nil {
+		return s.st.Synchronize()
+	}
 	return nil
 }
 
