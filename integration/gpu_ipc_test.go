@@ -110,6 +110,7 @@ func TestGPUChannelsCUDAIPC(t *testing.T) {
 			requireLines(t, res, "[0] rank 0: gpu backend cuda",
 				fmt.Sprintf("[1] rank 1: channel %d B ok", gpuChannelSizes[len(gpuChannelSizes)-1]),
 				"[1] rank 1: channel size mismatches reported", typedChannelLine,
+				typedPipelinedLine(tc.ipc == "on")[0], typedPipelinedLine(tc.ipc == "on")[1],
 				fmt.Sprintf("[1] rank 1: gpu ipc enabled=%v", tc.ipc == "on"))
 			if tc.agent == "on" {
 				// Staged small messages: the sender stages, the receiver

@@ -464,7 +464,7 @@ func TestGPUChannels(t *testing.T) {
 		res := runJob(t, "gpuchannel", 2, c)
 		requireLines(t, res, fmt.Sprintf("[1] rank 1: channel %d B ok", gpuChannelSizes[len(gpuChannelSizes)-1]),
 			"[1] rank 1: channel size mismatches reported",
-			typedChannelLine)
+			typedChannelLine, typedPipelinedLine(false)[0], typedPipelinedLine(false)[1])
 	})
 }
 
@@ -537,6 +537,18 @@ func TestGPUCUDA(t *testing.T) {
 // channel receive in place (the tagged receive into Go memory is the plain
 // typed API's).
 const typedChannelLine = "[1] rank 1: typed channel ok: 3 packed on the device, 0 in host memory, 1 in place"
+
+// typedPipelinedLine is what ranks 0 and 1 of gpuchannel log after
+// typedRounds: the sender's two device channel sends (over two chunks:
+// packed chunk by chunk, unless they go by CUDA IPC) and two tagged device
+// sends, and the receiver's one tagged device receive, were pipelined.
+func typedPipelinedLine(ipc bool) [2]string {
+	sends := 4
+	if ipc {
+		sends = 2
+	}
+	return [2]string{fmt.Sprintf("[0] rank 0: typed transfers pipelined: %d", sends), "[1] rank 1: typed transfers pipelined: 1"}
+}
 
 // typedRounds sends derived-datatype layouts from rank 0 to rank 1 with
 // the channel's SendTyped and RecvTyped, and with the tagged API's
@@ -617,10 +629,11 @@ func typedRounds(ctx context.Context, r *rank, sys *gpu.System, ch *transport.Ch
 			return fmt.Errorf("typed round %d over %s: %w", i, req.Path(), err)
 		}
 	}
+	s := r.t.ChannelTypedStats()
 	if r.id() == 1 {
-		s := r.t.ChannelTypedStats()
 		r.logf("typed channel ok: %d packed on the device, %d in host memory, %d in place", s.DevicePacked, s.HostPacked, s.Run)
 	}
+	r.logf("typed transfers pipelined: %d", s.Pipelined)
 	return nil
 }
 

@@ -279,6 +279,10 @@ type endBuf struct {
 	b   []byte
 	g   gpu.Buffer
 	isG bool
+	// ready, for a send on the direct path, returns once chunk i of the
+	// memory is filled (a typed send packing its stage chunk by chunk);
+	// nil: all of it is.
+	ready func(i int) error
 }
 
 func (e endBuf) n() int {

@@ -346,8 +346,18 @@ func (c *Channel) startDirect(send bool, ctr uint32, e endBuf, cr *ChannelReques
 	cr.reqs = make([]*Request, k)
 	chunks := make([]rawChunk, k)
 	off := 0
+	var unready error // e.ready failed: the chunks from there go empty
 	for i := 0; i < k; i++ {
 		n := chunkLen(cr.n, i)
+		if send && e.ready != nil && unready == nil {
+			unready = e.ready(i)
+		}
+		if unready != nil {
+			// The receiver takes an empty chunk as a size mismatch and
+			// withdraws the rest: nothing unfilled is delivered, and
+			// nobody waits for chunks that will not come.
+			n = 0
+		}
 		ch := rawChunk{n: n}
 		switch {
 		case n == 0:

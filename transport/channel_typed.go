@@ -36,6 +36,11 @@ type ChannelTypedStats struct {
 	DevicePacked, HostPacked int64
 	// StageAllocs: staging buffers allocated (the others were reused).
 	StageAllocs int64
+	// Pipelined: device layouts packed chunk by chunk as their chunks
+	// went, by channel sends of more than one chunk and by typed tagged
+	// transfers of device memory, sends and receives (TypedOptions.Stage);
+	// also counted in DevicePacked.
+	Pipelined int64
 }
 
 // chanTyped is a transport's state for typed channel transfers.
@@ -47,7 +52,7 @@ type chanTyped struct {
 	bytes   int                               // bytes held in free
 	twins   map[*datatype.Type]*datatype.Type // packed twins (typed_device.go)
 	streams map[*gpu.Device]*gpu.Stream       // pack streams of the tagged API (typed_device.go)
-	stats   struct{ run, dev, host, allocs atomic.Int64 }
+	stats   struct{ run, dev, host, allocs, pipelined atomic.Int64 }
 }
 
 // stageKey names staging buffers of one size: device memory of dev, or
@@ -164,7 +169,8 @@ func (s *chanTyped) close() error {
 // ChannelTypedStats returns the typed channel transfer counters so far.
 func (t *Transport) ChannelTypedStats() ChannelTypedStats {
 	s := &t.ctyped.stats
-	return ChannelTypedStats{Run: s.run.Load(), DevicePacked: s.dev.Load(), HostPacked: s.host.Load(), StageAllocs: s.allocs.Load()}
+	return ChannelTypedStats{Run: s.run.Load(), DevicePacked: s.dev.Load(), HostPacked: s.host.Load(),
+		StageAllocs: s.allocs.Load(), Pipelined: s.pipelined.Load()}
 }
 
 // typedEnd is one end's layout: count elements of t whose origin is byte
@@ -316,19 +322,79 @@ func (c *Channel) SendTyped(buf gpu.Buffer, t *datatype.Type, count int) (*Chann
 	if err != nil {
 		return nil, fmt.Errorf("transport: channel %d typed send: staging buffer: %w", c.id, err)
 	}
-	if err := c.deviceMove(e, stage, false); err != nil {
-		c.t.ctyped.unstage(k, stage)
-		return nil, err
+	var inner *ChannelRequest
+	var packErr error // a piece that failed to pack
+	if k.pinned && chunkCount(int(e.size)) > 1 {
+		inner, err = c.sendPieces(e, stage, &packErr)
+	} else {
+		if err = c.deviceMove(e, stage, false); err == nil {
+			inner, err = c.Send(stage)
+		}
 	}
-	inner, err := c.Send(stage)
 	if err != nil {
 		c.t.ctyped.unstage(k, stage)
 		return nil, err
 	}
 	return c.after(inner, "typed send", func(err error) error {
 		c.t.ctyped.unstage(k, stage)
+		if packErr != nil {
+			return fmt.Errorf("transport: channel %d typed send: packing: %w", c.id, packErr)
+		}
 		return err
 	}), nil
+}
+
+// sendPieces sends device layout e through pinned stage chunk by chunk on
+// the direct path: the pack kernel of each channel chunk is enqueued at
+// once on the pack stream, an event after each, and chunk i is posted as
+// soon as its event has completed, while the later chunks are packed. It
+// returns when every chunk is posted, so the layout may then be modified.
+// A piece that fails to pack is recorded in *packErr and it and the later
+// chunks go empty, which the receiver reports as a size mismatch.
+func (c *Channel) sendPieces(e *typedEnd, stage gpu.Buffer, packErr *error) (*ChannelRequest, error) {
+	dev := e.buf.Device()
+	st, done := c.useStreamKey(streamKey{dev: dev, send: true, pack: true})
+	if st == nil {
+		return nil, fmt.Errorf("transport: channel %d typed send: %w", c.id, ErrClosed)
+	}
+	defer done()
+	n := int(e.size)
+	evs := make([]*gpu.Event, 0, chunkCount(n))
+	defer func() {
+		for _, ev := range evs {
+			_ = ev.Synchronize()
+			_ = ev.Destroy()
+		}
+	}()
+	for i, off := 0, 0; i < chunkCount(n); i++ {
+		m := chunkLen(n, i)
+		piece, err := stage.Slice(off, m)
+		if err == nil {
+			_, err = e.p.PackRange(st, piece, e.buf, e.t, e.base, e.count, int64(off), int64(m))
+		}
+		var ev *gpu.Event
+		if err == nil {
+			if ev, err = dev.NewEvent(); err == nil {
+				if err = ev.Record(st); err != nil {
+					_ = ev.Destroy()
+				}
+			}
+		}
+		if err != nil {
+			return nil, fmt.Errorf("transport: channel %d typed send: %w", c.id, err) // nothing sent
+		}
+		evs = append(evs, ev)
+		off += m
+	}
+	c.t.ctyped.stats.dev.Add(1)
+	c.t.ctyped.stats.pipelined.Add(1)
+	return c.start(true, endBuf{g: stage, isG: true, ready: func(i int) error {
+		if err := evs[i].Synchronize(); err != nil {
+			*packErr = err
+			return err
+		}
+		return nil
+	}})
 }
 
 // stageKey returns the staging buffers for device layout e: device memory

@@ -210,6 +210,7 @@ func (s *TypedStage) fill(chunk int64) error {
 		s.pending = append(s.pending, stagePiece{lo + m, ev})
 	}
 	s.t.ctyped.stats.dev.Add(1)
+	s.t.ctyped.stats.pipelined.Add(1)
 	return nil
 }
 
@@ -289,6 +290,7 @@ func (s *TypedStage) landed(lo, n int64) error {
 	if err == nil {
 		if !s.unpacking {
 			s.t.ctyped.stats.dev.Add(1)
+			s.t.ctyped.stats.pipelined.Add(1)
 		}
 		s.unpacking = true
 		_, err = s.e.p.UnpackRange(st, s.e.buf, piece, s.e.t, s.e.base, s.e.count, lo, n)
