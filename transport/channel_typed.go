@@ -273,6 +273,28 @@ func (e *typedEnd) move(st *gpu.Stream, stage gpu.Buffer, unpack bool) error {
 	return err
 }
 
+// packPiece enqueues on st the packing of bytes [off, off+n) of device
+// layout e's packed stream into the same bytes of stage, and an event
+// after it, which the caller synchronizes (done) and destroys.
+func (e *typedEnd) packPiece(st *gpu.Stream, stage gpu.Buffer, off, n int64) (*gpu.Event, error) {
+	piece, err := stage.Slice(int(off), int(n))
+	if err != nil {
+		return nil, err
+	}
+	if _, err := e.p.PackRange(st, piece, e.buf, e.t, e.base, e.count, off, n); err != nil {
+		return nil, err
+	}
+	ev, err := st.Device().NewEvent()
+	if err != nil {
+		return nil, err
+	}
+	if err := ev.Record(st); err != nil {
+		_ = ev.Destroy()
+		return nil, err
+	}
+	return ev, nil
+}
+
 // oneRun reports whether count elements of t are one run of size bytes in
 // packed order, and where it starts.
 func oneRun(t *datatype.Type, count, size int64) (int64, bool) {
@@ -368,18 +390,7 @@ func (c *Channel) sendPieces(e *typedEnd, stage gpu.Buffer, packErr *error) (*Ch
 	}()
 	for i, off := 0, 0; i < chunkCount(n); i++ {
 		m := chunkLen(n, i)
-		piece, err := stage.Slice(off, m)
-		if err == nil {
-			_, err = e.p.PackRange(st, piece, e.buf, e.t, e.base, e.count, int64(off), int64(m))
-		}
-		var ev *gpu.Event
-		if err == nil {
-			if ev, err = dev.NewEvent(); err == nil {
-				if err = ev.Record(st); err != nil {
-					_ = ev.Destroy()
-				}
-			}
-		}
+		ev, err := e.packPiece(st, stage, int64(off), int64(m))
 		if err != nil {
 			return nil, fmt.Errorf("transport: channel %d typed send: %w", c.id, err) // nothing sent
 		}

@@ -187,21 +187,9 @@ func (s *TypedStage) fill(chunk int64) error {
 	if err != nil {
 		return err
 	}
-	dev := s.e.buf.Device()
 	for lo := int64(0); lo < n; lo += chunk {
 		m := min(chunk, n-lo)
-		piece, err := s.stage.Slice(int(lo), int(m))
-		if err == nil {
-			_, err = s.e.p.PackRange(st, piece, s.e.buf, s.e.t, s.e.base, s.e.count, lo, m)
-		}
-		var ev *gpu.Event
-		if err == nil {
-			if ev, err = dev.NewEvent(); err == nil {
-				if err = ev.Record(st); err != nil {
-					_ = ev.Destroy()
-				}
-			}
-		}
+		ev, err := s.e.packPiece(st, s.stage, lo, m)
 		if err != nil {
 			s.drain()
 			_ = st.Synchronize() // the pieces enqueued before the failure
