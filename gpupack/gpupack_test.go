@@ -177,15 +177,22 @@ func checkRanges(t *testing.T, dev *gpu.Device) {
 		wantUser := bytes.Clone(host)
 		must[int64](t)(l.t.Unpack(wantUser, stream, l.base, l.count))
 		for _, chunk := range []int64{1, 7, 8, 24, 1000, size/3 + 1} {
-			ok(t, gpu.Memset(packed, 0xee))
-			for off := int64(0); off < size; off += chunk {
-				n := min(chunk, size-off)
-				piece := must[gpu.Buffer](t)(packed.Slice(int(off), int(n)))
-				if got, err := p.PackRange(st, piece, user, l.t, l.base, l.count, off, n); err != nil || got != n {
-					t.Fatalf("%s: PackRange(%d, %d) = %d, %v", l.name, off, n, got, err)
+			// byRanges moves the stream range by range with move, and waits.
+			byRanges := func(name string, move func(piece gpu.Buffer, off, n int64) (int64, error)) {
+				t.Helper()
+				for off := int64(0); off < size; off += chunk {
+					n := min(chunk, size-off)
+					piece := must[gpu.Buffer](t)(packed.Slice(int(off), int(n)))
+					if got, err := move(piece, off, n); err != nil || got != n {
+						t.Fatalf("%s: %s(%d, %d) = %d, %v", l.name, name, off, n, got, err)
+					}
 				}
+				ok(t, st.Synchronize())
 			}
-			ok(t, st.Synchronize())
+			ok(t, gpu.Memset(packed, 0xee))
+			byRanges("PackRange", func(piece gpu.Buffer, off, n int64) (int64, error) {
+				return p.PackRange(st, piece, user, l.t, l.base, l.count, off, n)
+			})
 			got := make([]byte, size)
 			ok(t, gpu.CopyToHost(got, packed))
 			if !bytes.Equal(got, want) {
@@ -194,14 +201,9 @@ func checkRanges(t *testing.T, dev *gpu.Device) {
 
 			ok(t, gpu.CopyFromHost(user, host))
 			ok(t, gpu.CopyFromHost(packed, stream))
-			for off := int64(0); off < size; off += chunk {
-				n := min(chunk, size-off)
-				piece := must[gpu.Buffer](t)(packed.Slice(int(off), int(n)))
-				if got, err := p.UnpackRange(st, user, piece, l.t, l.base, l.count, off, n); err != nil || got != n {
-					t.Fatalf("%s: UnpackRange(%d, %d) = %d, %v", l.name, off, n, got, err)
-				}
-			}
-			ok(t, st.Synchronize())
+			byRanges("UnpackRange", func(piece gpu.Buffer, off, n int64) (int64, error) {
+				return p.UnpackRange(st, user, piece, l.t, l.base, l.count, off, n)
+			})
 			gotUser := make([]byte, l.size)
 			ok(t, gpu.CopyToHost(gotUser, user))
 			if !bytes.Equal(gotUser, wantUser) {
