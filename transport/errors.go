@@ -28,7 +28,10 @@ var (
 	// ErrWithdrawn: the sender of a same-host zero-copy (CMA) message
 	// failed its send (it closed its transport, or lost this rank) before
 	// this rank read the message. The sender's buffer was its
-	// application's again, so what was read is not reported.
+	// application's again, so what was read is not reported. It also
+	// reports a typed (pack protocol) message whose sender failed to pack a
+	// chunk: the chunks before it were unpacked into the receive layout,
+	// the rest went empty, and the send reports the packing error.
 	ErrWithdrawn = errors.New("transport: message withdrawn by its sender")
 )
 

@@ -268,11 +268,13 @@ func (nc *noncontig) run(ctx context.Context, c typedCall, seq uint32, p sendPla
 				xd := x
 				return Status{}, detach(func() error {
 					if err := ps.run(context.Background()); err != nil {
+						ps.settle(context.Background(), xd)
 						return err
 					}
 					return xd.finish(context.Background())
 				})
 			} else if err != nil {
+				ps.settle(ctx, x)
 				return Status{}, err
 			}
 		}
@@ -419,6 +421,9 @@ type packSender struct {
 	w     int   // pack workers
 	q     []packFlight
 	first error
+	// withdrawn: a chunk failed to pack and the rest went empty; the
+	// receiver still acknowledges the transfer.
+	withdrawn bool
 }
 
 // packFlight is a chunk's send in flight and its bounce buffer.
@@ -456,13 +461,16 @@ func (ps *packSender) run(ctx context.Context) error {
 			// The stage's Bytes are the packed stream: the chunk goes from
 			// them once its piece is packed.
 			if err := c.stage.ready(off + n); err != nil {
-				return fmt.Errorf("%w: typed send: packing: %v", ErrInvalid, err)
+				ps.withdraw(err)
+				break
 			}
 			b = c.buf[off : off+n]
 		} else {
 			b = nc.getBounce(n)
 			if _, err := c.dt.PackParallel(datatype.SliceRegion(b), datatype.SliceRegion(c.buf), c.base, c.count, off, ps.w); err != nil {
-				return fmt.Errorf("%w: typed send: packing: %v", ErrInvalid, err)
+				nc.putBounce(b)
+				ps.withdraw(err)
+				break
 			}
 			nc.countParallel(ps.w, len(b))
 		}
@@ -477,6 +485,28 @@ func (ps *packSender) run(ctx context.Context) error {
 		return err
 	}
 	return ps.first
+}
+
+// settle takes the receiver's acknowledgement of a withdrawn transfer
+// (its failure status), so that no receive of it is left posted.
+func (ps *packSender) settle(ctx context.Context, x sendXfer) {
+	if ps.withdrawn {
+		_ = x.finish(ctx)
+	}
+}
+
+// withdraw ends a pack transfer whose chunk ps.k failed to pack with err:
+// that chunk and the later ones go empty, which the receiver, counting on
+// full chunks, reports as ErrWithdrawn once it has taken them all (none is
+// left in UCX's queue, and the receiver acknowledges as usual).
+func (ps *packSender) withdraw(err error) {
+	c := ps.c
+	ps.first = fmt.Errorf("transport: typed send rank %d tag %d: packing chunk %d of %d: %w", c.peer, c.tag, ps.k, ps.n, err)
+	ps.withdrawn = true
+	for ; ps.k < ps.n; ps.k++ {
+		r := ps.nc.t.ncSend(c.peer, ncXferTag(dirData, uint32(ps.nc.t.rank), ps.xid, uint32(ps.k)), ucx.Buffer{}, nil)
+		ps.q = append(ps.q, packFlight{r: r})
+	}
 }
 
 // packWorkers returns how many goroutines pack or unpack one chunk of c:
@@ -547,7 +577,13 @@ func (nc *noncontig) packRecv(ctx context.Context, c typedCall, h rts, discard b
 		f := q[0]
 		q = q[1:]
 		st, err := f.r.Wait(ctx)
-		if err == nil && int64(st.Size) != int64(len(f.b)) {
+		switch {
+		case err == nil && st.Size == 0:
+			// Every chunk holds data: an empty one is a sender's
+			// withdrawal (packSender.withdraw).
+			err = fmt.Errorf("transport: typed recv rank %d tag %d: pack chunk %d of %d came empty, the sender's packing failed (the layout holds the chunks before it): %w",
+				c.peer, c.tag, k, n, ErrWithdrawn)
+		case err == nil && int64(st.Size) != int64(len(f.b)):
 			err = fmt.Errorf("%w: typed recv: pack chunk %d of %d bytes, want %d", ErrInvalid, k, st.Size, len(f.b))
 		}
 		if err != nil {
