@@ -102,6 +102,7 @@ type Channel struct {
 	recvCtr uint32
 	closed  bool
 	streams map[streamKey]*gpu.Stream
+	retired []*gpu.Stream // streams whose work failed (retireFailed)
 	// lastStaged[send] is closed when the latest staged transfer of that
 	// direction has finished: staged transfers of one direction run one at a
 	// time, in call order (a receive must not wait for a message whose
@@ -211,8 +212,8 @@ func (c *Channel) Close() error {
 		return nil
 	}
 	c.closed = true
-	streams := c.streams
-	c.streams = nil
+	streams, retired := c.streams, c.retired
+	c.streams, c.retired = nil, nil
 	last := c.lastStaged
 	c.mu.Unlock()
 	// Staged transfers in flight use the streams.
@@ -225,6 +226,9 @@ func (c *Channel) Close() error {
 	errs := []error{c.ipcMaps.release()}
 	for _, s := range streams {
 		errs = append(errs, s.Destroy())
+	}
+	for _, s := range retired {
+		_ = s.Destroy() // its failure was reported to its transfers
 	}
 	channels.Delete(channelKey{c.t, c.id})
 	c.t.chanOpen.Add(-1)
@@ -272,6 +276,12 @@ func (c *Channel) streamFor(key streamKey) (*gpu.Stream, error) {
 	}
 	c.streams[key] = s
 	return s, nil
+}
+
+// retireFailed retires st, the channel's stream of key, if work on it has
+// failed, so that the next transfer gets a new one (chanTyped.retireFailed).
+func (c *Channel) retireFailed(key streamKey, st *gpu.Stream) {
+	retireFailed(&c.mu, c.streams, key, st, &c.retired)
 }
 
 // endBuf is one end's memory: Go bytes or a gpu.Buffer.

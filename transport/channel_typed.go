@@ -52,6 +52,7 @@ type chanTyped struct {
 	bytes   int                               // bytes held in free
 	twins   map[*datatype.Type]*datatype.Type // packed twins (typed_device.go)
 	streams map[*gpu.Device]*gpu.Stream       // pack streams of the tagged API (typed_device.go)
+	failed  []*gpu.Stream                     // pack streams retired after a failure (retireFailed)
 	stats   struct{ run, dev, host, allocs, pipelined atomic.Int64 }
 }
 
@@ -142,8 +143,8 @@ func (s *chanTyped) unstage(k stageKey, b gpu.Buffer) {
 func (s *chanTyped) close() error {
 	s.mu.Lock()
 	s.closed = true
-	free, packers, streams := s.free, s.packers, s.streams
-	s.free, s.packers, s.streams, s.bytes = nil, nil, nil, 0
+	free, packers, streams, failed := s.free, s.packers, s.streams, s.failed
+	s.free, s.packers, s.streams, s.failed, s.bytes = nil, nil, nil, nil, 0
 	s.mu.Unlock()
 	var first error
 	keep := func(err error) {
@@ -159,6 +160,9 @@ func (s *chanTyped) close() error {
 	}
 	for _, st := range streams {
 		keep(st.Destroy())
+	}
+	for _, st := range failed {
+		_ = st.Destroy() // its failure was reported to its transfers
 	}
 	for _, p := range packers {
 		keep(p.Close())
@@ -281,7 +285,14 @@ func (e *typedEnd) packPiece(st *gpu.Stream, stage gpu.Buffer, off, n int64) (*g
 	if err != nil {
 		return nil, err
 	}
-	if _, err := e.p.PackRange(st, piece, e.buf, e.t, e.base, e.count, off, n); err != nil {
+	if fault := testPieceFault; fault != nil && fault(off) != nil {
+		// A test's kernel fault: the stream fails as after a faulting
+		// kernel on a GPU (the host backend runs the kernel).
+		err := fault(off)
+		if err := gpu.LaunchHost(st, func([][]byte) error { return err }, piece); err != nil {
+			return nil, err
+		}
+	} else if _, err := e.p.PackRange(st, piece, e.buf, e.t, e.base, e.count, off, n); err != nil {
 		return nil, err
 	}
 	ev, err := st.Device().NewEvent()
@@ -294,6 +305,10 @@ func (e *typedEnd) packPiece(st *gpu.Stream, stage gpu.Buffer, off, n int64) (*g
 	}
 	return ev, nil
 }
+
+// testPieceFault, set by tests only, makes the packing of the piece at
+// packed offset off fail with its non-nil result, as a faulting kernel.
+var testPieceFault func(off int64) error
 
 // oneRun reports whether count elements of t are one run of size bytes in
 // packed order, and where it starts.
@@ -375,7 +390,8 @@ func (c *Channel) SendTyped(buf gpu.Buffer, t *datatype.Type, count int) (*Chann
 // chunks go empty, which the receiver reports as a size mismatch.
 func (c *Channel) sendPieces(e *typedEnd, stage gpu.Buffer, packErr *error) (*ChannelRequest, error) {
 	dev := e.buf.Device()
-	st, done := c.useStreamKey(streamKey{dev: dev, send: true, pack: true})
+	key := streamKey{dev: dev, send: true, pack: true}
+	st, done := c.useStreamKey(key)
 	if st == nil {
 		return nil, fmt.Errorf("transport: channel %d typed send: %w", c.id, ErrClosed)
 	}
@@ -392,6 +408,8 @@ func (c *Channel) sendPieces(e *typedEnd, stage gpu.Buffer, packErr *error) (*Ch
 		m := chunkLen(n, i)
 		ev, err := e.packPiece(st, stage, int64(off), int64(m))
 		if err != nil {
+			_ = st.Synchronize()
+			c.retireFailed(key, st)
 			return nil, fmt.Errorf("transport: channel %d typed send: %w", c.id, err) // nothing sent
 		}
 		evs = append(evs, ev)
@@ -402,6 +420,7 @@ func (c *Channel) sendPieces(e *typedEnd, stage gpu.Buffer, packErr *error) (*Ch
 	return c.start(true, endBuf{g: stage, isG: true, ready: func(i int) error {
 		if err := evs[i].Synchronize(); err != nil {
 			*packErr = err
+			c.retireFailed(key, st)
 			return err
 		}
 		return nil
@@ -478,12 +497,14 @@ func (c *Channel) deviceMove(e *typedEnd, stage gpu.Buffer, unpack bool) error {
 	if unpack {
 		op = "typed recv"
 	}
-	st, done := c.useStreamKey(streamKey{dev: e.buf.Device(), send: !unpack, pack: true})
+	key := streamKey{dev: e.buf.Device(), send: !unpack, pack: true}
+	st, done := c.useStreamKey(key)
 	if st == nil {
 		return fmt.Errorf("transport: channel %d %s: %w", c.id, op, ErrClosed)
 	}
 	defer done()
 	if err := e.move(st, stage, unpack); err != nil {
+		c.retireFailed(key, st)
 		return fmt.Errorf("transport: channel %d %s: %w", c.id, op, err)
 	}
 	c.t.ctyped.stats.dev.Add(1)

@@ -3,6 +3,7 @@ package transport
 import (
 	"context"
 	"fmt"
+	"sync"
 
 	"go.uber.org/zap"
 
@@ -188,6 +189,7 @@ func (s *chanTyped) deviceMove(e *typedEnd, stage gpu.Buffer, unpack bool) error
 		return err
 	}
 	if err := e.move(st, stage, unpack); err != nil {
+		s.retireFailed(e.buf.Device(), st)
 		return err
 	}
 	s.stats.dev.Add(1)
@@ -202,4 +204,26 @@ func (s *chanTyped) stream(dev *gpu.Device) (*gpu.Stream, error) {
 		return nil, ErrClosed
 	}
 	return perDevice(&s.streams, dev, newPackStream(dev))
+}
+
+// retireFailed retires st, dev's pack stream, if work on it has failed:
+// a stream skips all work after a failure, as a GPU's does after a
+// faulting kernel, so the next transfer gets a new one. st is destroyed at
+// close, once the transfers that hold it are done with it.
+func (s *chanTyped) retireFailed(dev *gpu.Device, st *gpu.Stream) {
+	retireFailed(&s.mu, s.streams, dev, st, &s.failed)
+}
+
+// retireFailed moves st from streams[k] to *retired if work on it has
+// failed; mu guards both.
+func retireFailed[K comparable](mu *sync.Mutex, streams map[K]*gpu.Stream, k K, st *gpu.Stream, retired *[]*gpu.Stream) {
+	if _, err := st.Query(); err == nil {
+		return
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if streams[k] == st {
+		delete(streams, k)
+		*retired = append(*retired, st)
+	}
 }

@@ -193,6 +193,7 @@ func (s *TypedStage) fill(chunk int64) error {
 		if err != nil {
 			s.drain()
 			_ = st.Synchronize() // the pieces enqueued before the failure
+			s.retire()
 			return err
 		}
 		s.pending = append(s.pending, stagePiece{lo + m, ev})
@@ -218,7 +219,11 @@ func (s *TypedStage) readsDone() error {
 		return nil
 	}
 	if s.st != nil {
-		return s.st.Synchronize()
+		err := s.st.Synchronize()
+		if err != nil {
+			s.retire()
+		}
+		return err
 	}
 	return nil
 }
@@ -233,6 +238,7 @@ func (s *TypedStage) ready(hi int64) error {
 		if err != nil {
 			s.err = err
 			s.drain()
+			s.retire()
 			break
 		}
 		s.packed = p.hi
@@ -298,7 +304,20 @@ func (s *TypedStage) settle() error {
 			s.err = err
 		}
 	}
+	if s.err != nil {
+		s.retire()
+	}
 	return s.err
+}
+
+// retire hands the pack stream back for retirement if its work failed
+// (chanTyped.retireFailed); the stage's next transfer takes the
+// transport's pack stream anew.
+func (s *TypedStage) retire() {
+	if s.st != nil {
+		s.t.ctyped.retireFailed(s.e.buf.Device(), s.st)
+		s.st = nil
+	}
 }
 
 // stream returns the pack stream of the layout's device.
