@@ -219,3 +219,71 @@ func TestChannelTypedErrors(t *testing.T) {
 		t.Fatal("a failed typed receive wrote its buffer")
 	}
 }
+
+// TestChannelTypedPackFault: a channel send of a device layout over three
+// chunks in pinned staging whose second piece's pack kernel faults fails
+// with the fault; the receiver gets the empty chunks that follow as a size
+// mismatch, not a wait, and leaves its device layout as it was; and the
+// next transfer goes through on a new pack stream.
+func TestChannelTypedPackFault(t *testing.T) {
+	ts := channelJob(t, false, false, ProgressDirect)
+	ctx := testCtx(t)
+	sys := hostSystem(t)
+	vec, err := datatype.Vector(3*ChannelChunkSize/64, 8, 16, datatype.Float64) // 1.5 MiB packed: 3 chunks
+	if err != nil {
+		t.Fatal(err)
+	}
+	size := int(vec.Extent())
+	var chans [2]*Channel
+	for i, tr := range ts {
+		if chans[i], err = tr.Channel(41, 1-i); err != nil {
+			t.Fatal(err)
+		}
+	}
+	boom := errors.New("injected kernel fault")
+	testPieceFault = func(off int64) error {
+		if off == ChannelChunkSize {
+			return boom
+		}
+		return nil
+	}
+	defer func() { testPieceFault = nil }()
+	src, old := pattern(size, 81), pattern(size, 82)
+	transfer := func() (send, recv error, rb gpu.Buffer) {
+		t.Helper()
+		rb = devBuf(t, sys, size, old)
+		rr, err := chans[1].RecvTyped(rb, vec, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sr, err := chans[0].SendTyped(devBuf(t, sys, size, src), vec, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return sr.Wait(ctx), rr.Wait(ctx), rb
+	}
+	pipelined := ts[0].ChannelTypedStats().Pipelined
+	serr, rerr, rb := transfer()
+	testPieceFault = nil
+	if !errors.Is(serr, boom) {
+		t.Fatalf("send with a faulting pack kernel: %v, want the fault", serr)
+	}
+	if !errors.Is(rerr, ErrSizeMismatch) {
+		t.Fatalf("recv of a send whose packing faulted: %v, want ErrSizeMismatch", rerr)
+	}
+	if !bytes.Equal(readDev(t, rb), old) {
+		t.Fatal("a failed message wrote into the receiver's device layout")
+	}
+	for i := range 2 {
+		serr, rerr, rb := transfer()
+		if serr != nil || rerr != nil {
+			t.Fatalf("transfer %d after the fault: send %v, recv %v", i, serr, rerr)
+		}
+		if !bytes.Equal(readDev(t, rb), typedWant(t, vec, vec, src, old)) {
+			t.Fatalf("transfer %d after the fault: bytes differ", i)
+		}
+	}
+	if got := ts[0].ChannelTypedStats().Pipelined - pipelined; got != 3 {
+		t.Fatalf("%d pipelined channel sends, want 3", got)
+	}
+}

@@ -383,3 +383,60 @@ func TestTypedBufferLeftInFlight(t *testing.T) {
 		}
 	}
 }
+
+// TestTypedBufferPackFault: a device send whose pack kernel faults midway
+// (piece 3 of 12) fails with the fault, and its receiver, which has
+// unpacked the first pieces, fails too, with ErrWithdrawn, instead of
+// waiting for chunks that never come. The next transfer of the same
+// layout then goes through: the failed pack stream was replaced.
+func TestTypedBufferPackFault(t *testing.T) {
+	const chunk = 16 << 10
+	ts := localJob(t, 2, ProgressDirect)
+	for _, tr := range ts {
+		o := DefaultNoncontigOptions()
+		o.PackChunk = chunk
+		if err := tr.SetNoncontigOptions(o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx := testCtx(t)
+	sys := hostSystem(t)
+	vec, err := datatype.Vector(8192, 3, 5, datatype.Float64) // 192 KiB packed: 12 chunks
+	if err != nil {
+		t.Fatal(err)
+	}
+	size := int(vec.Extent())
+	boom := errors.New("injected kernel fault")
+	testPieceFault = func(off int64) error {
+		if off == 3*chunk {
+			return boom
+		}
+		return nil
+	}
+	defer func() { testPieceFault = nil }()
+	src, old := pattern(size, 71), pattern(size, 72)
+	done := make(chan error, 1)
+	go func() { done <- ts[0].SendTypedBuffer(ctx, 1, 12, devBuf(t, sys, size, src), vec, 1) }()
+	_, rerr := ts[1].RecvTypedBuffer(ctx, 0, 12, devBuf(t, sys, size, old), vec, 1)
+	serr := <-done
+	testPieceFault = nil
+	if !errors.Is(serr, boom) {
+		t.Fatalf("send with a faulting pack kernel: %v, want the fault", serr)
+	}
+	if !errors.Is(rerr, ErrWithdrawn) {
+		t.Fatalf("recv of a send whose packing faulted: %v, want ErrWithdrawn", rerr)
+	}
+	for i := range 2 {
+		rb := devBuf(t, sys, size, old)
+		go func() { done <- ts[0].SendTypedBuffer(ctx, 1, 13, devBuf(t, sys, size, src), vec, 1) }()
+		if _, err := ts[1].RecvTypedBuffer(ctx, 0, 13, rb, vec, 1); err != nil {
+			t.Fatalf("recv %d after the fault: %v", i, err)
+		}
+		if err := <-done; err != nil {
+			t.Fatalf("send %d after the fault: %v", i, err)
+		}
+		if !bytes.Equal(readDev(t, rb), typedWant(t, vec, vec, src, old)) {
+			t.Fatalf("transfer %d after the fault: bytes differ", i)
+		}
+	}
+}
