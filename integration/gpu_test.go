@@ -539,15 +539,16 @@ func TestGPUCUDA(t *testing.T) {
 const typedChannelLine = "[1] rank 1: typed channel ok: 3 packed on the device, 0 in host memory, 1 in place"
 
 // typedPipelinedLine is what ranks 0 and 1 of gpuchannel log after
-// typedRounds: the sender's two device channel sends (over two chunks:
-// packed chunk by chunk, unless they go by CUDA IPC) and two tagged device
-// sends, and the receiver's one tagged device receive, were pipelined.
+// typedRounds: the sender's two device channel sends and the receiver's two
+// device channel receives (over two chunks: packed, or unpacked, chunk by
+// chunk, unless they go by CUDA IPC), the sender's two tagged device sends
+// and the receiver's one tagged device receive, were pipelined.
 func typedPipelinedLine(ipc bool) [2]string {
-	sends := 4
+	sends, recvs := 4, 3
 	if ipc {
-		sends = 2
+		sends, recvs = 2, 1
 	}
-	return [2]string{fmt.Sprintf("[0] rank 0: typed transfers pipelined: %d", sends), "[1] rank 1: typed transfers pipelined: 1"}
+	return [2]string{fmt.Sprintf("[0] rank 0: typed transfers pipelined: %d", sends), fmt.Sprintf("[1] rank 1: typed transfers pipelined: %d", recvs)}
 }
 
 // typedRounds sends derived-datatype layouts from rank 0 to rank 1 with

@@ -443,6 +443,16 @@ type ChannelRequest struct {
 
 	post func(error) error // direct path: runs once when the chunks are done
 
+	// landed, for a receive on the direct path, takes chunk i once it has
+	// arrived whole (a typed receive unpacking its stage chunk by chunk):
+	// called once per chunk, in order, by the Wait, Test or finalize that
+	// sees it (land). A failure stops the landing; the chunks are still
+	// received, and the request fails with landErr.
+	landed  func(i int) error
+	landMu  sync.Mutex
+	nLanded int
+	landErr error
+
 	resOnce     sync.Once
 	res         chan struct{} // direct path: closed when err is final (Done)
 	discardOnce sync.Once     // a failed receive's leftover chunks are discarded once
@@ -505,6 +515,7 @@ func (r *ChannelRequest) Wait(ctx context.Context) error {
 			r.withdrawRest(i, err)
 			break
 		}
+		r.land(i)
 	}
 	return r.finalize()
 }
@@ -528,8 +539,22 @@ func (r *ChannelRequest) Test() (bool, error) {
 			r.withdrawRest(i, err)
 			break
 		}
+		r.land(i)
 	}
 	return true, r.finalize()
+}
+
+// land hands chunks up to i, which have arrived whole, to r.landed, each
+// once and in order.
+func (r *ChannelRequest) land(i int) {
+	if r.landed == nil {
+		return
+	}
+	r.landMu.Lock()
+	defer r.landMu.Unlock()
+	for ; r.landErr == nil && r.nLanded <= i; r.nLanded++ {
+		r.landErr = r.landed(r.nLanded)
+	}
 }
 
 // withdrawRest runs when chunk i of the direct path failed with err: it
@@ -573,6 +598,10 @@ func (r *ChannelRequest) finalize() error {
 			if err != nil && first == nil {
 				first = err
 			}
+		}
+		if first == nil && r.landed != nil {
+			r.land(len(r.reqs) - 1)
+			first = r.landErr
 		}
 		if r.post != nil {
 			first = r.post(first)

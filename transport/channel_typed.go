@@ -36,10 +36,11 @@ type ChannelTypedStats struct {
 	DevicePacked, HostPacked int64
 	// StageAllocs: staging buffers allocated (the others were reused).
 	StageAllocs int64
-	// Pipelined: device layouts packed chunk by chunk as their chunks
-	// went, by channel sends of more than one chunk and by typed tagged
-	// transfers of device memory, sends and receives (TypedOptions.Stage);
-	// also counted in DevicePacked.
+	// Pipelined: device layouts packed (unpacked) chunk by chunk as their
+	// chunks went (landed), by channel sends and receives of more than
+	// one chunk in pinned staging and by typed tagged transfers of device
+	// memory (TypedOptions.Stage); also counted in DevicePacked. A channel
+	// receive counts once it has succeeded.
 	Pipelined int64
 }
 
@@ -277,22 +278,38 @@ func (e *typedEnd) move(st *gpu.Stream, stage gpu.Buffer, unpack bool) error {
 	return err
 }
 
+// movePiece enqueues on st the packing of bytes [off, off+n) of device
+// layout e's packed stream into the same bytes of stage, or with unpack
+// their unpacking from stage into the layout.
+func (e *typedEnd) movePiece(st *gpu.Stream, stage gpu.Buffer, off, n int64, unpack bool) error {
+	piece, err := stage.Slice(int(off), int(n))
+	if err != nil {
+		return err
+	}
+	if hook := testPieceKernel; hook != nil {
+		if k := hook(unpack, off); k != nil {
+			// A test's kernel before the piece's: one that fails makes the
+			// stream skip its later work, as after a faulting kernel on a
+			// GPU.
+			if err := gpu.LaunchHost(st, func([][]byte) error { return k() }, piece); err != nil {
+				return err
+			}
+		}
+	}
+	switch {
+	case unpack:
+		_, err = e.p.UnpackRange(st, e.buf, piece, e.t, e.base, e.count, off, n)
+	default:
+		_, err = e.p.PackRange(st, piece, e.buf, e.t, e.base, e.count, off, n)
+	}
+	return err
+}
+
 // packPiece enqueues on st the packing of bytes [off, off+n) of device
 // layout e's packed stream into the same bytes of stage, and an event
 // after it, which the caller synchronizes (done) and destroys.
 func (e *typedEnd) packPiece(st *gpu.Stream, stage gpu.Buffer, off, n int64) (*gpu.Event, error) {
-	piece, err := stage.Slice(int(off), int(n))
-	if err != nil {
-		return nil, err
-	}
-	if fault := testPieceFault; fault != nil && fault(off) != nil {
-		// A test's kernel fault: the stream fails as after a faulting
-		// kernel on a GPU (the host backend runs the kernel).
-		err := fault(off)
-		if err := gpu.LaunchHost(st, func([][]byte) error { return err }, piece); err != nil {
-			return nil, err
-		}
-	} else if _, err := e.p.PackRange(st, piece, e.buf, e.t, e.base, e.count, off, n); err != nil {
+	if err := e.movePiece(st, stage, off, n, false); err != nil {
 		return nil, err
 	}
 	ev, err := st.Device().NewEvent()
@@ -306,9 +323,11 @@ func (e *typedEnd) packPiece(st *gpu.Stream, stage gpu.Buffer, off, n int64) (*g
 	return ev, nil
 }
 
-// testPieceFault, set by tests only, makes the packing of the piece at
-// packed offset off fail with its non-nil result, as a faulting kernel.
-var testPieceFault func(off int64) error
+// testPieceKernel, set by tests only, is called as the packing (or
+// unpacking) of the device piece at packed offset off is enqueued; a
+// kernel it returns runs on the stream just before the piece's (one that
+// fails faults the stream).
+var testPieceKernel func(unpack bool, off int64) func() error
 
 // oneRun reports whether count elements of t are one run of size bytes in
 // packed order, and where it starts.
@@ -443,8 +462,13 @@ func (c *Channel) stageKey(e *typedEnd) stageKey {
 // message must have the layout's packed size: another size fails the
 // request with a *SizeMismatchError, as Recv's (the sender learns of it on
 // the same-process path only). Bytes of buf outside
-// the layout are left as they are. An invalid layout or buffer is refused
-// before the message is taken.
+// the layout are left as they are. A device layout received through
+// pinned staging over more than one channel chunk is unpacked chunk by
+// chunk as they land, so after a failure (a size mismatch, which shows
+// only at the shorter framing's tail chunk) the layout may hold the
+// chunks that arrived whole before it; as MPI, a failed receive leaves its
+// buffer undefined. An invalid layout or buffer is refused before the
+// message is taken.
 func (c *Channel) RecvTyped(buf gpu.Buffer, t *datatype.Type, count int) (*ChannelRequest, error) {
 	e, err := c.typedLayout("typed recv", buf, t, count)
 	if err != nil {
@@ -481,6 +505,17 @@ func (c *Channel) RecvTyped(buf gpu.Buffer, t *datatype.Type, count int) (*Chann
 		c.t.ctyped.unstage(k, stage)
 		return nil, err
 	}
+	if len(inner.reqs) > 1 {
+		// The direct path over more than one chunk: each is unpacked
+		// as it lands.
+		u := &pieceUnpack{c: c, e: e, stage: stage, key: streamKey{dev: e.buf.Device(), pack: true}}
+		inner.landed = u.land
+		return c.after(inner, "typed recv", func(err error) error {
+			err = u.settle(err)
+			c.t.ctyped.unstage(k, stage)
+			return err
+		}), nil
+	}
 	return c.after(inner, "typed recv", func(err error) error {
 		if err == nil {
 			err = c.deviceMove(e, stage, true)
@@ -488,6 +523,81 @@ func (c *Channel) RecvTyped(buf gpu.Buffer, t *datatype.Type, count int) (*Chann
 		c.t.ctyped.unstage(k, stage)
 		return err
 	}), nil
+}
+
+// pieceUnpack unpacks a typed receive's stage into its device layout
+// chunk by chunk, as the chunks land (ChannelRequest.landed): each chunk's
+// unpack kernel is enqueued on the channel's receive pack stream, and an
+// event recorded after the latest, which settle waits for.
+type pieceUnpack struct {
+	c     *Channel
+	e     *typedEnd
+	stage gpu.Buffer
+	key   streamKey
+	st    *gpu.Stream // the stream of the latest chunk's unpack
+	ev    *gpu.Event  // recorded after it
+}
+
+// land enqueues the unpack of chunk i.
+func (u *pieceUnpack) land(i int) error {
+	if err := u.enqueue(i); err != nil {
+		return fmt.Errorf("transport: channel %d typed recv: unpacking chunk %d: %w", u.c.id, i, err)
+	}
+	return nil
+}
+
+func (u *pieceUnpack) enqueue(i int) error {
+	n := int(u.e.size)
+	off, m := i*ChannelChunkSize, chunkLen(n, i)
+	if m == 0 {
+		return nil
+	}
+	st, done := u.c.useStreamKey(u.key)
+	if st == nil {
+		return ErrClosed
+	}
+	defer done()
+	if u.st != nil && u.st != st {
+		// The stream was retired since the last chunk (another transfer
+		// failed on it): the event follows the new one.
+		if err := u.ev.Synchronize(); err != nil {
+			return err
+		}
+	}
+	if err := u.e.movePiece(st, u.stage, int64(off), int64(m), true); err != nil {
+		u.c.retireFailed(u.key, st)
+		return err
+	}
+	if u.ev == nil {
+		ev, err := st.Device().NewEvent()
+		if err != nil {
+			return err
+		}
+		u.ev = ev
+	}
+	u.st = st
+	return u.ev.Record(st)
+}
+
+// settle waits for the unpacks enqueued, retires the stream if they
+// failed, and returns the receive's outcome: err (its chunks' or
+// landing's), else an unpack's failure.
+func (u *pieceUnpack) settle(err error) error {
+	if u.ev != nil {
+		if uerr := u.ev.Synchronize(); uerr != nil {
+			u.c.retireFailed(u.key, u.st)
+			if err == nil {
+				err = fmt.Errorf("transport: channel %d typed recv: unpacking: %w", u.c.id, uerr)
+			}
+		}
+		_ = u.ev.Destroy()
+	}
+	if err != nil {
+		return err
+	}
+	u.c.t.ctyped.stats.dev.Add(1)
+	u.c.t.ctyped.stats.pipelined.Add(1)
+	return nil
 }
 
 // deviceMove packs e into stage, or unpacks stage into e, on the channel's

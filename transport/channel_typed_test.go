@@ -2,8 +2,11 @@ package transport
 
 import (
 	"bytes"
+	"context"
 	"errors"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/troupe-hpc/troupe/datatype"
 	"github.com/troupe-hpc/troupe/gpu"
@@ -37,6 +40,13 @@ const typedBufferSize = 8 * 500
 // on host memory.
 func typedWant(t *testing.T, send, recv *datatype.Type, src, old []byte) []byte {
 	t.Helper()
+	return typedWantPrefix(t, send, recv, src, old, -1)
+}
+
+// typedWantPrefix is typedWant for a receive that took only the first
+// prefix bytes of the packed message (all of them when prefix < 0).
+func typedWantPrefix(t *testing.T, send, recv *datatype.Type, src, old []byte, prefix int64) []byte {
+	t.Helper()
 	n, err := send.PackedSize(1)
 	if err != nil {
 		t.Fatal(err)
@@ -45,10 +55,26 @@ func typedWant(t *testing.T, send, recv *datatype.Type, src, old []byte) []byte 
 	if _, err := send.Pack(packed, src, 0, 1); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := recv.Unpack(want, packed, 0, 1); err != nil {
+	if prefix >= 0 {
+		packed = packed[:prefix]
+	}
+	if _, err := recv.UnpackRange(want, packed, 0, 1, 0); err != nil {
 		t.Fatal(err)
 	}
 	return want
+}
+
+// faultPiece makes the device kernel that packs (or unpacks) the piece at
+// packed offset off fail with err, until the test ends or testPieceKernel
+// is reset.
+func faultPiece(t *testing.T, unpack bool, off int64, err error) {
+	testPieceKernel = func(u bool, o int64) func() error {
+		if u == unpack && o == off {
+			return func() error { return err }
+		}
+		return nil
+	}
+	t.Cleanup(func() { testPieceKernel = nil })
 }
 
 // TestChannelTyped sends every layout into every other, device and host
@@ -220,70 +246,158 @@ func TestChannelTypedErrors(t *testing.T) {
 	}
 }
 
-// TestChannelTypedPackFault: a channel send of a device layout over three
-// chunks in pinned staging whose second piece's pack kernel faults fails
-// with the fault; the receiver gets the empty chunks that follow as a size
-// mismatch, not a wait, and leaves its device layout as it was; and the
-// next transfer goes through on a new pack stream.
-func TestChannelTypedPackFault(t *testing.T) {
-	ts := channelJob(t, false, false, ProgressDirect)
-	ctx := testCtx(t)
-	sys := hostSystem(t)
-	vec, err := datatype.Vector(3*ChannelChunkSize/64, 8, 16, datatype.Float64) // 1.5 MiB packed: 3 chunks
-	if err != nil {
-		t.Fatal(err)
+// TestChannelTypedPieceFault: a channel transfer of a device layout over
+// three chunks in pinned staging whose second chunk's pack kernel, or
+// unpack kernel, faults fails on the end of the fault with it. A send's
+// fault sends the chunks from there empty, which the receiver reports as a
+// size mismatch, not a wait; an unpack's fault still takes every chunk, so
+// the sender completes. Either way the receiver's layout holds the first
+// chunk, unpacked as it landed, and nothing after it, and the next
+// transfers go through on a new stream.
+func TestChannelTypedPieceFault(t *testing.T) {
+	for _, unpackFault := range []bool{false, true} {
+		t.Run(map[bool]string{false: "pack", true: "unpack"}[unpackFault], func(t *testing.T) {
+			ts := channelJob(t, false, false, ProgressDirect)
+			ctx := testCtx(t)
+			sys := hostSystem(t)
+			vec, err := datatype.Vector(3*ChannelChunkSize/64, 8, 16, datatype.Float64) // 1.5 MiB packed: 3 chunks
+			if err != nil {
+				t.Fatal(err)
+			}
+			size := int(vec.Extent())
+			var chans [2]*Channel
+			for i, tr := range ts {
+				if chans[i], err = tr.Channel(41, 1-i); err != nil {
+					t.Fatal(err)
+				}
+			}
+			boom := errors.New("injected kernel fault")
+			faultPiece(t, unpackFault, ChannelChunkSize, boom)
+			src, old := pattern(size, 81), pattern(size, 82)
+			transfer := func() (send, recv error, rb gpu.Buffer) {
+				t.Helper()
+				rb = devBuf(t, sys, size, old)
+				rr, err := chans[1].RecvTyped(rb, vec, 1)
+				if err != nil {
+					t.Fatal(err)
+				}
+				sr, err := chans[0].SendTyped(devBuf(t, sys, size, src), vec, 1)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return sr.Wait(ctx), rr.Wait(ctx), rb
+			}
+			var pipelined [2]int64
+			for i, tr := range ts {
+				pipelined[i] = tr.ChannelTypedStats().Pipelined
+			}
+			serr, rerr, rb := transfer()
+			testPieceKernel = nil
+			if unpackFault {
+				if serr != nil || !errors.Is(rerr, boom) {
+					t.Fatalf("transfer whose unpack faulted: send %v (want nil), recv %v (want the fault)", serr, rerr)
+				}
+			} else {
+				if !errors.Is(serr, boom) {
+					t.Fatalf("send with a faulting pack kernel: %v, want the fault", serr)
+				}
+				if !errors.Is(rerr, ErrSizeMismatch) {
+					t.Fatalf("recv of a send whose packing faulted: %v, want ErrSizeMismatch", rerr)
+				}
+			}
+			if !bytes.Equal(readDev(t, rb), typedWantPrefix(t, vec, vec, src, old, ChannelChunkSize)) {
+				t.Fatal("the receiver's device layout does not hold exactly the first chunk")
+			}
+			for i := range 2 {
+				serr, rerr, rb := transfer()
+				if serr != nil || rerr != nil {
+					t.Fatalf("transfer %d after the fault: send %v, recv %v", i, serr, rerr)
+				}
+				if !bytes.Equal(readDev(t, rb), typedWant(t, vec, vec, src, old)) {
+					t.Fatalf("transfer %d after the fault: bytes differ", i)
+				}
+			}
+			// Every send was pipelined; the receives that succeeded were.
+			for i, want := range []int64{3, 2} {
+				if got := ts[i].ChannelTypedStats().Pipelined - pipelined[i]; got != want {
+					t.Fatalf("rank %d: %d pipelined channel transfers, want %d", i, got, want)
+				}
+			}
+		})
 	}
-	size := int(vec.Extent())
-	var chans [2]*Channel
-	for i, tr := range ts {
-		if chans[i], err = tr.Channel(41, 1-i); err != nil {
-			t.Fatal(err)
-		}
-	}
-	boom := errors.New("injected kernel fault")
-	testPieceFault = func(off int64) error {
-		if off == ChannelChunkSize {
-			return boom
-		}
-		return nil
-	}
-	defer func() { testPieceFault = nil }()
-	src, old := pattern(size, 81), pattern(size, 82)
-	transfer := func() (send, recv error, rb gpu.Buffer) {
-		t.Helper()
-		rb = devBuf(t, sys, size, old)
-		rr, err := chans[1].RecvTyped(rb, vec, 1)
-		if err != nil {
-			t.Fatal(err)
-		}
-		sr, err := chans[0].SendTyped(devBuf(t, sys, size, src), vec, 1)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return sr.Wait(ctx), rr.Wait(ctx), rb
-	}
-	pipelined := ts[0].ChannelTypedStats().Pipelined
-	serr, rerr, rb := transfer()
-	testPieceFault = nil
-	if !errors.Is(serr, boom) {
-		t.Fatalf("send with a faulting pack kernel: %v, want the fault", serr)
-	}
-	if !errors.Is(rerr, ErrSizeMismatch) {
-		t.Fatalf("recv of a send whose packing faulted: %v, want ErrSizeMismatch", rerr)
-	}
-	if !bytes.Equal(readDev(t, rb), old) {
-		t.Fatal("a failed message wrote into the receiver's device layout")
-	}
-	for i := range 2 {
-		serr, rerr, rb := transfer()
-		if serr != nil || rerr != nil {
-			t.Fatalf("transfer %d after the fault: send %v, recv %v", i, serr, rerr)
-		}
-		if !bytes.Equal(readDev(t, rb), typedWant(t, vec, vec, src, old)) {
-			t.Fatalf("transfer %d after the fault: bytes differ", i)
-		}
-	}
-	if got := ts[0].ChannelTypedStats().Pipelined - pipelined; got != 3 {
-		t.Fatalf("%d pipelined channel sends, want 3", got)
+}
+
+// TestChannelTypedRecvPipelined: a channel receive of a device layout over
+// three chunks in pinned staging unpacks each chunk as it lands. The
+// sender's pack of its last chunk waits, on its stream, until the receiver
+// has enqueued the unpack of its first, so the transfer completes only if
+// the receive unpacks before the message is all in; the bytes are exact.
+func TestChannelTypedRecvPipelined(t *testing.T) {
+	for _, v := range []struct {
+		name   string
+		engine bool
+		mode   ProgressMode
+	}{{"direct", false, ProgressDirect}, {"queue", false, ProgressQueue}, {"engine", true, ProgressDirect}} {
+		t.Run(v.name, func(t *testing.T) {
+			ts := channelJob(t, false, v.engine, v.mode)
+			ctx := testCtx(t)
+			sys := hostSystem(t)
+			vec, err := datatype.Vector(3*ChannelChunkSize/64, 8, 16, datatype.Float64) // 1.5 MiB packed: 3 chunks
+			if err != nil {
+				t.Fatal(err)
+			}
+			size := int(vec.Extent())
+			var chans [2]*Channel
+			for i, tr := range ts {
+				if chans[i], err = tr.Channel(42, 1-i); err != nil {
+					t.Fatal(err)
+				}
+			}
+			gate, cancel := context.WithTimeout(ctx, 30*time.Second)
+			defer cancel()
+			first := make(chan struct{})
+			var once sync.Once
+			testPieceKernel = func(unpack bool, off int64) func() error {
+				switch {
+				case unpack && off == 0:
+					once.Do(func() { close(first) })
+				case !unpack && off == 2*ChannelChunkSize:
+					return func() error {
+						select {
+						case <-first:
+							return nil
+						case <-gate.Done():
+							return errors.New("the receive unpacked no chunk before the sender packed its last")
+						}
+					}
+				}
+				return nil
+			}
+			t.Cleanup(func() { testPieceKernel = nil })
+			src, old := pattern(size, 91), pattern(size, 92)
+			rb := devBuf(t, sys, size, old)
+			rr, err := chans[1].RecvTyped(rb, vec, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			sent := make(chan error, 1)
+			go func() {
+				sr, err := chans[0].SendTyped(devBuf(t, sys, size, src), vec, 1)
+				if err == nil {
+					err = sr.Wait(ctx)
+				}
+				sent <- err
+			}()
+			rerr := rr.Wait(ctx)
+			if serr := <-sent; serr != nil || rerr != nil {
+				t.Fatalf("send %v, recv %v", serr, rerr)
+			}
+			if !bytes.Equal(readDev(t, rb), typedWant(t, vec, vec, src, old)) {
+				t.Fatal("bytes differ")
+			}
+			if got := ts[1].ChannelTypedStats().Pipelined; got != 1 {
+				t.Fatalf("%d pipelined receives, want 1", got)
+			}
+		})
 	}
 }

@@ -407,19 +407,13 @@ func TestTypedBufferPackFault(t *testing.T) {
 	}
 	size := int(vec.Extent())
 	boom := errors.New("injected kernel fault")
-	testPieceFault = func(off int64) error {
-		if off == 3*chunk {
-			return boom
-		}
-		return nil
-	}
-	defer func() { testPieceFault = nil }()
+	faultPiece(t, false, 3*chunk, boom)
 	src, old := pattern(size, 71), pattern(size, 72)
 	done := make(chan error, 1)
 	go func() { done <- ts[0].SendTypedBuffer(ctx, 1, 12, devBuf(t, sys, size, src), vec, 1) }()
 	_, rerr := ts[1].RecvTypedBuffer(ctx, 0, 12, devBuf(t, sys, size, old), vec, 1)
 	serr := <-done
-	testPieceFault = nil
+	testPieceKernel = nil
 	if !errors.Is(serr, boom) {
 		t.Fatalf("send with a faulting pack kernel: %v, want the fault", serr)
 	}

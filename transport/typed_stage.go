@@ -277,17 +277,13 @@ func (s *TypedStage) landed(lo, n int64) error {
 		return s.err
 	}
 	st, err := s.stream()
-	var piece gpu.Buffer
-	if err == nil {
-		piece, err = s.stage.Slice(int(lo), int(n))
-	}
 	if err == nil {
 		if !s.unpacking {
 			s.t.ctyped.stats.dev.Add(1)
 			s.t.ctyped.stats.pipelined.Add(1)
 		}
 		s.unpacking = true
-		_, err = s.e.p.UnpackRange(st, s.e.buf, piece, s.e.t, s.e.base, s.e.count, lo, n)
+		err = s.e.movePiece(st, s.stage, lo, n, true)
 	}
 	if err != nil {
 		s.err = err
