@@ -380,7 +380,7 @@ func (c *Channel) SendTyped(buf gpu.Buffer, t *datatype.Type, count int) (*Chann
 	}
 	var inner *ChannelRequest
 	var packErr error // a piece that failed to pack
-	if k.pinned && chunkCount(int(e.size)) > 1 {
+	if k.pinned && chunkCount(int(e.size)) > 1 && !typedChannelWhole {
 		inner, err = c.sendPieces(e, stage, &packErr)
 	} else {
 		if err = c.deviceMove(e, stage, false); err == nil {
@@ -505,7 +505,7 @@ func (c *Channel) RecvTyped(buf gpu.Buffer, t *datatype.Type, count int) (*Chann
 		c.t.ctyped.unstage(k, stage)
 		return nil, err
 	}
-	if len(inner.reqs) > 1 {
+	if len(inner.reqs) > 1 && !typedChannelWhole {
 		// The direct path over more than one chunk: each is unpacked
 		// as it lands.
 		u := &pieceUnpack{c: c, e: e, stage: stage, key: streamKey{dev: e.buf.Device(), pack: true}}
@@ -524,6 +524,11 @@ func (c *Channel) RecvTyped(buf gpu.Buffer, t *datatype.Type, count int) (*Chann
 		return err
 	}), nil
 }
+
+// typedChannelWhole, set by benchmarks only, packs and unpacks every typed
+// channel transfer whole, as before the chunk by chunk pipelines, to
+// compare them in one run.
+var typedChannelWhole bool
 
 // pieceUnpack unpacks a typed receive's stage into its device layout
 // chunk by chunk, as the chunks land (ChannelRequest.landed): each chunk's

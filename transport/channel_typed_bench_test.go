@@ -13,7 +13,9 @@ import (
 // of a vector layout in device memory (host backend), sent with SendTyped
 // and received with RecvTyped (packed and unpacked on the device), against
 // the same number of bytes as one contiguous device buffer with Send and
-// Recv. Both go over UCX between two in-process ranks.
+// Recv, and (over more than one channel chunk) against the typed transfer
+// packed and unpacked whole (typed-whole) instead of chunk by chunk as the
+// chunks go. All go over UCX between two in-process ranks.
 func BenchmarkChannelTypedPingPong(b *testing.B) {
 	noLocalPath = true
 	defer func() { noLocalPath = false }()
@@ -23,19 +25,23 @@ func BenchmarkChannelTypedPingPong(b *testing.B) {
 	}
 	defer sys.Close()
 	dev := sys.Devices()[0]
-	for _, blocks := range []int64{64, 1024} {
+	for _, blocks := range []int64{64, 1024, 16384, 65536} {
 		vec, err := datatype.Vector(blocks, 8, 16, datatype.Float64) // 64-byte blocks, 128 apart
 		if err != nil {
 			b.Fatal(err)
 		}
-		for _, typed := range []bool{false, true} {
-			name := fmt.Sprintf("%dx64B/plain", blocks)
+		for _, variant := range []string{"plain", "typed", "typed-whole"} {
+			if variant == "typed-whole" && 64*blocks <= ChannelChunkSize {
+				continue // one chunk: nothing to pipeline
+			}
+			typed := variant != "plain"
 			n := int(64 * blocks)
 			if typed {
-				name = fmt.Sprintf("%dx64B/typed", blocks)
 				n = int(vec.Extent())
 			}
-			b.Run(name, func(b *testing.B) {
+			b.Run(fmt.Sprintf("%dx64B/%s", blocks, variant), func(b *testing.B) {
+				typedChannelWhole = variant == "typed-whole"
+				defer func() { typedChannelWhole = false }()
 				bufs := [2]gpu.Buffer{}
 				for i := range bufs {
 					if bufs[i], err = dev.Alloc(n); err != nil {
