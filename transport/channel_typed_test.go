@@ -260,17 +260,8 @@ func TestChannelTypedPieceFault(t *testing.T) {
 			ts := channelJob(t, false, false, ProgressDirect)
 			ctx := testCtx(t)
 			sys := hostSystem(t)
-			vec, err := datatype.Vector(3*ChannelChunkSize/64, 8, 16, datatype.Float64) // 1.5 MiB packed: 3 chunks
-			if err != nil {
-				t.Fatal(err)
-			}
+			vec, chans := threeChunkChannels(t, ts, 41)
 			size := int(vec.Extent())
-			var chans [2]*Channel
-			for i, tr := range ts {
-				if chans[i], err = tr.Channel(41, 1-i); err != nil {
-					t.Fatal(err)
-				}
-			}
 			boom := errors.New("injected kernel fault")
 			faultPiece(t, unpackFault, ChannelChunkSize, boom)
 			src, old := pattern(size, 81), pattern(size, 82)
@@ -342,17 +333,8 @@ func TestChannelTypedRecvPipelined(t *testing.T) {
 			ts := channelJob(t, false, v.engine, v.mode)
 			ctx := testCtx(t)
 			sys := hostSystem(t)
-			vec, err := datatype.Vector(3*ChannelChunkSize/64, 8, 16, datatype.Float64) // 1.5 MiB packed: 3 chunks
-			if err != nil {
-				t.Fatal(err)
-			}
+			vec, chans := threeChunkChannels(t, ts, 42)
 			size := int(vec.Extent())
-			var chans [2]*Channel
-			for i, tr := range ts {
-				if chans[i], err = tr.Channel(42, 1-i); err != nil {
-					t.Fatal(err)
-				}
-			}
 			gate, cancel := context.WithTimeout(ctx, 30*time.Second)
 			defer cancel()
 			first := make(chan struct{})
@@ -400,4 +382,22 @@ func TestChannelTypedRecvPipelined(t *testing.T) {
 			}
 		})
 	}
+}
+
+// threeChunkChannels opens channel id between the two ranks of ts and
+// returns it with a device vector whose packed size (1.5 MiB of 64-byte
+// blocks) takes three channel chunks.
+func threeChunkChannels(t *testing.T, ts []*Transport, id uint32) (*datatype.Type, [2]*Channel) {
+	t.Helper()
+	vec, err := datatype.Vector(3*ChannelChunkSize/64, 8, 16, datatype.Float64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var chans [2]*Channel
+	for i, tr := range ts {
+		if chans[i], err = tr.Channel(id, 1-i); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return vec, chans
 }

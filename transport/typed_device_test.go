@@ -229,14 +229,7 @@ func TestTypedStage(t *testing.T) {
 // layout untouched.
 func TestTypedBufferPieces(t *testing.T) {
 	const chunk = 16 << 10
-	ts := localJob(t, 2, ProgressDirect)
-	for _, tr := range ts {
-		o := DefaultNoncontigOptions()
-		o.PackChunk = chunk
-		if err := tr.SetNoncontigOptions(o); err != nil {
-			t.Fatal(err)
-		}
-	}
+	ts := chunkedJob(t, chunk)
 	ctx := testCtx(t)
 	sys := hostSystem(t)
 	dev, err := sys.Device(0)
@@ -391,14 +384,7 @@ func TestTypedBufferLeftInFlight(t *testing.T) {
 // layout then goes through: the failed pack stream was replaced.
 func TestTypedBufferPackFault(t *testing.T) {
 	const chunk = 16 << 10
-	ts := localJob(t, 2, ProgressDirect)
-	for _, tr := range ts {
-		o := DefaultNoncontigOptions()
-		o.PackChunk = chunk
-		if err := tr.SetNoncontigOptions(o); err != nil {
-			t.Fatal(err)
-		}
-	}
+	ts := chunkedJob(t, chunk)
 	ctx := testCtx(t)
 	sys := hostSystem(t)
 	vec, err := datatype.Vector(8192, 3, 5, datatype.Float64) // 192 KiB packed: 12 chunks
@@ -433,4 +419,19 @@ func TestTypedBufferPackFault(t *testing.T) {
 			t.Fatalf("transfer %d after the fault: bytes differ", i)
 		}
 	}
+}
+
+// chunkedJob starts two local ranks whose typed transfers pack in chunks
+// of chunk bytes.
+func chunkedJob(t *testing.T, chunk int) []*Transport {
+	t.Helper()
+	ts := localJob(t, 2, ProgressDirect)
+	for _, tr := range ts {
+		o := DefaultNoncontigOptions()
+		o.PackChunk = chunk
+		if err := tr.SetNoncontigOptions(o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return ts
 }
