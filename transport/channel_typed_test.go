@@ -363,8 +363,9 @@ func TestChannelTypedRecvPipelined(t *testing.T) {
 				t.Fatal(err)
 			}
 			sent := make(chan error, 1)
+			sb := devBuf(t, sys, size, src) // allocated here: devBuf may t.Fatal
 			go func() {
-				sr, err := chans[0].SendTyped(devBuf(t, sys, size, src), vec, 1)
+				sr, err := chans[0].SendTyped(sb, vec, 1)
 				if err == nil {
 					err = sr.Wait(ctx)
 				}

@@ -325,7 +325,8 @@ func TestTypedBufferPieces(t *testing.T) {
 	ints := must(datatype.Vector(4096, 6, 7, datatype.Int64))
 	keep := devBuf(t, sys, size, old)
 	done := make(chan error, 1)
-	go func() { done <- ts[0].SendTypedBuffer(ctx, 1, 9, devBuf(t, sys, size, src), send, 1) }()
+	sb := devBuf(t, sys, size, src) // allocated here: devBuf may t.Fatal
+	go func() { done <- ts[0].SendTypedBuffer(ctx, 1, 9, sb, send, 1) }()
 	if _, err := ts[1].RecvTypedBuffer(ctx, 0, 9, keep, ints, 1); !errors.Is(err, ErrTypeMismatch) {
 		t.Fatalf("recv of another signature: %v, want ErrTypeMismatch", err)
 	}
@@ -396,7 +397,8 @@ func TestTypedBufferPackFault(t *testing.T) {
 	faultPiece(t, false, 3*chunk, boom)
 	src, old := pattern(size, 71), pattern(size, 72)
 	done := make(chan error, 1)
-	go func() { done <- ts[0].SendTypedBuffer(ctx, 1, 12, devBuf(t, sys, size, src), vec, 1) }()
+	sb := devBuf(t, sys, size, src) // allocated here: devBuf may t.Fatal
+	go func() { done <- ts[0].SendTypedBuffer(ctx, 1, 12, sb, vec, 1) }()
 	_, rerr := ts[1].RecvTypedBuffer(ctx, 0, 12, devBuf(t, sys, size, old), vec, 1)
 	serr := <-done
 	testPieceKernel = nil
@@ -407,8 +409,8 @@ func TestTypedBufferPackFault(t *testing.T) {
 		t.Fatalf("recv of a send whose packing faulted: %v, want ErrWithdrawn", rerr)
 	}
 	for i := range 2 {
-		rb := devBuf(t, sys, size, old)
-		go func() { done <- ts[0].SendTypedBuffer(ctx, 1, 13, devBuf(t, sys, size, src), vec, 1) }()
+		rb, sb := devBuf(t, sys, size, old), devBuf(t, sys, size, src)
+		go func() { done <- ts[0].SendTypedBuffer(ctx, 1, 13, sb, vec, 1) }()
 		if _, err := ts[1].RecvTypedBuffer(ctx, 0, 13, rb, vec, 1); err != nil {
 			t.Fatalf("recv %d after the fault: %v", i, err)
 		}
