@@ -86,9 +86,6 @@ var (
 	Complex128 = newNamed("complex128", 13, 16)
 )
 
-var namedByCode = []*Type{nil, Byte, Int8, Int16, Int32, Int64, Uint8, Uint16, Uint32,
-	Uint64, Float32, Float64, Complex64, Complex128}
-
 // String returns the name of a named type, or the combiner and id of a
 // derived one.
 func (t *Type) String() string {

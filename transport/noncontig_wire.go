@@ -156,16 +156,15 @@ func (m *rts) decode(b []byte) error {
 // cts is the clear to send (and, with the same layout, the ACK of a pack
 // transfer): the receiver's decision or the error it found.
 type cts struct {
-	status   uint8
-	scheme   datatype.Scheme
-	flags    uint8
-	nwin     uint32
-	chunk    int64
-	setID    uint64
-	keysLen  int64
-	rbytes   int64 // receiver's layout size
-	rsig     datatype.Signature
-	reserved uint64
+	status  uint8
+	scheme  datatype.Scheme
+	flags   uint8
+	nwin    uint32
+	chunk   int64
+	setID   uint64
+	keysLen int64
+	rbytes  int64 // receiver's layout size
+	rsig    datatype.Signature
 }
 
 func (m *cts) encode(b []byte) {

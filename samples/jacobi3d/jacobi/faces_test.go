@@ -12,7 +12,7 @@ import (
 // and the runtime's pooled landing memory are) and as a copy from
 // misaligned memory.
 func TestFaceBytes(t *testing.T) {
-	f := []float64{0, -0.0, 1.5, math.Inf(-1), math.NaN(), math.SmallestNonzeroFloat64, 1e300}
+	f := []float64{0, math.Copysign(0, -1), 1.5, math.Inf(-1), math.NaN(), math.SmallestNonzeroFloat64, 1e300}
 	p := faceBytes(f)
 	if len(p) != 8*len(f) {
 		t.Fatalf("%d floats became %d bytes", len(f), len(p))
