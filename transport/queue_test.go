@@ -15,9 +15,9 @@ import (
 // stream waits for the completion counter before it copies the received
 // data out, and the host never blocks in Start or Wait.
 func TestQueueMatchesTaggedOps(t *testing.T) {
+	sys := hostSystem(t)
 	ts := localJob(t, 2, ProgressDirect)
 	ctx := testCtx(t)
-	sys := hostSystem(t)
 	dev := sys.Devices()[0]
 	s, err := dev.NewStream()
 	if err != nil {
@@ -29,7 +29,8 @@ func TestQueueMatchesTaggedOps(t *testing.T) {
 	}
 	sizes := []int{0, 8, 100000, 1 << 20}
 	for iter := 0; iter < 3; iter++ {
-		var sends, recvs []gpu.Buffer
+		var recvs []gpu.Buffer
+		var hostGot [][]byte
 		var outs []gpu.Buffer
 		var hostRecv []*Request
 		for i, n := range sizes {
@@ -46,14 +47,13 @@ func TestQueueMatchesTaggedOps(t *testing.T) {
 			if _, err := q.EnqueueSend(src, 1, 20+i); err != nil {
 				t.Fatal(err)
 			}
-			sends = append(sends, src)
 			got := make([]byte, n)
 			r, err := ts[1].Irecv(0, 20+i, got)
 			if err != nil {
 				t.Fatal(err)
 			}
 			hostRecv = append(hostRecv, r)
-			_ = got
+			hostGot = append(hostGot, got)
 			dst := devBuf(t, sys, n, nil)
 			if _, err := q.EnqueueRecv(dst, 1, 40+i); err != nil {
 				t.Fatal(err)
@@ -81,6 +81,9 @@ func TestQueueMatchesTaggedOps(t *testing.T) {
 			if st.Size != n {
 				t.Fatalf("size %d, want %d", st.Size, n)
 			}
+			if !bytes.Equal(hostGot[i], pattern(n, iter*10+i)) {
+				t.Fatalf("iter %d: enqueued send %d delivered other bytes", iter, i)
+			}
 		}
 		if err := s.Synchronize(); err != nil {
 			t.Fatal(err)
@@ -98,8 +101,8 @@ func TestQueueMatchesTaggedOps(t *testing.T) {
 }
 
 func TestQueueErrors(t *testing.T) {
-	ts := localJob(t, 2, ProgressDirect)
 	sys := hostSystem(t)
+	ts := localJob(t, 2, ProgressDirect)
 	s, _ := sys.Devices()[0].NewStream()
 	q, err := ts[0].NewQueue(s)
 	if err != nil {
