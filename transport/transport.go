@@ -1632,10 +1632,24 @@ func (t *Transport) Close() error {
 		t.ovClose()
 	}
 	t.cmaClose()
+	// A receive that has matched a rendezvous goes on after Cancel, and its
+	// protocol state hangs on the sender's endpoint: destroying the worker
+	// with it there aborts the process (ucp_ep_destroy_base asserts the
+	// endpoint's request list is empty), and the peer, closing too, may
+	// never finish it. Those endpoints are closed by force, which fails
+	// the receive instead (an any-source one forces them all).
+	forced := make(map[int]bool)
+	forceAll := false
 	for _, r := range t.ops {
 		if r != nil && r.recv && r.ureq.Pending() {
 			r.failErr = fmt.Errorf("transport: %s rank %d: %w", r.op, r.peer, ErrClosed)
-			t.w.Cancel(r.ureq)
+			if !t.w.CancelNow(r.ureq) && r.ureq.Status() == ucx.StatusInProgress {
+				if r.peer >= 0 {
+					forced[r.peer] = true
+				} else {
+					forceAll = true
+				}
+			}
 		}
 	}
 	t.bundlesFlush(true) // posted before Close: they leave with the rest
@@ -1647,12 +1661,13 @@ func (t *Transport) Close() error {
 		p.destroyRkeys()
 		p.rkeys, p.ncRkeys = nil, nil
 		delete(t.epOwner, p.ep.Handle())
-		// Flush what was posted, unless sends to the peer are still in
-		// flight: a rendezvous send its peer has not taken would outlive
-		// the flush, and UCX aborts the process when the worker is
-		// destroyed with it (an assertion in ucp_ep_destroy_base). Those
-		// are discarded instead; Close fails them below.
-		force := false
+		// Flush what was posted, unless sends to the peer, or a matched
+		// receive from it, are still in flight: a rendezvous send its peer
+		// has not taken would outlive the flush, and UCX aborts the
+		// process when the worker is destroyed with it (an assertion in
+		// ucp_ep_destroy_base). Those are discarded instead; Close fails
+		// them below.
+		force := forceAll || forced[p.rank]
 		for r := range p.pending {
 			if !r.recv {
 				force = true
