@@ -16,8 +16,8 @@ import (
 // receives took them all on both ranks, and every transfer waited for a
 // slot or for its peer's transfer, for ever.
 func TestChannelStagedPoolNeverDeadlocks(t *testing.T) {
-	ts := channelJob(t, false, false, ProgressDirect)
 	sys := [2]*gpu.System{hostSystem(t), hostSystem(t)}
+	ts := channelJob(t, false, false, ProgressDirect)
 	const nch = 40
 	n := 3 * ChannelChunkSize // 3 full chunks + empty tail: 4 chunks, 4 slots each
 	var reqs []*ChannelRequest
@@ -149,9 +149,9 @@ func recvThenClose(t *testing.T, ts []*Transport, me int) (*Channel, *ChannelReq
 // *SizeMismatchError; withdrawing its chunk receives used to dereference
 // the ones not yet posted and crash the process.
 func TestChannelStagedRecvMismatchManyChunks(t *testing.T) {
+	sys := hostSystem(t)
 	ts := channelJob(t, false, false, ProgressDirect)
 	ctx := testCtx(t)
-	sys := hostSystem(t)
 	a, _ := ts[0].Channel(9, 1)
 	b, _ := ts[1].Channel(9, 0)
 	rr, err := b.Recv(devBuf(t, sys, 8*ChannelChunkSize+100, nil))

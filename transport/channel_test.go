@@ -12,6 +12,12 @@ import (
 	"github.com/troupe-hpc/troupe/gpu"
 )
 
+// hostSystem opens the GPU host backend, closed when the test ends. Call it
+// before the test starts its ranks: cleanups run last in first out, so the
+// transports then close, failing what is still in flight, before the System
+// frees the device memory those transfers read and write. Freeing it first
+// is cudaFree under a running transfer: a receive finishing later writes
+// into unmapped memory.
 func hostSystem(t testing.TB) *gpu.System {
 	t.Helper()
 	sys, err := gpu.OpenBackend(gpu.BackendHost)
@@ -126,9 +132,9 @@ func TestChannelPaths(t *testing.T) {
 	for _, v := range channelVariants {
 		local := v.local
 		t.Run(v.name, func(t *testing.T) {
+			sys := hostSystem(t)
 			ts := channelJob(t, v.local, v.engine, v.progress)
 			ctx := testCtx(t)
-			sys := hostSystem(t)
 			a, err := ts[0].Channel(5, 1)
 			if err != nil {
 				t.Fatal(err)
@@ -259,9 +265,9 @@ func TestChannelSizeMismatch(t *testing.T) {
 	for _, v := range channelVariants {
 		local := v.local
 		t.Run(v.name, func(t *testing.T) {
+			sys := hostSystem(t)
 			ts := channelJob(t, v.local, v.engine, v.progress)
 			ctx := testCtx(t)
-			sys := hostSystem(t)
 			a, _ := ts[0].Channel(9, 1)
 			b, _ := ts[1].Channel(9, 0)
 			// (sent, received) sizes: shorter and longer, one message and chunked,

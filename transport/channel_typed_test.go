@@ -85,9 +85,9 @@ func faultPiece(t *testing.T, unpack bool, off int64, err error) {
 func TestChannelTyped(t *testing.T) {
 	for _, v := range channelVariants {
 		t.Run(v.name, func(t *testing.T) {
+			sys := hostSystem(t)
 			ts := channelJob(t, v.local, v.engine, v.progress)
 			ctx := testCtx(t)
-			sys := hostSystem(t)
 			a, err := ts[0].Channel(21, 1)
 			if err != nil {
 				t.Fatal(err)
@@ -186,9 +186,9 @@ func boolInt(b bool) int {
 // receive; a packed size other than the sender's fails the receive with a
 // *SizeMismatchError, and the channel goes on.
 func TestChannelTypedErrors(t *testing.T) {
+	sys := hostSystem(t)
 	ts := channelJob(t, false, false, ProgressDirect)
 	ctx := testCtx(t)
-	sys := hostSystem(t)
 	a, _ := ts[0].Channel(22, 1)
 	b, _ := ts[1].Channel(22, 0)
 	defer a.Close()
@@ -257,9 +257,9 @@ func TestChannelTypedErrors(t *testing.T) {
 func TestChannelTypedPieceFault(t *testing.T) {
 	for _, unpackFault := range []bool{false, true} {
 		t.Run(map[bool]string{false: "pack", true: "unpack"}[unpackFault], func(t *testing.T) {
+			sys := hostSystem(t)
 			ts := channelJob(t, false, false, ProgressDirect)
 			ctx := testCtx(t)
-			sys := hostSystem(t)
 			vec, chans := threeChunkChannels(t, ts, 41)
 			size := int(vec.Extent())
 			boom := errors.New("injected kernel fault")
@@ -330,9 +330,9 @@ func TestChannelTypedRecvPipelined(t *testing.T) {
 		mode   ProgressMode
 	}{{"direct", false, ProgressDirect}, {"queue", false, ProgressQueue}, {"engine", true, ProgressDirect}} {
 		t.Run(v.name, func(t *testing.T) {
+			sys := hostSystem(t)
 			ts := channelJob(t, false, v.engine, v.mode)
 			ctx := testCtx(t)
-			sys := hostSystem(t)
 			vec, chans := threeChunkChannels(t, ts, 42)
 			size := int(vec.Extent())
 			gate, cancel := context.WithTimeout(ctx, 30*time.Second)

@@ -16,9 +16,9 @@ import (
 // Unpack give on host memory, gaps unchanged. A signature mismatch fails
 // both sides, and a shorter message fills the first elements only.
 func TestTypedBuffer(t *testing.T) {
+	sys := hostSystem(t)
 	ts := localJob(t, 2, ProgressDirect)
 	ctx := testCtx(t)
-	sys := hostSystem(t)
 	layouts := typedLayouts(t)
 	src := pattern(typedBufferSize, 21)
 	old := pattern(typedBufferSize, 22)
@@ -113,9 +113,9 @@ func TestTypedBuffer(t *testing.T) {
 // TestTypedBufferErrors: bad layouts are refused before anything moves, and
 // the message goes to the next receive.
 func TestTypedBufferErrors(t *testing.T) {
+	sys := hostSystem(t)
 	ts := localJob(t, 2, ProgressDirect)
 	ctx := testCtx(t)
-	sys := hostSystem(t)
 	vec := typedLayouts(t)["vector"]
 	short := devBuf(t, sys, 100, nil)
 	if _, err := ts[1].RecvTypedBuffer(ctx, 0, 1, short, vec, 1); !errors.Is(err, ErrInvalid) {
@@ -148,8 +148,8 @@ func TestTypedBufferErrors(t *testing.T) {
 // memory, unpacks whole elements of a prefix back without touching the
 // gaps, and refuses bad layouts and use after Release.
 func TestTypedStage(t *testing.T) {
-	ts := localJob(t, 1, ProgressDirect)
 	sys := hostSystem(t)
+	ts := localJob(t, 1, ProgressDirect)
 	// Column 3 of a 40x12 float64 grid, origin at byte 3*8.
 	col, err := datatype.Vector(40, 1, 12, datatype.Float64)
 	if err != nil {
@@ -229,9 +229,9 @@ func TestTypedStage(t *testing.T) {
 // layout untouched.
 func TestTypedBufferPieces(t *testing.T) {
 	const chunk = 16 << 10
+	sys := hostSystem(t)
 	ts := chunkedJob(t, chunk)
 	ctx := testCtx(t)
-	sys := hostSystem(t)
 	dev, err := sys.Device(0)
 	if err != nil {
 		t.Fatal(err)
@@ -343,6 +343,7 @@ func TestTypedBufferPieces(t *testing.T) {
 // layout is read no more: the sender then overwrites its buffer, and the
 // receiver, posted after that, still gets the bytes as they were.
 func TestTypedBufferLeftInFlight(t *testing.T) {
+	sys := hostSystem(t)
 	ts := localJob(t, 2, ProgressDirect)
 	for _, tr := range ts {
 		o := DefaultNoncontigOptions()
@@ -352,7 +353,6 @@ func TestTypedBufferLeftInFlight(t *testing.T) {
 		}
 	}
 	ctx := testCtx(t)
-	sys := hostSystem(t)
 	vec, err := datatype.Vector(8192, 3, 5, datatype.Float64) // 192 KiB packed
 	if err != nil {
 		t.Fatal(err)
@@ -385,9 +385,9 @@ func TestTypedBufferLeftInFlight(t *testing.T) {
 // layout then goes through: the failed pack stream was replaced.
 func TestTypedBufferPackFault(t *testing.T) {
 	const chunk = 16 << 10
+	sys := hostSystem(t)
 	ts := chunkedJob(t, chunk)
 	ctx := testCtx(t)
-	sys := hostSystem(t)
 	vec, err := datatype.Vector(8192, 3, 5, datatype.Float64) // 192 KiB packed: 12 chunks
 	if err != nil {
 		t.Fatal(err)
