@@ -326,7 +326,10 @@ func (s *System) enter() (leave func(), err error) {
 // stream waits are released, their streams report ErrClosed), waits for the
 // backend's goroutines to exit and releases all memory allocated through the
 // system. Buffers of the system must not be used afterwards (operations on
-// them report ErrClosed).
+// them report ErrClosed). Transfers that hold raw pointers into its memory
+// (a transport's receive or queue operation in flight) must have ended
+// first, as with cudaFree under a running RDMA: close transports before
+// the System.
 func (s *System) Close() error {
 	if s == nil || !s.closed.CompareAndSwap(false, true) {
 		return nil
