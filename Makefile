@@ -56,12 +56,14 @@ test: deps test-deps
 
 # test-deps installs what only the tests need: Open MPI's mpirun, whose PMIx
 # server the PMIx bootstrap is tested against (integration TestPMIxLaunch),
-# and PMIx's headers, against which TestPMIxABI checks the declarations of
-# transport/bootstrap/pmix.go.
+# PMIx's headers, against which TestPMIxABI checks the declarations of
+# transport/bootstrap/pmix.go, and Open MPI's headers, with which
+# TestMPIReference builds the MPI Jacobi3D (openmpi-bin alone installs
+# mpicc.openmpi without mpi.h).
 test-deps:
-	@if ! command -v mpirun.openmpi >/dev/null 2>&1 || ! pkg-config --exists pmix 2>/dev/null; then \
-		echo "installing openmpi-bin libpmix-dev"; \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openmpi-bin libpmix-dev >/dev/null; \
+	@if ! command -v mpirun.openmpi >/dev/null 2>&1 || ! pkg-config --exists pmix 2>/dev/null || ! pkg-config --exists ompi-c 2>/dev/null; then \
+		echo "installing openmpi-bin libpmix-dev libopenmpi-dev"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openmpi-bin libpmix-dev libopenmpi-dev >/dev/null; \
 	fi
 
 bench: build

@@ -18,8 +18,8 @@ import (
 // cubic and a non-cubic grid, as a singleton and on 2 and 3 ranks, with and
 // without -overlap, built as compare.sh builds it (scalar with -O2, and
 // vectorised with -O3 -march=native -ffinite-math-only -fno-signed-zeros).
-// It runs for each MPI whose compiler is installed and is skipped where
-// there is none (CI installs no MPI).
+// It runs for each MPI whose compiler and headers are installed (CI
+// installs Open MPI's, `make test-deps`) and is skipped where there is none.
 func TestMPIReference(t *testing.T) {
 	found := false
 	builds := map[string][]string{
@@ -31,14 +31,29 @@ func TestMPIReference(t *testing.T) {
 		if err != nil {
 			continue
 		}
+		if out, err := mpiHeaderCheck(t, cc); err != nil {
+			// openmpi-bin installs mpicc.openmpi without mpi.h, which
+			// comes with libopenmpi-dev.
+			t.Logf("%s cannot compile an MPI program (no MPI headers?), %s skipped: %v\n%s", cc, impl, err, out)
+			continue
+		}
 		found = true
 		for name, flags := range builds {
 			t.Run(impl+"/"+name, func(t *testing.T) { testMPIReference(t, impl, cc, flags) })
 		}
 	}
 	if !found {
-		t.Skip("no MPI compiler (mpicc.openmpi, mpicc.mpich): `make bench-jacobi-mpi` installs both")
+		t.Skip("no MPI compiler with its headers (mpicc.openmpi, mpicc.mpich): `make bench-jacobi-mpi` installs both")
 	}
+}
+
+// mpiHeaderCheck compiles a program that only includes mpi.h with cc.
+func mpiHeaderCheck(t *testing.T, cc string) ([]byte, error) {
+	src := filepath.Join(t.TempDir(), "probe.c")
+	if err := os.WriteFile(src, []byte("#include <mpi.h>\nint main(void) { return MPI_SUCCESS; }\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return exec.Command(cc, "-fsyntax-only", src).CombinedOutput()
 }
 
 func testMPIReference(t *testing.T, impl, cc string, flags []string) {
