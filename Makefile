@@ -7,12 +7,13 @@ RACE_PKGS := ./...
 
 .PHONY: deps test-deps build run test bench bench-mpi bench-jacobi-mpi ptx clean
 
-# deps installs UCX (headers, library, ucx_perftest), pkg-config and, if no Go
+# deps installs UCX (headers, library, ucx_perftest), pkg-config, gcc and g++
+# (the fake CUDA driver's kernels build as C++) and, if no Go
 # toolchain is on PATH, Debian's Go (which fetches the go.mod toolchain).
 deps:
-	@if ! pkg-config --exists ucx 2>/dev/null || ! command -v ucx_perftest >/dev/null 2>&1 || ! command -v gcc >/dev/null 2>&1; then \
-		echo "installing libucx-dev ucx-utils pkg-config gcc"; \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libucx-dev ucx-utils pkg-config gcc >/dev/null; \
+	@if ! pkg-config --exists ucx 2>/dev/null || ! command -v ucx_perftest >/dev/null 2>&1 || ! command -v gcc >/dev/null 2>&1 || ! command -v g++ >/dev/null 2>&1; then \
+		echo "installing libucx-dev ucx-utils pkg-config gcc g++"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libucx-dev ucx-utils pkg-config gcc g++ >/dev/null; \
 	fi
 	@if ! command -v $(GO) >/dev/null 2>&1; then \
 		echo "installing golang-go"; \
