@@ -18,7 +18,10 @@ func TestRepFaster(t *testing.T) {
 		{"AuthenticAMD", 0x19, 0xa0, true, true},  // Zen 4c Bergamo
 		{"AuthenticAMD", 0x17, 0x31, true, false}, // Zen 2
 		{"AuthenticAMD", 0x1a, 0x02, true, true},  // Zen 5
-		{"GenuineIntel", 0x06, 0x8f, true, true},  // Sapphire Rapids
+		{"GenuineIntel", 0x06, 0x8f, true, true},  // Sapphire Rapids (unmeasured)
+		{"GenuineIntel", 0x06, 0xcf, true, false}, // Emerald Rapids (measured slower)
+		{"HygonGenuine", 0x18, 0x00, true, false}, // Hygon Dhyana: a Zen core
+		{"CentaurHauls", 0x06, 0x0f, true, true},  // other vendors: unmeasured
 		{"GenuineIntel", 0x06, 0x8f, false, false},
 		{"AuthenticAMD", 0x19, 0x11, false, false},
 	} {
