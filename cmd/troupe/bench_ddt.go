@@ -32,6 +32,8 @@ With --mpi it also runs the given MPI reference programs (built from
 datatype/layouts/mpiref/mpi_pack.c by 'make bench-mpi') on each layout right
 after troupe's own measurement, checks that they pack the same bytes, and
 prints troupe's pack and unpack bandwidth as a ratio to the best of them.
+Then troupe measures in a new process each time too, as the MPI programs do,
+so that each side's best is over as many fresh placements of its buffers.
 
 With --workers N (N > 1), troupe packs and unpacks page-bound layouts (small
 blocks about a page apart over a span of 32 MiB or more: nas_mg_x) on up to
@@ -190,7 +192,21 @@ func measureDDT(l layouts.Layout, mpiProgs []string, round time.Duration, rounds
 		row.MPI = make([]mpiResult, len(mpiProgs))
 	}
 	for range repeat {
-		r, err := layouts.Measure(l, round, rounds, workers)
+		var r layouts.Result
+		var err error
+		if len(mpiProgs) > 0 {
+			// Each MPI program measures in a process of its own, on pages
+			// fresh from the kernel; troupe does too. Repeats in this
+			// process may reuse the heap's pages, and on the layouts whose
+			// source and packed buffers about fill the L2 (nas_mg_y and _z,
+			// fft: 2 MiB) how those pages share its sets moves a process's
+			// figures by up to 30 % (an Intel VM, 2026-12-06): the best of
+			// three processes against the best of three measurements in one was
+			// no fair comparison.
+			r, err = measureDDTChild(l.Name, round, rounds, workers)
+		} else {
+			r, err = layouts.Measure(l, round, rounds, workers)
+		}
 		if err != nil {
 			return row, err
 		}
@@ -208,6 +224,32 @@ func measureDDT(l layouts.Layout, mpiProgs []string, round time.Duration, rounds
 		}
 	}
 	return row, nil
+}
+
+// measureDDTChild measures one layout in a new process of this executable
+// (bench ddt --json, with the REP MOVSB setting of this one) and decodes its
+// JSON line.
+func measureDDTChild(layout string, round time.Duration, rounds, workers int) (layouts.Result, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return layouts.Result{}, fmt.Errorf("bench ddt: %w", err)
+	}
+	c := exec.Command(self, "bench", "ddt", "--json", "--layout", layout, "--round", round.String(),
+		"--rounds", strconv.Itoa(rounds), "--workers", strconv.Itoa(workers), "--rep", onOff(dt.RepKernel()))
+	var stderr bytes.Buffer
+	c.Stderr = &stderr
+	outb, err := c.Output()
+	if err != nil {
+		return layouts.Result{}, fmt.Errorf("bench ddt: measuring %s in a child process: %w: %s", layout, err, bytes.TrimSpace(stderr.Bytes()))
+	}
+	var row ddtRow
+	if err := json.Unmarshal(bytes.TrimSpace(outb), &row); err != nil {
+		return layouts.Result{}, fmt.Errorf("bench ddt: %s: bad output of the child process %q: %w", layout, outb, err)
+	}
+	if row.Layout != layout {
+		return layouts.Result{}, fmt.Errorf("bench ddt: the child process measured %q, asked for %q", row.Layout, layout)
+	}
+	return row.Result, nil
 }
 
 // bestOf keeps the larger of each bandwidth of a and b, and b's names.
