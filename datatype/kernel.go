@@ -175,7 +175,11 @@ func repBlock(l int64) bool { return l >= repKernelMin && l <= repKernelMax && r
 // VM (family 6 model CFh, Emerald Rapids, 2026-12-06; median of 15
 // interleaved rounds, two runs) it was 0-11 % slower than the AVX2 kernel
 // at 2.5-4 KiB (5 % in four of six; 34.3 against 36.5 GB/s at 2.5 KiB) and level from 8 KiB
-// up. So AMD CPUs before Zen 4 and that Intel model use the AVX2 kernel;
+// up, though 15-42 % faster packing nas_mg_y's 4 KiB blocks 1 MB apart (four
+// of five comparisons). Against Open MPI over all 13 layouts (make
+// bench-mpi) one layout was behind with it off (nas_mg_y, 0.88/0.91) and
+// three with it on (nas_mg_y unpack 0.85, nas_mg_z 0.91/0.89, fft
+// 0.85/0.90). So AMD CPUs before Zen 4 and that Intel model use the AVX2 kernel;
 // Zen 4 and later, and other CPUs with ERMS (unmeasured here), use REP
 // MOVSB.
 func repFaster(vendor string, family, model uint32, erms bool) bool {
