@@ -39,26 +39,36 @@ var (
 // with a short ping-pong at start-up) and passes the one-way times.
 //
 // It rejects fewer than 2 samples, negative sizes, non-positive times,
-// fewer than 2 distinct sizes, and fits whose slope is not positive (time
-// must grow with size). A negative intercept is clamped to 0.
+// fewer than 2 distinct sizes, fits whose slope is not positive (time
+// must grow with size) and intercepts beyond a time.Duration. A negative
+// intercept is clamped to 0.
 func Calibrate(samples []Sample) (Fit, error) {
 	if len(samples) < 2 {
 		return Fit{}, fmt.Errorf("%w: got %d", ErrTooFewSamples, len(samples))
 	}
+	// Sizes and times are taken relative to the first sample's, in
+	// integers, so that distinct sizes stay distinct however large they
+	// are (their float64 values alone could round to the same mean).
+	s0, t0 := samples[0].Size, samples[0].Time
+	distinct := false
 	var mx, my float64
 	for i, s := range samples {
 		if s.Size < 0 || s.Time <= 0 {
 			return Fit{}, fmt.Errorf("%w: sample %d: size %d time %v", ErrBadSample, i, s.Size, s.Time)
 		}
-		mx += float64(s.Size)
-		my += float64(s.Time)
+		distinct = distinct || s.Size != s0
+		mx += float64(s.Size - s0)
+		my += float64(s.Time - t0)
+	}
+	if !distinct {
+		return Fit{}, ErrDegenerate
 	}
 	n := float64(len(samples))
 	mx /= n
 	my /= n
 	var sxx, sxy, syy float64
 	for _, s := range samples {
-		dx, dy := float64(s.Size)-mx, float64(s.Time)-my
+		dx, dy := float64(s.Size-s0)-mx, float64(s.Time-t0)-my
 		sxx += dx * dx
 		sxy += dx * dy
 		syy += dy * dy
@@ -70,7 +80,7 @@ func Calibrate(samples []Sample) (Fit, error) {
 	if !(alpha > 0) || math.IsInf(alpha, 0) {
 		return Fit{}, fmt.Errorf("%w: alpha %v ns/byte", ErrBadFit, alpha)
 	}
-	beta := my - alpha*mx
+	beta := float64(t0) + my - alpha*(float64(s0)+mx)
 	f := Fit{Alpha: alpha, R2: 1}
 	if syy > 0 {
 		f.R2 = sxy * sxy / (sxx * syy)
@@ -78,6 +88,9 @@ func Calibrate(samples []Sample) (Fit, error) {
 	if beta < 0 {
 		f.BetaClamped = true
 		beta = 0
+	}
+	if !(beta < math.MaxInt64) {
+		return Fit{}, fmt.Errorf("%w: beta %v ns does not fit a time.Duration", ErrBadFit, beta)
 	}
 	f.Beta = time.Duration(math.Round(beta))
 	return f, nil

@@ -1,6 +1,7 @@
 package overlap
 
 import (
+	"math"
 	"testing"
 	"time"
 
@@ -45,6 +46,19 @@ func TestCalibrate(t *testing.T) {
 		{name: "zero time", samples: []Sample{{1, 0}, {2, 2}}, wantErr: ErrBadSample},
 		{name: "negative time", samples: []Sample{{1, 5}, {2, -2}}, wantErr: ErrBadSample},
 		{name: "one distinct size", samples: []Sample{{64, 5}, {64, 7}}, wantErr: ErrDegenerate},
+		{
+			// As floats these sizes' mean rounds, and their deviations
+			// from it were not all 0: a fit of one size was accepted.
+			name:    "one distinct size, huge",
+			samples: []Sample{{282993306652397236, 360}, {282993306652397236, 721}, {282993306652397236, 784}},
+			wantErr: ErrDegenerate,
+		},
+		{
+			// An intercept of 2^63 ns became a negative Beta.
+			name:    "intercept beyond a Duration",
+			samples: []Sample{{0, math.MaxInt64 - 1024}, {1, math.MaxInt64}},
+			wantErr: ErrBadFit,
+		},
 		{name: "time falls with size", samples: []Sample{{64, 50}, {128, 20}}, wantErr: ErrBadFit},
 		{name: "flat", samples: []Sample{{64, 50}, {128, 50}}, wantErr: ErrBadFit},
 	}
