@@ -372,8 +372,11 @@ func (t *Transport) ovUnexpected(msg ucx.Message, k ovKey, src, tag, size int) {
 		}
 		m.mode, m.slot = overlap.Prefetch, d.Slot
 		m.data = ov.slots[d.Slot][:size]
-		t.ovFetch(m)
+		// Started before the receive is: one that fails at once reports
+		// PrefetchDropped inside ovFetch, after which the engine knows
+		// the transfer no more (as ovCMAUnexpected orders them).
 		t.step(overlap.Event{Kind: overlap.TransferStarted, ID: m.id})
+		t.ovFetch(m)
 	default:
 		m.mode = overlap.Onload
 	}
