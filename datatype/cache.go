@@ -69,13 +69,15 @@ type cacheEntry struct {
 // LayoutCache maps (type, base address, count) to the flattened layout and
 // its statistics, computed once per key. It is safe for concurrent use;
 // concurrent misses on one key compute it once. It holds at most maxSegments
-// segments in total, evicting least recently used layouts; a layout larger
-// than the bound is returned but not kept. Entries of a type are evicted when
+// segments in total, a layout with none counting as one, evicting least
+// recently used layouts; a layout larger than the bound is returned but not
+// kept. Entries of a type are evicted when
 // the type is freed.
 type LayoutCache struct {
 	mu          sync.Mutex
 	maxSegments int64
-	segments    int64
+	segments    int64 // segments of the layouts held
+	charged     int64 // what they count against maxSegments (cacheCost)
 	entries     map[cacheKey]*cacheEntry
 	lru         list.List // front = most recent; values *cacheEntry
 	hits, miss  int64
@@ -149,12 +151,13 @@ func (c *LayoutCache) Get(t *Type, base uintptr, count int64) (*Layout, error) {
 	switch {
 	case c.entries[k] != e:
 		// Evicted (type freed) while computing.
-	case err != nil || t.freed.Load() || l.Stats.Segments > c.maxSegments:
+	case err != nil || t.freed.Load() || cacheCost(l) > c.maxSegments:
 		delete(c.entries, k)
 	default:
 		e.elem = c.lru.PushFront(e)
 		c.segments += l.Stats.Segments
-		for c.segments > c.maxSegments {
+		c.charged += cacheCost(l)
+		for c.charged > c.maxSegments {
 			c.removeLocked(c.lru.Back().Value.(*cacheEntry))
 		}
 	}
@@ -167,9 +170,15 @@ func (c *LayoutCache) removeLocked(e *cacheEntry) {
 	if e.elem != nil {
 		c.lru.Remove(e.elem)
 		c.segments -= e.layout.Stats.Segments
+		c.charged -= cacheCost(e.layout)
 		e.elem = nil
 	}
 }
+
+// cacheCost is what a layout counts against the bound: its segments, and
+// at least one, so that layouts with no data (count 0, empty types) cannot
+// grow the cache without bound.
+func cacheCost(l *Layout) int64 { return max(l.Stats.Segments, 1) }
 
 // evictType drops every entry of t; called by Type.Free.
 func (c *LayoutCache) evictType(t *Type) {

@@ -64,6 +64,26 @@ func TestLayoutCacheLRU(t *testing.T) {
 	require.Equal(t, int64(20), c.Stats().Segments)
 }
 
+// TestLayoutCacheEmptyLayouts: layouts with no segments count as one
+// against the bound, so that they cannot grow the cache without limit.
+func TestLayoutCacheEmptyLayouts(t *testing.T) {
+	empty := must(t)(dt.Contiguous(0, dt.Int32))
+	c := dt.NewLayoutCache(4)
+	for base := uintptr(0); base < 1000; base++ {
+		l, err := c.Get(empty, base, 1)
+		require.NoError(t, err)
+		require.Zero(t, l.Stats.Segments)
+	}
+	require.Equal(t, 4, c.Stats().Entries)
+	require.Zero(t, c.Stats().Segments)
+	// They give their share back when evicted: a layout of 4 segments
+	// then fits alone.
+	v := must(t)(dt.Vector(4, 1, 2, dt.Int8))
+	_, err := c.Get(v, 0, 1)
+	require.NoError(t, err)
+	require.Equal(t, dt.CacheStats{Entries: 1, Segments: 4, Hits: 0, Misses: 1001}, c.Stats())
+}
+
 func TestLayoutCacheConcurrent(t *testing.T) {
 	c := dt.NewLayoutCache(1 << 12)
 	types := make([]*dt.Type, 4)

@@ -82,6 +82,7 @@ func derive(comb Combiner, root *node, lb, ub int64, parts []sigPart, a *arith) 
 	t := &Type{id: nextID.Add(1), comb: comb, root: root, lb: lb, ub: ub, parts: parts}
 	if root != nil {
 		t.size = root.size
+		a.sub(root.hi, root.lo, "true extent")
 	}
 	a.sub(ub, lb, "extent")
 	for _, p := range parts {

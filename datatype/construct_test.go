@@ -144,6 +144,15 @@ func TestErrors(t *testing.T) {
 		{"indexed block negative, no blocks", second(dt.IndexedBlock(-1, nil, dt.Int32)), dt.ErrInvalidArgument},
 		{"hindexed block negative, no blocks", second(dt.HIndexedBlock(-1, []int64{}, dt.Int32)), dt.ErrInvalidArgument},
 		{"count overflow", second(dt.Int64.PackedSize(1 << 61)), dt.ErrOverflow},
+		// Extent 0 members whose data lie 2^62 bytes either side of the
+		// origin: the extent fits, the true extent (2^63+1) does not.
+		{"true extent overflow", second(dt.Struct([]int64{1, 1}, []int64{0, 0}, []*dt.Type{
+			m(dt.Resized(m(dt.HIndexed([]int64{1, 1}, []int64{-1 << 62, 0}, dt.Byte)), 0, 0)),
+			m(dt.Resized(m(dt.HIndexed([]int64{1, 1}, []int64{0, 1 << 62}, dt.Byte)), 0, 0)),
+		})), dt.ErrOverflow},
+		// Data at -2^62 and 2^62-2 (true extent 2^63-1, the most there
+		// is) and extent 1: two elements span 2^63 bytes.
+		{"true extent overflow over a count", second(m(dt.Resized(m(dt.HIndexed([]int64{1, 1}, []int64{-1 << 62, 1<<62 - 2}, dt.Byte)), 0, 1)).Segments(2, 0, -1)), dt.ErrOverflow},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -200,6 +209,27 @@ func TestSignature(t *testing.T) {
 	big := hash(m(dt.Vector(1_000_000_000, 1, 2, dt.Float64)), 3)
 	require.Equal(t, big, hash(m(dt.Contiguous(3_000_000_000, dt.Float64)), 1))
 	require.Equal(t, int64(3_000_000_000), big.Elements)
+}
+
+// TestSignatureOfSharedParts: a type that uses another twice at every
+// level of a 40-level nesting (a struct of a type and its dup) has a
+// signature of 2^40 int32 in one run. Expanding every use anew took
+// 2^depth steps (a second at 24 levels); each type is expanded once.
+func TestSignatureOfSharedParts(t *testing.T) {
+	m := must(t)
+	x := dt.Int32
+	for range 40 {
+		x = m(dt.Struct([]int64{1, 1}, []int64{0, x.Extent()}, []*dt.Type{x, m(dt.Dup(x))}))
+	}
+	runs, err := x.TypeSignature(4)
+	require.NoError(t, err)
+	require.Equal(t, []dt.SigRun{{Type: dt.Int32, Count: 1 << 40}}, runs)
+	y := m(dt.Struct([]int64{1, 1}, []int64{0, 4}, []*dt.Type{dt.Int32, dt.Float32}))
+	for range 40 {
+		y = m(dt.Struct([]int64{1, 1}, []int64{0, y.Extent()}, []*dt.Type{y, m(dt.Dup(y))}))
+	}
+	_, err = y.TypeSignature(64)
+	require.ErrorIs(t, err, dt.ErrInvalidArgument) // 2^41 runs alternate
 }
 
 func TestHugeVectorIsCompact(t *testing.T) {

@@ -61,8 +61,8 @@ func (e *engine) copyRun(at, n int64) {
 		e.pos += n
 		return
 	}
-	if repBlock(n) || hasBlockKernel && n <= blockKernelMax {
-		e.blocks(at, 1, 0, n)
+	if rep := repBlock(n); rep || hasBlockKernel && n <= blockKernelMax {
+		e.blocks(at, 1, 0, n, rep)
 		return
 	}
 	u := unsafe.Slice((*byte)(unsafe.Add(e.user, at)), n)
@@ -217,8 +217,8 @@ func SetRepKernel(on bool) bool { return setRepKernel(on) }
 // stridedLarge moves n blocks of l bytes for the sizes gather has no
 // instance for: the assembly kernel above 64 bytes, copyRun otherwise.
 func (e *engine) stridedLarge(at, n, stride, l int64) {
-	if repBlock(l) || hasBlockKernel && l > 64 && l <= blockKernelMax {
-		e.blocks(at, n, stride, l)
+	if rep := repBlock(l); rep || hasBlockKernel && l > 64 && l <= blockKernelMax {
+		e.blocks(at, n, stride, l, rep)
 		return
 	}
 	for i := int64(0); i < n; i++ {
@@ -227,16 +227,17 @@ func (e *engine) stridedLarge(at, n, stride, l int64) {
 }
 
 // blocks moves n blocks of l bytes with an assembly kernel, the i-th at
-// user offset at + i*stride, and advances pos: blocksRep for l in
-// [repKernelMin, repKernelMax] where the CPU has it, else blocks64 (which
-// needs 64 < l <= blockKernelMax).
-func (e *engine) blocks(at, n, stride, l int64) {
+// user offset at + i*stride, and advances pos: blocksRep when rep (the
+// caller's repBlock(l), read once: SetRepKernel may change it meanwhile,
+// and blocks64 must not get a block it cannot move, on a CPU it may not
+// run on), else blocks64 (which needs 64 < l <= blockKernelMax).
+func (e *engine) blocks(at, n, stride, l int64, rep bool) {
 	u, p := unsafe.Add(e.user, at), unsafe.Add(e.packed, e.pos)
 	dst, src, dstStride, srcStride := p, u, l, stride
 	if e.unpack {
 		dst, src, dstStride, srcStride = u, p, stride, l
 	}
-	if repBlock(l) {
+	if rep {
 		blocksRep(dst, src, n, l, dstStride, srcStride)
 	} else {
 		blocks64(dst, src, n, l, dstStride, srcStride)

@@ -41,6 +41,9 @@ func (t *Type) program(count int64) (*node, error) {
 	}
 	var a arith
 	nd := repeat(t.root, count, t.Extent(), &a)
+	if nd != nil {
+		a.sub(nd.hi, nd.lo, "true extent")
+	}
 	if err := a.err(); err != nil {
 		return nil, err
 	}

@@ -297,8 +297,18 @@ type Move struct {
 // Moves appends to dst the moves that carry the bytes of the sender's
 // pieces src into the receiver's pieces rcv, pairing them in packed order
 // (each move is the overlap of one sender piece and one receiver piece). Both
-// lists must hold the same number of bytes.
+// lists must hold the same number of bytes, and no piece a negative number.
 func Moves(src, rcv []IOV, dst []Move) ([]Move, error) {
+	for i, v := range src {
+		if v.Len < 0 {
+			return dst, invalid("Moves: sender piece %d has negative length %d", i, v.Len)
+		}
+	}
+	for j, v := range rcv {
+		if v.Len < 0 {
+			return dst, invalid("Moves: receiver piece %d has negative length %d", j, v.Len)
+		}
+	}
 	i, j := 0, 0
 	var si, rj int64 // bytes consumed of src[i], rcv[j]
 	for i < len(src) && j < len(rcv) {

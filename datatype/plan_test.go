@@ -247,6 +247,17 @@ func TestMovesSizeMismatch(t *testing.T) {
 	}
 }
 
+// TestMovesNegativeLength: a piece of negative length is refused; it drove
+// the receiver's cursor back and gave moves outside its pieces.
+func TestMovesNegativeLength(t *testing.T) {
+	if m, err := Moves([]IOV{{100, -5}, {200, 10}}, []IOV{{300, 5}}, nil); !errors.Is(err, ErrInvalidArgument) {
+		t.Fatalf("negative sender piece: moves %v, error %v", m, err)
+	}
+	if m, err := Moves([]IOV{{100, 5}}, []IOV{{300, -5}, {400, 10}}, nil); !errors.Is(err, ErrInvalidArgument) {
+		t.Fatalf("negative receiver piece: moves %v, error %v", m, err)
+	}
+}
+
 func TestDataBounds(t *testing.T) {
 	v, err := Vector(3, 2, 5, Float64) // blocks at 0, 40, 80 of 16 bytes
 	if err != nil {

@@ -150,7 +150,8 @@ func (t *Type) TypeSignature(maxRuns int) ([]SigRun, error) {
 		return nil, err
 	}
 	var runs []SigRun
-	if !appendRuns(&runs, t, 1, maxRuns) {
+	w := sigWalk{max: maxRuns, memo: map[*Type]sigElement{}}
+	if !w.appendRuns(&runs, t, 1) {
 		return nil, invalid("TypeSignature of %s needs more than %d runs", t, maxRuns)
 	}
 	return runs, nil
@@ -168,28 +169,60 @@ func appendRun(runs *[]SigRun, r SigRun, max int) bool {
 	return true
 }
 
-func appendRuns(runs *[]SigRun, t *Type, k int64, max int) bool {
+// sigWalk expands a type signature into runs of at most max entries.
+// memo holds the runs of one element of each derived type met so far: a
+// type that uses another several times (structs of a type and its dup,
+// nested) would otherwise expand it again at every use, 2^depth times.
+type sigWalk struct {
+	max  int
+	memo map[*Type]sigElement
+}
+
+// sigElement is the runs of one element of a type, or ok false when they
+// are more than the walk's max.
+type sigElement struct {
+	runs []SigRun
+	ok   bool
+}
+
+// element returns the runs of one element of derived type t.
+func (w *sigWalk) element(t *Type) ([]SigRun, bool) {
+	if e, found := w.memo[t]; found {
+		return e.runs, e.ok
+	}
+	var one []SigRun
+	ok := true
+	for _, p := range t.parts {
+		if !w.appendRuns(&one, p.t, p.k) {
+			ok = false
+			break
+		}
+	}
+	w.memo[t] = sigElement{one, ok}
+	return one, ok
+}
+
+// appendRuns appends the runs of k elements of t.
+func (w *sigWalk) appendRuns(runs *[]SigRun, t *Type, k int64) bool {
 	if k == 0 {
 		return true
 	}
 	if t.comb == CombinerNamed {
-		return appendRun(runs, SigRun{t, k}, max)
+		return appendRun(runs, SigRun{t, k}, w.max)
 	}
-	var one []SigRun
-	for _, p := range t.parts {
-		if !appendRuns(&one, p.t, p.k, max) {
-			return false
-		}
+	one, ok := w.element(t)
+	if !ok {
+		return false
 	}
 	if len(one) == 0 {
 		return true
 	}
 	if len(one) == 1 {
-		return appendRun(runs, SigRun{one[0].Type, one[0].Count * k}, max)
+		return appendRun(runs, SigRun{one[0].Type, one[0].Count * k}, w.max)
 	}
 	for i := int64(0); i < k; i++ {
 		for _, r := range one {
-			if !appendRun(runs, r, max) {
+			if !appendRun(runs, r, w.max) {
 				return false
 			}
 		}
