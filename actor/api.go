@@ -31,6 +31,13 @@ func Check(msg any) error {
 // could only reach the dead letters.
 var ErrNotInJob = errors.New("actor: PID names no rank of this job")
 
+// ErrFieldsTooLarge reports a message to another rank with a Payload, Typed
+// or gpu.Buffer field whose other fields encode to more than the transport
+// carries beside it: those fields travel in the active message's header
+// (at most transport.Transport.MaxAMHeader bytes with the envelope, about
+// 8 KiB), the data part being the payload's. Put large data in the payload.
+var ErrFieldsTooLarge = errors.New("actor: message fields too large to travel beside its payload")
+
 // protoLocal is the address protoactor gives PIDs of its own process
 // before a system address is set; its registry treats it as local.
 const protoLocal = "nonhost"
@@ -72,6 +79,10 @@ func (rt *Runtime) SendFrom(sender *pa.PID, pid *pa.PID, msg any) error {
 	}
 	if r, ok := rt.remote(pid); ok {
 		return rt.send(r, pid, msg, sender, 0)
+	}
+	if msg == nil {
+		// As a remote send does (lookupType): nothing would arrive.
+		return fmt.Errorf("actor: send to %s: %w: nil message", pid, ErrUnregistered)
 	}
 	if sender == nil {
 		rt.sys.Root.Send(pid, msg)

@@ -205,3 +205,72 @@ func TestReductionsInOrder(t *testing.T) {
 		}
 	}
 }
+
+// TestNilMessages: a nil message never reaches a mailbox. An array
+// broadcast whose value is nil (valid msgpack, as a faulty peer could send
+// it) is dropped by the manager as a decode error; the runtime's Send
+// refuses nil; protoactor's own Root.Send of nil is a dead letter. Before,
+// the mailbox took a posted nil for "queue empty": it never counted it as
+// processed and ran its goroutine for ever.
+func TestNilMessages(t *testing.T) {
+	rts := startLocal(t, 2)
+	got := make(chan int, 4)
+	recv := func(c pa.Context) {
+		if p, ok := c.Message().(*ping); ok {
+			got <- p.N
+		}
+	}
+	as := newArrays(t, rts, ArrayConfig{Name: "nil-broadcast", Dims: []int{2}, Placement: RoundRobin,
+		New: func(*Element) pa.Actor { return pa.ReceiveFunc(recv) }})
+	pending := func(rt *Runtime, pid *pa.PID) int64 {
+		v, ok := rt.local.Load(pid.Id)
+		if !ok {
+			t.Fatalf("%s is not a runtime actor of rank %d", pid, rt.Rank())
+		}
+		return v.(*localActor).run.mbox.Load().userPending()
+	}
+	// A broadcast of nothing, then a real one through the same manager:
+	// when the real one arrives, the manager has handled the other.
+	if err := rts[0].Send(as[0].managerPID(1), &arrayBroadcast{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := rts[0].Send(as[0].managerPID(1), &arrayBroadcast{Value: anyValue{V: &ping{N: 5}}}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case n := <-got:
+		if n != 5 {
+			t.Fatalf("the element got ping %d, want 5", n)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the element got nothing")
+	}
+	if n := rts[1].Stats().DecodeErrors.Load(); n != 1 {
+		t.Fatalf("decode errors on rank 1: %d, want 1 (the broadcast of nothing)", n)
+	}
+	if n := pending(rts[1], as[0].ElementAt(1)); n != 0 {
+		t.Fatalf("the element's mailbox has %d messages pending after its last", n)
+	}
+
+	pid, err := rts[0].Root().SpawnNamed(rts[0].PropsFromFunc(recv), "nil-local")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rts[0].Send(pid, nil); !errors.Is(err, ErrUnregistered) {
+		t.Fatalf("Send of nil: %v, want ErrUnregistered", err)
+	}
+	dead := rts[0].Stats().DeadLetters.Load()
+	rts[0].Root().Send(pid, nil)
+	if n := rts[0].Stats().DeadLetters.Load(); n != dead+1 {
+		t.Fatalf("dead letters %d after protoactor's Send of nil, want %d", n, dead+1)
+	}
+	if err := rts[0].Send(pid, &ping{N: 6}); err != nil {
+		t.Fatal(err)
+	}
+	if n := <-got; n != 6 {
+		t.Fatalf("got ping %d, want 6", n)
+	}
+	if n := pending(rts[0], pid); n != 0 {
+		t.Fatalf("the actor's mailbox has %d messages pending after its last", n)
+	}
+}

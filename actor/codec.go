@@ -423,11 +423,19 @@ func decodeValue(dec *msgpack.Decoder, v reflect.Value) (err error) {
 type UndeliverableError struct {
 	Target string // target actor id
 	Reason string
+	// cause is the error behind it on this rank (a *transport.PeerLostError
+	// for requests pending on a rank that was lost); it does not travel.
+	cause error
 }
 
 func (e *UndeliverableError) Error() string {
 	return fmt.Sprintf("actor: message to %s undeliverable: %s", e.Target, e.Reason)
 }
+
+// Unwrap returns the error behind e on this rank, if any: requests pending
+// on a lost rank fail with an e that wraps a *transport.PeerLostError, so
+// errors.Is(err, transport.ErrPeerLost) holds for them.
+func (e *UndeliverableError) Unwrap() error { return e.cause }
 
 func init() {
 	// Runtime messages every rank understands.

@@ -84,6 +84,14 @@ func (m *mailbox) PostUserMessage(message any) {
 			}
 		}
 	}
+	if message == nil {
+		// Nothing to deliver (protoactor's Root.Send(pid, nil), say): a
+		// dead letter, not a message the actor would have to survive.
+		if m.rt != nil {
+			m.rt.stats.DeadLetters.Add(1)
+		}
+		return
+	}
 	m.post(message, false)
 }
 
@@ -215,7 +223,8 @@ func (m *mailbox) run() {
 		if m.suspended.Load() {
 			return
 		}
-		if msg = m.popUser(); msg == nil {
+		var ok bool
+		if msg, ok = m.popUser(); !ok {
 			return
 		}
 		m.invoked.Add(1)
@@ -237,9 +246,9 @@ func (m *mailbox) popSystem() any {
 	return msg
 }
 
-// popUser returns the next user message, or nil if there is none: from the
-// batch, else after swapping the posted messages into the batch.
-func (m *mailbox) popUser() any {
+// popUser returns the next user message, or false if there is none: from
+// the batch, else after swapping the posted messages into the batch.
+func (m *mailbox) popUser() (any, bool) {
 	if m.next == len(m.batch) {
 		m.mu.Lock()
 		// The emptied batch becomes the producer's queue: the two slices
@@ -248,11 +257,11 @@ func (m *mailbox) popUser() any {
 		m.mu.Unlock()
 		m.next = 0
 		if len(m.batch) == 0 {
-			return nil
+			return nil, false
 		}
 	}
 	msg := m.batch[m.next]
 	m.batch[m.next] = nil
 	m.next++
-	return msg
+	return msg, true
 }

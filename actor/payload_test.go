@@ -2,8 +2,10 @@ package actor
 
 import (
 	"bytes"
+	"errors"
 	"reflect"
 	"runtime"
+	"strings"
 	"testing"
 	"time"
 
@@ -127,5 +129,58 @@ func TestPayloadHookBeforeStarted(t *testing.T) {
 	b := <-l.seen
 	if !bytes.Equal(b.Data, data) || &b.Data[0] != &l.dst[0] {
 		t.Fatal("payload not delivered intact in the hook's buffer")
+	}
+}
+
+// TestPayloadWithLargeFields: a message's fields beside a payload travel
+// in the active message's header, which UCX bounds (about 8 KiB): more is
+// refused with ErrFieldsTooLarge, sending nothing and keeping the
+// sender's credits, where UCX aborted the process before. Fields that fit
+// arrive with their payload (eager and rendezvous), and so does a later
+// message.
+func TestPayloadWithLargeFields(t *testing.T) {
+	rts := startLocal(t, 2)
+	got := make(chan blob, 4)
+	if _, err := rts[1].Root().SpawnNamed(rts[1].PropsFromFunc(func(c pa.Context) {
+		if b, ok := c.Message().(*blob); ok {
+			got <- *b
+		}
+	}), "fields"); err != nil {
+		t.Fatal(err)
+	}
+	target := rts[0].PID(1, "fields")
+	max := rts[0].Transport().MaxAMHeader()
+	arrives := func(name string, data Payload) {
+		t.Helper()
+		if err := rts[0].Send(target, &blob{Name: name, Data: data}); err != nil {
+			t.Fatalf("fields of %d bytes beside %d of payload: %v", len(name), len(data), err)
+		}
+		select {
+		case b := <-got:
+			if b.Name != name || !bytes.Equal(b.Data, data) {
+				t.Fatalf("fields of %d bytes beside %d of payload: corrupted", len(name), len(data))
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("fields of %d bytes beside %d of payload: no message", len(name), len(data))
+		}
+	}
+	fits := strings.Repeat("f", max-256)
+	arrives(fits, Payload{1, 2, 3})
+	arrives(fits, bytes.Repeat([]byte{9}, 300<<10))
+	sent := rts[0].Stats().Sent.Load()
+	for _, n := range []int{max, 40 << 10} {
+		err := rts[0].Send(target, &blob{Name: strings.Repeat("x", n), Data: Payload{1, 2, 3}})
+		if !errors.Is(err, ErrFieldsTooLarge) {
+			t.Fatalf("fields of %d bytes beside a payload: %v, want ErrFieldsTooLarge", n, err)
+		}
+	}
+	if s := rts[0].Stats().Sent.Load(); s != sent {
+		t.Fatalf("refused messages counted as sent: %d, then %d", sent, s)
+	}
+	arrives("after", Payload{4, 5})
+	select {
+	case b := <-got:
+		t.Fatalf("a refused message arrived (fields of %d bytes)", len(b.Name))
+	default:
 	}
 }

@@ -236,6 +236,12 @@ func (a *Array) subtreeCount(r int) int {
 func (m *manager) Receive(c pa.Context) {
 	switch msg := c.Message().(type) {
 	case *arrayBroadcast:
+		if msg.Value.V == nil {
+			// Broadcast never sends one; a malformed message from the wire.
+			m.a.rt.stats.DecodeErrors.Add(1)
+			m.a.rt.log.Warn("array broadcast without a value dropped", zap.String("array", m.a.name))
+			return
+		}
 		for _, i := range m.a.local {
 			c.Send(m.a.ElementAt(i), msg.Value.V)
 		}

@@ -225,6 +225,11 @@ func (rt *Runtime) post(r int, target *pa.PID, msg any, sender *pa.PID, flags ui
 		*sb = b
 	}
 	hdr := b[len(body):]
+	if max := rt.t.MaxAMHeader(); len(hdr) > max {
+		// Only a body that travels in the header (flagBodyHdr) can be
+		// this long; UCX would abort the process on it.
+		return nil, fmt.Errorf("actor: sending %s to %s: %w: its other fields take %d bytes encoded, at most %d fit", ct.name, target, ErrFieldsTooLarge, len(body), max-(len(hdr)-len(body)))
+	}
 	ct.noteSize(len(b))
 	if reused && unsafe.SliceData(b) == unsafe.SliceData(start) {
 		rt.stats.LargeReused.Add(1)

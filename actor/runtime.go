@@ -589,7 +589,7 @@ func (rt *Runtime) shutdown(ctx context.Context) error {
 	}
 	// Nothing arrives any more: a Request still waiting gets its answer
 	// now rather than at its timeout.
-	rt.failRequests(-1, "the runtime shut down before the answer came")
+	rt.failRequests(-1, "the runtime shut down before the answer came", ErrClosed)
 	rt.stopLocalActors()
 	rt.sys.Shutdown()
 	if err := rt.closeMetrics(); err != nil {
@@ -693,7 +693,8 @@ func (rt *Runtime) peerLost(ev transport.PeerEvent) {
 	ws := rt.watches[ev.Rank]
 	rt.watches[ev.Rank] = nil
 	rt.watchMu.Unlock()
-	rt.failRequests(ev.Rank, fmt.Sprintf("rank %d lost: %s", ev.Rank, ev.Reason))
+	rt.failRequests(ev.Rank, fmt.Sprintf("rank %d lost: %s", ev.Rank, ev.Reason),
+		&transport.PeerLostError{Rank: ev.Rank, Op: "actor-request", Reason: ev.Reason})
 	for k, watcher := range ws {
 		who := rt.PID(ev.Rank, k.watchee)
 		rt.stats.WatchesByLoss.Add(1)
@@ -796,7 +797,7 @@ func (rt *Runtime) takeReply(id string) *replyProcess {
 
 // failRequests answers every request pending on rank r (every rank if r
 // is -1) with an error.
-func (rt *Runtime) failRequests(r int, reason string) {
+func (rt *Runtime) failRequests(r int, reason string, cause error) {
 	rt.reqMu.Lock()
 	var failed []pendingRequest
 	var ids []string
@@ -810,7 +811,7 @@ func (rt *Runtime) failRequests(r int, reason string) {
 	rt.nreqs.Store(int64(len(rt.reqs)))
 	rt.reqMu.Unlock()
 	for i, id := range ids {
-		ue := &UndeliverableError{Target: Address(failed[i].rank), Reason: reason}
+		ue := &UndeliverableError{Target: Address(failed[i].rank), Reason: reason, cause: cause}
 		if p := failed[i].reply; p != nil {
 			p.SendUserMessage(nil, ue)
 		} else if proc, ok := rt.sys.ProcessRegistry.GetLocal(id); ok {

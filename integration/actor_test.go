@@ -731,8 +731,8 @@ func actorKill(ctx context.Context, r *rank) error {
 			err, _ = res.(error)
 		}
 		var ue *actor.UndeliverableError
-		if !errors.As(err, &ue) {
-			return fmt.Errorf("request %d pending on the killed rank: %v %v, want an *UndeliverableError", i+1, res, err)
+		if !errors.As(err, &ue) || !errors.Is(err, transport.ErrPeerLost) {
+			return fmt.Errorf("request %d pending on the killed rank: %v %v, want an *UndeliverableError wrapping ErrPeerLost", i+1, res, err)
 		}
 		r.logf("pending request %d failed %v after the kill was triggered: %v", i+1, time.Since(since).Round(time.Millisecond), err)
 	}

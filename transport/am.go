@@ -226,7 +226,8 @@ const (
 const PullMin = MaxPostAM
 
 // SendAM starts sending an active message with header and data to dst.
-// Neither may be modified until the request completes.
+// Neither may be modified until the request completes. The header must be
+// at most MaxAMHeader bytes long.
 func (t *Transport) SendAM(dst int, id uint16, header, data []byte, mode uint32) (*Request, error) {
 	if err := checkAMID(id, "am-send"); err != nil {
 		return nil, err
@@ -234,9 +235,26 @@ func (t *Transport) SendAM(dst int, id uint16, header, data []byte, mode uint32)
 	return t.sendAM(dst, id, header, data, mode)
 }
 
+// MaxAMHeader is the longest header SendAM and PostAM take: the worker's
+// limit as UCX reports it (about 8 KiB over shared memory and TCP with UCX
+// 1.13). Put longer data in the message's data part.
+func (t *Transport) MaxAMHeader() int { return t.maxAMHeader }
+
+// checkAMHeader refuses a header longer than MaxAMHeader: UCX aborts the
+// process on one rather than failing the send.
+func (t *Transport) checkAMHeader(dst int, header []byte) error {
+	if len(header) > t.maxAMHeader {
+		return fmt.Errorf("%w: am-send rank %d: a header of %d bytes exceeds the worker's %d", ErrInvalid, dst, len(header), t.maxAMHeader)
+	}
+	return nil
+}
+
 // sendAM is SendAM for any id, the transport's own included.
 func (t *Transport) sendAM(dst int, id uint16, header, data []byte, mode uint32) (*Request, error) {
 	if err := t.checkRank(dst, "am-send"); err != nil {
+		return nil, err
+	}
+	if err := t.checkAMHeader(dst, header); err != nil {
 		return nil, err
 	}
 	pull := mode&AMPull != 0
@@ -280,7 +298,7 @@ const postMode = AMEager
 // peer is lost, the transport closed) is returned; one that comes later is
 // only counted (PostFailed). Sends from one goroutine to one rank,
 // by PostAM and SendAM alike, leave in call order. len(header)+len(data)
-// must be at most MaxPostAM.
+// must be at most MaxPostAM, and len(header) at most MaxAMHeader.
 //
 // When UCX has to queue the send (the peer's receive queue is full: it is
 // not keeping up), PostAM progresses the worker once itself, and the
@@ -297,6 +315,9 @@ func (t *Transport) PostAM(dst int, id uint16, header, data []byte) error {
 	}
 	if len(header)+len(data) > MaxPostAM {
 		return fmt.Errorf("%w: am-send of %d bytes exceeds PostAM's %d", ErrInvalid, len(header)+len(data), MaxPostAM)
+	}
+	if err := t.checkAMHeader(dst, header); err != nil {
+		return err
 	}
 	if t.opts.Progress == ProgressQueue {
 		// Calls run on the progress goroutine in submission order: this one

@@ -221,3 +221,76 @@ func TestPostAMFullQueue(t *testing.T) {
 		t.Logf("%d posts queued by UCX, %d replies delivered inside PostAM", q, ts[0].inlineDelivered.Load())
 	}
 }
+
+// TestAMHeaderLimit: headers of MaxAMHeader bytes travel with eager,
+// rendezvous and same-host (CMA) data, over shared memory and TCP; one
+// byte more is refused by PostAM and SendAM alike, where UCX 1.13 aborted
+// the process ("RTS is too big", or an assertion in ucp_am.c).
+func TestAMHeaderLimit(t *testing.T) {
+	for _, tls := range []string{"self,sm", "self,tcp"} {
+		t.Run(tls, func(t *testing.T) {
+			t.Setenv("UCX_TLS", tls)
+			t.Setenv("TROUPE_CMA_THRESHOLD", "65536")
+			ts := localJob(t, 2, ProgressDirect)
+			ctx := testCtx(t)
+			max := ts[0].MaxAMHeader()
+			if max < 1024 || max > 1<<20 {
+				t.Fatalf("MaxAMHeader %d: not a plausible UCX limit", max)
+			}
+			const id = 12
+			got := make(chan amArrival, 8)
+			if err := ts[1].SetAMHandler(id, func(m *AMMessage) {
+				a := amArrival{header: string(m.Header), data: make([]byte, m.Size)}
+				a.req, a.err = m.RecvData(a.data)
+				got <- a
+			}); err != nil {
+				t.Fatal(err)
+			}
+			hdr := pattern(max, 1)
+			check := func(what string, data []byte) {
+				t.Helper()
+				select {
+				case a := <-got:
+					if a.err == nil && a.req != nil {
+						_, a.err = a.req.Wait(ctx)
+					}
+					if a.err != nil || a.header != string(hdr) || !bytes.Equal(a.data, data) {
+						t.Fatalf("%s: header of %d bytes (%d sent), data equal %v, error %v", what, len(a.header), max, bytes.Equal(a.data, data), a.err)
+					}
+				case <-ctx.Done():
+					t.Fatalf("%s: nothing arrived", what)
+				}
+			}
+			small := pattern(MaxPostAM-max, 2)
+			if err := ts[0].PostAM(1, id, hdr, small); err != nil {
+				t.Fatalf("PostAM with a %d-byte header: %v", max, err)
+			}
+			check("PostAM", small)
+			for _, n := range []int{0, 100 << 10, 1 << 20} {
+				data := pattern(n, n)
+				r, err := ts[0].SendAM(1, id, hdr, data, AMAuto)
+				if err != nil {
+					t.Fatalf("SendAM of %d bytes with a %d-byte header: %v", n, max, err)
+				}
+				if _, err := r.Wait(ctx); err != nil {
+					t.Fatalf("SendAM of %d bytes with a %d-byte header: %v", n, max, err)
+				}
+				check("SendAM "+strconv.Itoa(n), data)
+			}
+			long := pattern(max+1, 3)
+			if err := ts[0].PostAM(1, id, long, nil); !errors.Is(err, ErrInvalid) {
+				t.Fatalf("PostAM with a %d-byte header: %v, want ErrInvalid", max+1, err)
+			}
+			for _, n := range []int{0, 100 << 10} {
+				if _, err := ts[0].SendAM(1, id, long, make([]byte, n), AMAuto); !errors.Is(err, ErrInvalid) {
+					t.Fatalf("SendAM of %d bytes with a %d-byte header: %v, want ErrInvalid", n, max+1, err)
+				}
+			}
+			select {
+			case a := <-got:
+				t.Fatalf("a refused message arrived (header of %d bytes)", len(a.header))
+			default:
+			}
+		})
+	}
+}

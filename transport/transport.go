@@ -193,6 +193,9 @@ type Transport struct {
 	ctx *ucx.Context
 	w   *ucx.Worker
 	efd int
+	// maxAMHeader is the longest active-message header the worker takes
+	// (MaxAMHeader).
+	maxAMHeader int
 
 	mu            sync.Mutex // the worker lock: guards w and everything below
 	addrs         [][]byte
@@ -442,6 +445,9 @@ func New(ctx context.Context, opts Options) (*Transport, error) {
 		return nil, fmt.Errorf("transport: rank %d: %w", t.rank, err)
 	}
 	if t.efd, err = w.EventFD(); err != nil {
+		return fail(err)
+	}
+	if t.maxAMHeader, err = w.MaxAMHeader(); err != nil {
 		return fail(err)
 	}
 	addr, err := w.Address()
