@@ -87,7 +87,10 @@ func (t *Transport) Mprobe(ctx context.Context, src, tag int) (*Message, error) 
 // cancelled through Wait's context gives the message back to the
 // matching order: the next receive for its source and tag gets it.
 func (m *Message) Irecv(buf []byte) (*Request, error) {
-	if m == nil || !m.taken.CompareAndSwap(false, true) {
+	if m == nil {
+		return nil, fmt.Errorf("%w: recv: no probed message (a nil *Message: Improbe found none)", ErrInvalid)
+	}
+	if !m.taken.CompareAndSwap(false, true) {
 		return nil, fmt.Errorf("%w: recv: the probed message was already received", ErrInvalid)
 	}
 	t := m.t
@@ -101,6 +104,10 @@ func (m *Message) Irecv(buf []byte) (*Request, error) {
 
 // Recv receives the message into buf and waits (MPI_Mrecv).
 func (m *Message) Recv(ctx context.Context, buf []byte) (Status, error) {
+	if m == nil {
+		_, err := m.Irecv(buf)
+		return Status{}, err
+	}
 	if err := m.t.waitInHandler("matched recv", -1, 0); err != nil {
 		return Status{}, err // the message stays to be received
 	}

@@ -163,3 +163,19 @@ func TestProbeAfterIrecvQueueMode(t *testing.T) {
 		}
 	}
 }
+
+// TestNilMessage: Improbe's nil *Message (no message found) refuses Irecv
+// and Recv with ErrInvalid; Recv dereferenced it and panicked.
+func TestNilMessage(t *testing.T) {
+	ts := localJob(t, 2, ProgressDirect)
+	m, ok, err := ts[1].Improbe(0, 3)
+	if err != nil || ok || m != nil {
+		t.Fatalf("Improbe with nothing sent: %v %v %v", m, ok, err)
+	}
+	if _, err := m.Irecv(make([]byte, 4)); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("Irecv of a nil Message: %v", err)
+	}
+	if _, err := m.Recv(testCtx(t), make([]byte, 4)); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("Recv of a nil Message: %v", err)
+	}
+}

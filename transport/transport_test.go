@@ -285,3 +285,37 @@ func TestExpectReply(t *testing.T) {
 		t.Fatalf("parked = %d after both, want 0", got)
 	}
 }
+
+// TestEmptyIOVLists: an empty IOV list sends an empty message and
+// receives one, with CMA and without (then UCX gets the list). UCX 1.13
+// asserts a non-NULL IOV pointer even for no entries, and the process
+// aborted before NewIOV gave empty lists an entry.
+func TestEmptyIOVLists(t *testing.T) {
+	for _, cma := range []string{"on", "off"} {
+		t.Run("cma-"+cma, func(t *testing.T) {
+			t.Setenv("TROUPE_CMA", cma)
+			ts := localJob(t, 2, ProgressDirect)
+			ctx := testCtx(t)
+			r, err := ts[1].Irecv(0, 2, make([]byte, 8))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := ts[0].SendIOV(ctx, 1, 2, nil); err != nil {
+				t.Fatalf("SendIOV of no buffers: %v", err)
+			}
+			if st, err := r.Wait(ctx); err != nil || st.Size != 0 {
+				t.Fatalf("receive of an empty IOV message: %+v %v", st, err)
+			}
+			r, err = ts[1].IrecvIOV(0, 3, [][]byte{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := ts[0].Send(ctx, 1, 3, nil); err != nil {
+				t.Fatal(err)
+			}
+			if st, err := r.Wait(ctx); err != nil || st.Size != 0 {
+				t.Fatalf("empty message into no buffers: %+v %v", st, err)
+			}
+		})
+	}
+}

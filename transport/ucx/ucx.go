@@ -500,12 +500,11 @@ type IOV struct {
 	n int
 }
 
-// NewIOV allocates an IOV list with n entries.
+// NewIOV allocates an IOV list with n entries. An empty list still gets
+// one (unused, zeroed) entry: UCX 1.13 asserts that an IOV pointer is not
+// NULL even when the count is 0, and aborts the process.
 func NewIOV(n int) *IOV {
-	if n == 0 {
-		return &IOV{}
-	}
-	p := (*C.ucp_dt_iov_t)(C.calloc(C.size_t(n), C.size_t(unsafe.Sizeof(C.ucp_dt_iov_t{}))))
+	p := (*C.ucp_dt_iov_t)(C.calloc(C.size_t(max(n, 1)), C.size_t(unsafe.Sizeof(C.ucp_dt_iov_t{}))))
 	return &IOV{p: p, n: n}
 }
 
