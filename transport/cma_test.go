@@ -5,8 +5,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"sync"
 	"testing"
+	"time"
 )
 
 // cmaJob2 is a local two-rank job whose ranks use CMA for messages of at
@@ -390,5 +392,64 @@ func TestTLSAllowsCMA(t *testing.T) {
 		if got := tlsAllowsCMA(v); got != want {
 			t.Errorf("tlsAllowsCMA(%q) = %v, want %v", v, got, want)
 		}
+	}
+}
+
+// TestCMADoneOfArrivedMessage: a receive posted (direct mode, engine off)
+// for a same-host message whose descriptor is already here queues its read
+// for the next progress call. A caller that then selects on Done makes no
+// such call, so Done wakes the progress goroutine; before, the read waited
+// for that goroutine's sleep on the event fd to time out (70-100 ms a
+// message). The test stretches that sleep, and UCX's keepalive (whose
+// traffic would end it too), to ten minutes, so that only the wake-up can
+// complete the receive.
+func TestCMADoneOfArrivedMessage(t *testing.T) {
+	old := idleWaitMax.Swap(int64(10 * time.Minute))
+	t.Cleanup(func() { idleWaitMax.Store(old) })
+	t.Setenv("TROUPE_CMA_THRESHOLD", "1024")
+	ts := localJobWith(t, 2, Options{Progress: ProgressDirect, KeepAlive: 10 * time.Minute})
+	if !ts[0].CMAStats().Enabled {
+		t.Skip("CMA is not available on this machine (process_vm_readv refused)")
+	}
+	ctx := testCtx(t)
+	const n = 64 << 10
+	for i := range 3 {
+		want := pattern(n, i)
+		sr, err := ts[0].Isend(1, 4, want)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for { // the descriptor is here once a probe sees it (and holds it)
+			if _, ok, err := ts[1].Iprobe(0, 4); err != nil {
+				t.Fatal(err)
+			} else if ok {
+				break
+			}
+		}
+		for !ts[1].sleeping.Load() { // rank 1's progress goroutine asleep
+			runtime.Gosched()
+		}
+		buf := make([]byte, n)
+		r, err := ts[1].Irecv(0, 4, buf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		select {
+		case <-r.Done():
+		case <-wctx.Done():
+			cancel()
+			t.Fatalf("message %d: Done of a receive whose message had arrived never closed", i)
+		}
+		cancel()
+		if _, err := r.Wait(ctx); err != nil || !bytes.Equal(buf, want) {
+			t.Fatalf("message %d: %v, bytes equal %v", i, err, bytes.Equal(buf, want))
+		}
+		if _, err := sr.Wait(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if ts[1].CMAStats().Received < 3 {
+		t.Fatalf("the messages did not travel by CMA: %+v", ts[1].CMAStats())
 	}
 }

@@ -167,6 +167,13 @@ func (t *Transport) slowPeer() bool {
 	return t.postsInFlight.Load() > 0 || t.bundlesPending.Load() > 0
 }
 
+// idleWaitMax bounds the progress goroutine's sleep on the event fd (in
+// nanoseconds): the timeout lets UCX run its keepalive while endpoints
+// exist. Tests lengthen it to tell a wake-up from the timeout.
+var idleWaitMax atomic.Int64
+
+func init() { idleWaitMax.Store(int64(100 * time.Millisecond)) }
+
 // parkedSpin is how long the progress goroutine keeps polling after its last
 // activity while a waiter is parked.
 const parkedSpin = time.Millisecond
@@ -957,7 +964,7 @@ func (t *Transport) loop() {
 			// The timeout lets UCX run its keepalive while endpoints exist.
 			// With one P, in the network poller, so that the P stays
 			// free for the rest of the process (eventwait.go).
-			ew.wait(100*time.Millisecond, oneP)
+			ew.wait(time.Duration(idleWaitMax.Load()), oneP)
 		}
 		t.sleeping.Store(false)
 		pacing = false
@@ -1141,15 +1148,26 @@ func (r *Request) Done() <-chan struct{} {
 	if r.deferred != nil && !r.fin.Load() {
 		r.t.startDeferred(r.deferred)
 	}
-	r.t.mu.Lock()
-	defer r.t.mu.Unlock()
+	t := r.t
+	t.mu.Lock()
 	if r.done == nil {
 		r.done = make(chan struct{})
 		if r.fin.Load() {
 			close(r.done)
 		}
 	}
-	return r.done
+	// A caller that selects on Done does not progress: work its call left
+	// for the next progress call (the read of a same-host message that had
+	// arrived, active messages to deliver; submitCall) is the progress
+	// goroutine's now, which might otherwise sleep on the event fd until
+	// its 100 ms timeout.
+	wake := !r.fin.Load() && (len(t.cma.jobs) > 0 || len(t.amq) > 0)
+	done := r.done
+	t.mu.Unlock()
+	if wake {
+		t.wake()
+	}
+	return done
 }
 
 // spinWait progresses the worker (direct mode) or yields (queue mode) until
