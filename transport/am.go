@@ -65,6 +65,9 @@ func (m *AMMessage) Keep() {
 	m.kept = true
 }
 
+// amRecvOp is the op of RecvData's requests.
+const amRecvOp = "am-recv"
+
 // RecvData moves the message's data into dst: for rendezvous messages the
 // data is fetched straight into dst (zero copy); eager data is copied. The
 // returned request completes when dst holds the data. dst must be exactly
@@ -78,7 +81,7 @@ func (m *AMMessage) RecvData(dst []byte) (*Request, error) {
 	}
 	m.consumed = true
 	t := m.t
-	r := t.newRequest("am-recv", -1, 0, len(dst))
+	r := t.newRequest(amRecvOp, -1, 0, len(dst))
 	if m.ov != nil {
 		t.mu.Lock()
 		t.amStarted(m.ov)

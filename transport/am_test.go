@@ -294,3 +294,45 @@ func TestAMHeaderLimit(t *testing.T) {
 		})
 	}
 }
+
+// TestCloseWithAMDataFetchInFlight: Close while an active message's
+// rendezvous data fetch (RecvData) waits for a sender that makes no
+// progress (its worker lock held, as a rank busy computing) fails the
+// fetch with ErrClosed. The fetch hangs on an endpoint UCX made itself,
+// which Close cannot force, and destroying the worker under it aborted the
+// process (ucp_ep.c:437, ucs_hlist_is_empty(proto_reqs)); the worker is
+// left behind instead.
+func TestCloseWithAMDataFetchInFlight(t *testing.T) {
+	forModes(t, func(t *testing.T, mode ProgressMode) {
+		t.Setenv("TROUPE_CMA", "off") // UCX's rendezvous, not a same-host read
+		ts := localJob(t, 2, mode)
+		ctx := testCtx(t)
+		got := make(chan *AMMessage, 1)
+		if err := ts[1].SetAMHandler(0x10, func(m *AMMessage) {
+			m.Keep()
+			got <- m
+		}); err != nil {
+			t.Fatal(err)
+		}
+		data := pattern(256<<10, 1)
+		if _, err := ts[0].SendAM(1, 0x10, []byte("h"), data, AMRndv); err != nil {
+			t.Fatal(err)
+		}
+		m := <-got
+		if !m.Rendezvous {
+			t.Fatalf("a %d-byte AMRndv message arrived eager", len(data))
+		}
+		ts[0].mu.Lock() // rank 0 makes no progress until the end
+		defer ts[0].mu.Unlock()
+		rr, err := m.RecvData(make([]byte, len(data)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := ts[1].Close(); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := rr.Wait(ctx); !errors.Is(err, ErrClosed) {
+			t.Fatalf("data fetch at Close: %v, want ErrClosed", err)
+		}
+	})
+}
