@@ -157,9 +157,28 @@ func (o NoncontigOptions) Validate() error {
 		return fmt.Errorf("%w: noncontig options %+v", ErrInvalid, o)
 	case o.EagerLimit > ncEagerMax:
 		return fmt.Errorf("%w: noncontig EagerLimit %d above %d", ErrInvalid, o.EagerLimit, ncEagerMax)
+	case o.PackChunk > maxWireChunk:
+		// Every RTS carries it, and a receiver refuses a larger one.
+		return fmt.Errorf("%w: noncontig PackChunk %d above %d", ErrInvalid, o.PackChunk, maxWireChunk)
+	case o.PackDepth > ncMaxCount || o.PackBuffers > ncMaxCount || o.PackWorkers > ncMaxCount || o.KeyPool > ncMaxCount:
+		// Each is allocated up front or per transfer.
+		return fmt.Errorf("%w: noncontig PackDepth %d, PackBuffers %d, PackWorkers %d, KeyPool %d: each at most %d",
+			ErrInvalid, o.PackDepth, o.PackBuffers, o.PackWorkers, o.KeyPool, ncMaxCount)
+	case o.MaxLayouts > ncMaxLayouts:
+		return fmt.Errorf("%w: noncontig MaxLayouts %d above %d", ErrInvalid, o.MaxLayouts, ncMaxLayouts)
+	case int64(o.PackBuffers)*int64(o.PackChunk) > ncMaxBounce:
+		return fmt.Errorf("%w: noncontig PackBuffers %d x PackChunk %d: more than %d bytes of bounce buffers", ErrInvalid, o.PackBuffers, o.PackChunk, int64(ncMaxBounce))
 	}
 	return nil
 }
+
+// Bounds of NoncontigOptions' counts (slices of them are allocated up
+// front or per transfer) and of the bounce buffers' memory.
+const (
+	ncMaxCount   = 1 << 16
+	ncMaxLayouts = 1 << 20
+	ncMaxBounce  = 1 << 36
+)
 
 // NoncontigOptionsFromEnv applies the TROUPE_NC_* environment variables
 // (sizes in bytes, counts as integers) to o.

@@ -158,6 +158,11 @@ func (nc *noncontig) plan(c typedCall) (p sendPlan, err error) {
 			proposal, flags = datatype.SchemePack, 0
 		}
 	}
+	if n := datatype.Chunks(c.bytes, int64(nc.opts.PackChunk)); n > 1<<32 {
+		// A receiver refuses the RTS (its chunks' tags would wrap).
+		nc.done(ls)
+		return sendPlan{}, fmt.Errorf("%w: typed send of %d bytes in %d chunks of %d: more chunks than a tag numbers (raise PackChunk)", ErrInvalid, c.bytes, n, nc.opts.PackChunk)
+	}
 	h := rts{proposal: proposal, flags: flags, xid: nc.nextXid(c.peer), bytes: c.bytes, sig: p.sig, chunk: int64(nc.opts.PackChunk), rtt: nc.rtt(c.peer)}
 	if ls != nil {
 		h.minBlock, h.segments = ls.lay.Stats.MinBlock, ls.lay.Stats.Segments
@@ -858,16 +863,25 @@ func (nc *noncontig) recvMatched(ctx context.Context, c typedCall, hdr []byte) (
 func (nc *noncontig) recvData(ctx context.Context, c typedCall, hdr []byte) (Status, error) {
 	t := nc.t
 	var h rts
-	if err := h.decode(hdr); err != nil {
-		return Status{}, fmt.Errorf("transport: typed recv rank %d tag %d: %w", c.peer, c.tag, err)
-	}
-	status := Status{Source: c.peer, Tag: c.tag, Size: int(h.bytes)}
 	reply := func(idx uint32, m cts) error {
 		b := make([]byte, ctsLen)
 		m.encode(b)
 		_, err := t.ncSend(c.peer, ncXferTag(dirReply, uint32(t.rank), h.xid, idx), bufOf(b), nil).Wait(ctx)
 		return err
 	}
+	if err := h.decode(hdr); err != nil {
+		if len(hdr) >= rtsHdrLen && hdr[0] == ncVersion {
+			// The sender waits for an answer, and its transfer id is
+			// readable: fail it too rather than leave it waiting.
+			idx := uint32(idxCTS)
+			if datatype.Scheme(hdr[1]) == datatype.SchemePack {
+				idx = idxAck
+			}
+			_ = reply(idx, cts{status: stFailed, rbytes: c.bytes})
+		}
+		return Status{}, fmt.Errorf("transport: typed recv rank %d tag %d: %w", c.peer, c.tag, err)
+	}
+	status := Status{Source: c.peer, Tag: c.tag, Size: int(h.bytes)}
 	code, rsig, err := nc.check(c, h)
 	switch {
 	case c.refuse:

@@ -1,6 +1,7 @@
 package transport
 
 import (
+	"context"
 	"errors"
 	"math"
 	"strings"
@@ -118,5 +119,76 @@ func TestNoncontigOptionsFromEnv(t *testing.T) {
 	t.Setenv("TROUPE_NC_CROSSOVER_REUSE", "-1s")
 	if _, err := NoncontigOptionsFromEnv(DefaultNoncontigOptions()); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "CrossoverReuse") {
 		t.Fatalf("a negative reuse time: error %v, want ErrInvalid naming CrossoverReuse", err)
+	}
+}
+
+// TestNoncontigOptionsBounds: option values that passed Validate and then
+// broke transfers are refused. A PackChunk above what a receiver accepts in
+// an RTS left every typed send waiting for an answer; a huge PackDepth
+// panicked the receiving rank (makeslice); counts allocated up front and
+// the bounce buffers' memory are bounded too.
+func TestNoncontigOptionsBounds(t *testing.T) {
+	for name, set := range map[string]func(*NoncontigOptions){
+		"PackChunk above the wire's": func(o *NoncontigOptions) { o.PackChunk = maxWireChunk + 1 },
+		"PackDepth":                  func(o *NoncontigOptions) { o.PackDepth = 1 << 62 },
+		"PackBuffers":                func(o *NoncontigOptions) { o.PackBuffers = ncMaxCount + 1 },
+		"PackWorkers":                func(o *NoncontigOptions) { o.PackWorkers = ncMaxCount + 1 },
+		"KeyPool":                    func(o *NoncontigOptions) { o.KeyPool = 1e9 },
+		"MaxLayouts":                 func(o *NoncontigOptions) { o.MaxLayouts = ncMaxLayouts + 1 },
+		"bounce memory":              func(o *NoncontigOptions) { o.PackBuffers, o.PackChunk = 1<<12, 1<<30 },
+	} {
+		o := DefaultNoncontigOptions()
+		set(&o)
+		if err := o.Validate(); !errors.Is(err, ErrInvalid) {
+			t.Errorf("%s: %+v passed Validate (%v)", name, o, err)
+		}
+	}
+	o := DefaultNoncontigOptions()
+	o.PackChunk, o.PackDepth, o.KeyPool = maxWireChunk, ncMaxCount, ncMaxCount
+	if err := o.Validate(); err != nil {
+		t.Fatalf("the largest values allowed: %v", err)
+	}
+}
+
+// TestTypedMalformedRTSFailsBothSides: a receiver that cannot decode an RTS
+// whose transfer id it can read answers the sender with a failure, which
+// waited for an answer for ever before. The RTS is made malformed by
+// setting the sender's options behind Validate's back. (A pack transfer
+// whose chunks follow its RTS unasked still leaves them waiting for a
+// receiver: their size is what the receiver could not read.)
+func TestTypedMalformedRTSFailsBothSides(t *testing.T) {
+	ts := localJob(t, 2, ProgressDirect)
+	ctx := testCtx(t)
+	nc, err := ts[0].noncontig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc.opts.PackChunk = maxWireChunk + 1
+	dt, err := datatype.Contiguous(16, datatype.Byte)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		n      int64
+		scheme datatype.Scheme
+	}{{1, datatype.SchemePack}, {64 << 10, datatype.SchemeSGL}} { // pack inline; SGL waits for its CTS
+		v, err := datatype.Contiguous(c.n, dt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		buf := make([]byte, 16*c.n)
+		sr, err := ts[0].IsendTypedWith(1, 3, pattern(len(buf), 1), v, 1, TypedOptions{Scheme: c.scheme})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := ts[1].RecvTyped(ctx, 0, 3, buf, v, 1); !errors.Is(err, ErrInvalid) {
+			t.Fatalf("%d bytes: receive of a malformed RTS: %v, want ErrInvalid", len(buf), err)
+		}
+		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		_, err = sr.Wait(wctx)
+		cancel()
+		if err == nil || errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("%d bytes: the sender of a malformed RTS: %v, want the receiver's failure", len(buf), err)
+		}
 	}
 }
