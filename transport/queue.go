@@ -361,6 +361,15 @@ func (q *Queue) Free() error {
 			go o.settle()
 			continue
 		}
+		if !o.send && o.req != nil && !o.req.fin.Load() {
+			// Issued and posted (the agent stopped at a send still in
+			// flight before it): withdraw it, so that it does not take the
+			// next message of its tag, or wait for the one it matched.
+			withdraw, cancel := context.WithCancel(context.Background())
+			cancel()
+			_, _ = o.req.Wait(withdraw)
+		}
+		o.releaseSlot()
 		o.finish(o.freedErr())
 	}
 	errs := []error{gpu.WriteValue64Host(q.comp, last)}
@@ -466,6 +475,12 @@ func (o *QueueOp) kind() string {
 // issue starts the operation through the tagged API (agent goroutine).
 func (o *QueueOp) issue() {
 	q, t := o.q, o.q.t
+	if o.buf.Freed() {
+		// Freed after it was enqueued (the caller's bug): the transport
+		// would move bytes at an address unmapped by now.
+		o.fail(fmt.Errorf("transport: queue %s rank %d tag %d: %w", o.kind(), o.peer, o.tag, gpu.ErrFreed))
+		return
+	}
 	n := o.buf.Len()
 	var p unsafe.Pointer
 	if o.typed != nil {

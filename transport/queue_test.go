@@ -240,3 +240,125 @@ func TestQueueFreeWithOpsInFlight(t *testing.T) {
 		t.Fatalf("%d staging buffers still in use", inUse)
 	}
 }
+
+// TestQueueFreeWithdrawsReceiveBehindSend: Free while the agent waits for
+// a send still in flight, with a receive issued behind it in the same
+// batch. The receive is withdrawn too (before, it stayed posted, reported
+// freed, and took the next message of its tag from an ordinary receive),
+// and its staging buffer goes back to the pool.
+func TestQueueFreeWithdrawsReceiveBehindSend(t *testing.T) {
+	sys := hostSystem(t)
+	ts := localJob(t, 2, ProgressDirect)
+	ctx := testCtx(t)
+	s, err := sys.Devices()[0].NewStream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	q, err := ts[0].NewQueue(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = q.Free() })
+	const n = 1 << 20
+	sendOp, err := q.EnqueueSend(devBuf(t, sys, n, pattern(n, 9)), 1, 5) // rank 1 takes it only later
+	if err != nil {
+		t.Fatal(err)
+	}
+	recvOp, err := q.EnqueueRecv(devBuf(t, sys, 8, nil), 1, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := q.Start(); err != nil {
+		t.Fatal(err)
+	}
+	waitIssued(ctx, t, q)
+	if err := q.Free(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := recvOp.Wait(ctx); !errors.Is(err, ErrQueueFreed) {
+		t.Fatalf("receive ended by Free: %v, want ErrQueueFreed", err)
+	}
+	if !recvOp.req.fin.Load() {
+		t.Fatal("the freed queue's receive is still posted")
+	}
+	small := make([]byte, 8)
+	r, err := ts[0].Irecv(1, 4, small)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ts[1].Send(ctx, 0, 4, pattern(8, 4)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Wait(ctx); err != nil || !bytes.Equal(small, pattern(8, 4)) {
+		t.Fatalf("ordinary receive after Free: %v, bytes equal %v", err, bytes.Equal(small, pattern(8, 4)))
+	}
+	got := make([]byte, n)
+	if _, err := ts[1].Recv(ctx, 0, 5, got); err != nil || !bytes.Equal(got, pattern(n, 9)) {
+		t.Fatalf("the send issued before Free: %v", err)
+	}
+	if _, err := sendOp.Wait(ctx); err != nil {
+		t.Fatalf("send: %v", err)
+	}
+}
+
+// TestQueueFreedPinnedBuffer: pinned host buffers freed while enqueued (the
+// caller's bug) fail their operations with gpu.ErrFreed when the trigger
+// comes, and the queue reports it; the transport moved bytes at the
+// unmapped address before, and the process died (SIGSEGV). Nothing is
+// sent, and nothing of rank 1's is received.
+func TestQueueFreedPinnedBuffer(t *testing.T) {
+	sys := hostSystem(t)
+	ts := localJob(t, 2, ProgressDirect)
+	ctx := testCtx(t)
+	s, err := sys.Devices()[0].NewStream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	q, err := ts[0].NewQueue(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = q.Free() })
+	var ops []*QueueOp
+	for i, send := range []bool{false, true} {
+		buf, err := sys.AllocHost(1 << 20)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var op *QueueOp
+		if send {
+			op, err = q.EnqueueSend(buf, 1, 7+i)
+		} else {
+			op, err = q.EnqueueRecv(buf, 1, 7+i)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := gpu.Free(buf); err != nil {
+			t.Fatal(err)
+		}
+		ops = append(ops, op)
+	}
+	startWait(t, q)
+	for i, op := range ops {
+		if _, err := op.Wait(ctx); !errors.Is(err, gpu.ErrFreed) {
+			t.Fatalf("operation %d on a freed pinned buffer: %v, want gpu.ErrFreed", i, err)
+		}
+	}
+	if err := q.Err(); !errors.Is(err, gpu.ErrFreed) {
+		t.Fatalf("queue error: %v, want gpu.ErrFreed", err)
+	}
+	r, err := ts[0].Irecv(1, 7, make([]byte, 8))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ts[1].Send(ctx, 0, 7, pattern(8, 1)); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := r.Wait(ctx); err != nil || st.Size != 8 {
+		t.Fatalf("an ordinary receive of tag 7 after the failed one: %+v %v", st, err)
+	}
+	if _, ok, err := ts[1].Iprobe(0, 8); err != nil || ok {
+		t.Fatalf("the freed send's message arrived (%v %v)", ok, err)
+	}
+}
