@@ -376,7 +376,11 @@ func (p *Packer) checkUser(op string, user gpu.Buffer, t *datatype.Type, base, c
 	if err := p.checkBuffer(op, "user", user); err != nil {
 		return 0, 0, 0, err
 	}
-	if base < -(1<<62) || base > int64(user.Len()) || base+lo < 0 || base+hi > int64(user.Len()) {
+	// The origin must lie in user, as datatype and the transport ask: the
+	// host backend's kernels are datatype's, which refuse any other, and
+	// refused here nothing is enqueued (a negative base whose data fit
+	// passed, then failed on the stream).
+	if base < 0 || base > int64(user.Len()) || base+lo < 0 || base+hi > int64(user.Len()) {
 		return 0, 0, 0, fmt.Errorf("%w: %s %d of %v at base %d touches bytes [%d, %d) of a %d-byte user buffer",
 			ErrInvalid, op, count, t, base, base+lo, base+hi, user.Len())
 	}

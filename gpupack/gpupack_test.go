@@ -359,6 +359,14 @@ func checkErrors(t *testing.T, dev *gpu.Device) {
 		{"user too small", func() error { _, err := p.Pack(st, packed, small, ty, 0, 1); return err }, ErrInvalid},
 		{"base past the layout", func() error { _, err := p.Unpack(st, user, packed, ty, 40, 1); return err }, ErrInvalid},
 		{"negative base", func() error { _, err := p.Pack(st, packed, user, ty, -4, 1); return err }, ErrInvalid},
+		{"negative base, data inside", func() error {
+			at8, err := datatype.HIndexed([]int64{4}, []int64{8}, datatype.Byte) // data at [8, 12)
+			if err != nil {
+				return err
+			}
+			_, err = p.Pack(st, packed, user, at8, -4, 1)
+			return err
+		}, ErrInvalid},
 		{"packed too short", func() error { _, err := p.Pack(st, short, user, ty, 0, 1); return err }, ErrInvalid},
 		{"negative count", func() error { _, err := p.Pack(st, packed, user, ty, 0, -1); return err }, datatype.ErrInvalidArgument},
 		{"freed type", func() error { _, err := p.Pack(st, packed, user, freedType, 0, 1); return err }, datatype.ErrFreed},
