@@ -111,8 +111,8 @@ func parseProcs(v string) (int, error) {
 		return bootstrap.ProcsSplit, nil
 	}
 	n, err := strconv.Atoi(v)
-	if err != nil || n < 1 {
-		return 0, fmt.Errorf("--procs must be split or a count >= 1, got %q", v)
+	if err != nil || n < 1 || n > bootstrap.MaxProcsPerRank {
+		return 0, fmt.Errorf("--procs must be split or a count >= 1 and <= %d, got %q", bootstrap.MaxProcsPerRank, v)
 	}
 	return n, nil
 }

@@ -134,3 +134,17 @@ func TestRunLogger(t *testing.T) {
 	_, err = runLogger("loud", &buf)
 	assert.Error(t, err)
 }
+
+// TestRunOutOfRangeCounts: an -n or --procs beyond what a machine runs is
+// a clear error (-n of MaxInt panicked allocating the rendezvous; a
+// --procs beyond int32 was ignored by the ranks' Go runtime).
+func TestRunOutOfRangeCounts(t *testing.T) {
+	for _, args := range [][]string{
+		{"-n", "9223372036854775807", "--", "true"},
+		{"-n", "2", "--procs", "2147483648", "--", "true"},
+	} {
+		if _, err := execRun(t, args...); err == nil {
+			t.Errorf("troupe run %v: no error", args)
+		}
+	}
+}

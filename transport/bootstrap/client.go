@@ -239,6 +239,10 @@ func (c *client) collective(ctx context.Context, kind, name, key string, value [
 	if err != nil {
 		return nil, fmt.Errorf("bootstrap: %s %q: %w", kind, name, err)
 	}
+	if err := ctx.Err(); err != nil {
+		// Nothing sent: the connection stays good.
+		return nil, fmt.Errorf("bootstrap: rank %d: %s %q: %w", c.rank, kind, name, err)
+	}
 	ch := make(chan *frame, 1)
 	c.mu.Lock()
 	if c.err != nil {
@@ -259,8 +263,17 @@ func (c *client) collective(ctx context.Context, kind, name, key string, value [
 	} else {
 		c.conn.SetWriteDeadline(time.Time{})
 	}
-	_, err = c.conn.Write(b)
+	n, err := c.conn.Write(b)
 	c.wmu.Unlock()
+	if err != nil && n == 0 && ctx.Err() != nil {
+		// The deadline came before a byte left: the stream is intact, and
+		// the rank stays in the job (closing it would have the rendezvous
+		// report it lost to every other rank).
+		c.mu.Lock()
+		delete(c.pending, key)
+		c.mu.Unlock()
+		return nil, fmt.Errorf("bootstrap: rank %d: %s %q: %w", c.rank, kind, name, ctx.Err())
+	}
 	if err != nil {
 		// A partial frame corrupts the stream: the connection is finished.
 		err = fmt.Errorf("bootstrap: rank %d: %s %q: sending to rendezvous: %w", c.rank, kind, name, err)

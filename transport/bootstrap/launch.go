@@ -60,6 +60,15 @@ type LaunchConfig struct {
 	Log   *zap.Logger // nil: no logging
 }
 
+// MaxLocalRanks bounds the ranks of a job the embedded launcher starts
+// (and its rendezvous serves): they are processes of this one machine.
+const MaxLocalRanks = 1 << 16
+
+// MaxProcsPerRank bounds LaunchConfig.ProcsPerRank: Go ignores a
+// GOMAXPROCS beyond int32, and gives every P of a smaller huge one its
+// structures at start-up.
+const MaxProcsPerRank = 1 << 16
+
 // ProcsSplit is LaunchConfig.ProcsPerRank's value for "divide this
 // process's processors among the ranks".
 const ProcsSplit = -1
@@ -81,10 +90,10 @@ func gomaxprocs(cfg LaunchConfig) (string, error) {
 		return "", nil
 	case cfg.ProcsPerRank == ProcsSplit:
 		return fmt.Sprintf("GOMAXPROCS=%d", SplitProcs(runtime.GOMAXPROCS(0), cfg.N)), nil
-	case cfg.ProcsPerRank > 0:
+	case cfg.ProcsPerRank > 0 && cfg.ProcsPerRank <= MaxProcsPerRank:
 		return fmt.Sprintf("GOMAXPROCS=%d", cfg.ProcsPerRank), nil
 	}
-	return "", fmt.Errorf("bootstrap: processors per rank must be >= 1, 0 (Go's default) or ProcsSplit, got %d", cfg.ProcsPerRank)
+	return "", fmt.Errorf("bootstrap: processors per rank must be 1 to %d, 0 (Go's default) or ProcsSplit, got %d", MaxProcsPerRank, cfg.ProcsPerRank)
 }
 
 // EnvSpin is the actor runtime's TROUPE_SPIN (actor.EnvSpin): how long a
@@ -250,8 +259,10 @@ func (s *sink) pump(rp *rankProc, r io.Reader, w io.Writer) {
 		// newline is one line (it was cut before its newline, which came
 		// out as an empty line of its own).
 		text := line
-		if !full {
-			text = bytes.TrimRight(line, "\r\n")
+		if !full && bytes.HasSuffix(text, []byte("\n")) {
+			// A line ends at \n or \r\n: other carriage returns are
+			// the program's (progress bars), and stay.
+			text = bytes.TrimSuffix(text[:len(text)-1], []byte("\r"))
 		}
 		for len(text) > maxOutputLine {
 			emit(text[:maxOutputLine])
@@ -291,8 +302,8 @@ type exitEvent struct {
 // When Launch returns, every rank has been reaped and its process group
 // killed.
 func Launch(ctx context.Context, cfg LaunchConfig) error {
-	if cfg.N < 1 {
-		return fmt.Errorf("bootstrap: need at least one rank, got -n %d", cfg.N)
+	if cfg.N < 1 || cfg.N > MaxLocalRanks {
+		return fmt.Errorf("bootstrap: need at least one rank and at most %d, got -n %d", MaxLocalRanks, cfg.N)
 	}
 	if cfg.Program == "" {
 		return errors.New("bootstrap: no program to run")

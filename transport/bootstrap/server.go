@@ -61,8 +61,8 @@ type collective struct {
 // NewServer starts a rendezvous service for a job of size ranks on
 // 127.0.0.1 with an ephemeral port (see Addr). log may be nil.
 func NewServer(size int, token Token, log *zap.Logger) (*Server, error) {
-	if size < 1 {
-		return nil, fmt.Errorf("bootstrap: job size must be >= 1, got %d", size)
+	if size < 1 || size > MaxLocalRanks {
+		return nil, fmt.Errorf("bootstrap: job size must be 1 to %d, got %d", MaxLocalRanks, size)
 	}
 	if token.IsZero() {
 		return nil, errors.New("bootstrap: refusing to serve with the zero job token")
@@ -114,17 +114,25 @@ func (s *Server) Close() error {
 
 func (s *Server) acceptLoop() {
 	defer s.wg.Done()
+	var backoff time.Duration
 	for {
 		c, err := s.ln.Accept()
 		if err != nil {
 			s.mu.Lock()
 			closed := s.closed
 			s.mu.Unlock()
-			if !closed {
-				s.log.Error("rendezvous accept failed", zap.Error(err))
+			if closed || errors.Is(err, net.ErrClosed) {
+				return
 			}
-			return
+			// Out of descriptors, say (EMFILE): ranks still to join
+			// would wait for ever if the loop ended. Try again after a
+			// pause, as net/http does.
+			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+			s.log.Error("rendezvous accept failed; retrying", zap.Error(err), zap.Duration("after", backoff))
+			time.Sleep(backoff)
+			continue
 		}
+		backoff = 0
 		s.mu.Lock()
 		if s.closed {
 			s.mu.Unlock()

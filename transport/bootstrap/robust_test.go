@@ -1,0 +1,215 @@
+//go:build unix
+
+package bootstrap
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"math"
+	"net"
+	"os"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// A transient Accept error (EMFILE: the launcher is, for a moment, at its
+// descriptor limit, e.g. because anyone on the machine opened connections
+// to the loopback port) must not stop the rendezvous for good: once
+// descriptors are free again, a rank holding the token must still be able
+// to join.
+func TestRendezvousAcceptErrorIsNotFatal(t *testing.T) {
+	s, tok, logs := newTestServer(t, 1)
+
+	var old syscall.Rlimit
+	require.NoError(t, syscall.Getrlimit(syscall.RLIMIT_NOFILE, &old))
+	fds, err := os.ReadDir("/proc/self/fd")
+	require.NoError(t, err)
+	// Room for exactly one more descriptor (ReadDir's own is closed again):
+	// the client end of the connection below takes it, the server's
+	// accept then fails with EMFILE.
+	lim := old
+	lim.Cur = uint64(len(fds))
+	require.NoError(t, syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim))
+	restored := false
+	restore := func() {
+		if !restored {
+			restored = true
+			require.NoError(t, syscall.Setrlimit(syscall.RLIMIT_NOFILE, &old))
+		}
+	}
+	defer restore()
+
+	c, err := net.Dial("tcp", s.Addr())
+	require.NoError(t, err)
+	waitFor(t, logs, "rendezvous accept failed", 1)
+	restore()
+	c.Close()
+
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	b, err := Dial(ctx, s.Addr(), tok, 0, 1)
+	require.NoError(t, err, "the rendezvous stopped accepting after one failed Accept")
+	b.Close()
+}
+
+// pump's lines end at "\n" or "\r\n": only that one "\r" goes; the
+// others are part of the line.
+func TestPumpKeepsCarriageReturns(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		{"a\r\r\n", "[0] a\r\n"},
+		{"progress 1\rprogress 2\r\r\n", "[0] progress 1\rprogress 2\r\n"},
+		{"\r\r\n", "[0] \r\n"},
+	} {
+		rp := &rankProc{rank: 0}
+		rp.outWG.Add(1)
+		var out bytes.Buffer
+		(&sink{}).pump(rp, strings.NewReader(tc.in), &out)
+		assert.Equal(t, tc.want, out.String(), "input %q", tc.in)
+	}
+}
+
+// An absurd rank count is an error, not a panic of the launcher.
+func TestLaunchHugeN(t *testing.T) {
+	var err error
+	func() {
+		defer func() {
+			if r := recover(); r != nil {
+				err = fmt.Errorf("panic: %v", r)
+				t.Errorf("Launch panicked with N=MaxInt: %v", r)
+			}
+		}()
+		err = Launch(t.Context(), LaunchConfig{N: math.MaxInt, Program: "true"})
+	}()
+	assert.Error(t, err)
+}
+
+// Many collectives at once on every rank, barriers and all-gathers under
+// reused names, with loss subscribers: no race, no mixed data.
+func TestConcurrentCollectivesReuse(t *testing.T) {
+	const size = 4
+	s, tok, _ := newTestServer(t, size)
+	ctx := testCtx(t)
+	bs := joinAll(t, ctx, s, tok, size)
+	var wg sync.WaitGroup
+	for r, b := range bs {
+		b.(LossNotifier).NotifyLost(func(int, string) {})
+		for k := range 3 {
+			wg.Go(func() {
+				for it := range 30 {
+					key := fmt.Sprintf("k%d", k)
+					vals, err := b.AllGather(ctx, key, fmt.Appendf(nil, "%d/%d/%d", r, k, it))
+					if !assert.NoError(t, err) {
+						return
+					}
+					for i, v := range vals {
+						assert.Equal(t, fmt.Sprintf("%d/%d/%d", i, k, it), string(v))
+					}
+					if !assert.NoError(t, b.Barrier(ctx, key)) {
+						return
+					}
+				}
+			})
+		}
+	}
+	wg.Wait()
+}
+
+// The launcher's supervision (a failure, the stop, output pumps, tails)
+// under the race detector.
+func TestLaunchFailureRace(t *testing.T) {
+	cfg, stdout, stderr := launchCfg(t, 3, failRankEnv+"=2", hangEnv+"=1")
+	cfg.Stderr = stdout // one writer for both
+	err := Launch(t.Context(), cfg)
+	var rf *RankFailure
+	require.ErrorAs(t, err, &rf, "out:\n%s", stdout)
+	assert.Equal(t, 2, rf.Rank)
+	assert.Equal(t, 3, rf.ExitCode)
+	_ = stderr
+}
+
+// A collective called with a context whose deadline has already passed
+// sends nothing: it returns the context's error and leaves the rank in the
+// job. (It closed the rank's connection: the server reported the live rank
+// lost to every other rank, and every later collective of the job failed.)
+func TestExpiredDeadlineDoesNotKillRank(t *testing.T) {
+	const size = 2
+	s, tok, _ := newTestServer(t, size)
+	ctx := testCtx(t)
+	bs := joinAll(t, ctx, s, tok, size)
+	lost := lostNotices(bs[1])
+
+	expired, cancel := context.WithDeadline(ctx, time.Now().Add(-time.Second))
+	defer cancel()
+	err := bs[0].Barrier(expired, "x")
+	assert.ErrorIs(t, err, context.DeadlineExceeded)
+
+	var wg sync.WaitGroup
+	errs := make([]error, size)
+	for r := range size {
+		wg.Go(func() { _, errs[r] = bs[r].AllGather(ctx, "after", []byte{byte(r)}) })
+	}
+	wg.Wait()
+	assert.NoError(t, errs[0], "rank 0")
+	assert.NoError(t, errs[1], "rank 1")
+	select {
+	case n := <-lost:
+		t.Errorf("rank 1 was told rank %d is lost: %s", n.rank, n.reason)
+	default:
+	}
+}
+
+// A per-rank GOMAXPROCS that Go's runtime cannot take (it parses the
+// variable as an int32 and silently ignores anything else) is refused,
+// instead of leaving every rank with all the CPUs.
+func TestProcsPerRankOutOfRange(t *testing.T) {
+	_, err := gomaxprocs(LaunchConfig{N: 1, ProcsPerRank: math.MaxInt32 + 1})
+	assert.Error(t, err, "GOMAXPROCS=%d is ignored by Go programs", math.MaxInt32+1)
+}
+
+// Hostile frames from joined ranks: the server drops the sender and tells
+// the others, and never panics or hangs.
+func TestHostileJoinedFrames(t *testing.T) {
+	bad := [][]byte{
+		[]byte{0, 0, 0, 0},
+		append([]byte{0, 0, 0, 5}, "{\"op\""...),
+		append([]byte{0, 0, 0, 31}, `{"op":"gather","value":"!!!!"}x`...),
+		append([]byte{0, 0, 0, 24}, `{"op":"gather","key":12}`...),
+		append([]byte{0, 0, 0, 14}, `{"op":"join"} `...),
+		{0xff, 0xff, 0xff, 0xff},
+		{0x00, 0xff, 0xff},
+	}
+	size := len(bad) + 1
+	s, tok, logs := newTestServer(t, size)
+	ctx := testCtx(t)
+	b0, err := Dial(ctx, s.Addr(), tok, 0, size)
+	require.NoError(t, err)
+	defer b0.Close()
+	for i, b := range bad {
+		r := i + 1
+		c, err := net.Dial("tcp", s.Addr())
+		require.NoError(t, err)
+		j, _ := encodeFrame(&frame{Op: opJoin, Version: protocolVersion, Token: tok.String(), Rank: r, Size: size, Notify: true})
+		_, err = c.Write(j)
+		require.NoError(t, err)
+		f, err := readFrame(c)
+		require.NoError(t, err)
+		require.Equal(t, opOK, f.Op)
+		_, err = c.Write(b)
+		require.NoError(t, err)
+		if len(b) < 4 {
+			c.Close()
+		}
+		waitFor(t, logs, "rank lost", r)
+		c.Close()
+	}
+	err = b0.Barrier(ctx, "x")
+	var lost *RankLostError
+	assert.ErrorAs(t, err, &lost)
+}
