@@ -960,7 +960,17 @@ func (t *Transport) loop() {
 		t.mu.Lock()
 		pending = len(t.submit) > 0
 		t.mu.Unlock()
-		if !pending && !t.stopping.Load() && (direct || t.spinners.Load() == 0) {
+		// A wake between Arm and sleeping's store saw the goroutine awake
+		// and only kicked: take the kick now rather than sleep through it
+		// (wake kicks before it reads sleeping, so one of the two sees the
+		// other).
+		kicked := false
+		select {
+		case <-t.kick:
+			kicked = true
+		default:
+		}
+		if !kicked && !pending && !t.stopping.Load() && (direct || t.spinners.Load() == 0) {
 			// The timeout lets UCX run its keepalive while endpoints exist.
 			// With one P, in the network poller, so that the P stays
 			// free for the rest of the process (eventwait.go).
