@@ -2,6 +2,8 @@ package actor
 
 import (
 	"bytes"
+	"context"
+	"runtime"
 	"testing"
 	"time"
 
@@ -222,5 +224,105 @@ func waitOwnGoroutine(t *testing.T, rt *Runtime, id string) {
 			t.Fatal("the runtime never learned that the actor runs on its own goroutine")
 		}
 		time.Sleep(time.Millisecond)
+	}
+}
+
+// TestShutdownOnloadedData: with the overlap engine on, messages to a busy
+// actor may be onloaded (their data stays at the sender until the actor
+// takes them). Both ranks shut down while the actor is still busy; the
+// sending rank closes its transport as soon as its Shutdown returns. Every
+// message still arrives: Shutdown returns only once every rank's actors
+// have stopped, having read that data. Before, the sender's Shutdown
+// returned after the first barrier, and the data it withdrew by closing
+// made the messages dead letters.
+func TestShutdownOnloadedData(t *testing.T) {
+	t.Setenv(transport.OverlapEnv, "on")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ts, stopT, err := transport.StartLocal(ctx, 2, transport.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stopT()
+	rts := make([]*Runtime, 2)
+	errs := make(chan error, 2)
+	for i := range ts {
+		go func() {
+			var err error
+			rts[i], err = Init(ctx, Options{Transport: ts[i]})
+			errs <- err
+		}()
+	}
+	for range ts {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	block, blocked := make(chan struct{}), make(chan struct{})
+	const n, size = 12, 128 << 10
+	got := make(chan blob, n+1)
+	pid, err := rts[1].Root().SpawnNamed(rts[1].PropsFromFunc(func(c pa.Context) {
+		if b, ok := c.Message().(*blob); ok {
+			if b.Name == "block" {
+				close(blocked)
+				<-block
+				return
+			}
+			got <- *b
+		}
+	}), "busy")
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitOwnGoroutine(t, rts[1], pid.Id)
+	target := rts[0].PID(1, "busy")
+	if err := rts[0].Send(target, &blob{Name: "block"}); err != nil {
+		t.Fatal(err)
+	}
+	<-blocked
+	for i := range n {
+		if err := rts[0].Send(target, &blob{Name: "late", Data: blobData(i, size)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st := rts[1].Stats()
+	for st.DataPrefetched.Load()+st.DataOnloaded.Load() < n { // every header planned
+		if ctx.Err() != nil {
+			t.Fatal("the messages' headers were never planned")
+		}
+		runtime.Gosched()
+	}
+	done := make([]chan error, 2)
+	for i := range rts {
+		done[i] = make(chan error, 1)
+		go func() { done[i] <- rts[i].Shutdown(ctx) }()
+	}
+	for !rts[0].closed.Load() || !rts[1].closed.Load() { // both shutting down
+		runtime.Gosched()
+	}
+	close(block)
+	if err := <-done[0]; err != nil {
+		t.Logf("rank 0 Shutdown: %v", err)
+	}
+	if err := ts[0].Close(); err != nil { // as Shutdown does when it owns the transport
+		t.Fatal(err)
+	}
+	if err := <-done[1]; err != nil {
+		t.Logf("rank 1 Shutdown: %v", err)
+	}
+	close(got)
+	i := 0
+	for b := range got {
+		if !bytes.Equal(b.Data, blobData(i, size)) {
+			t.Fatalf("message %d damaged", i)
+		}
+		i++
+	}
+	if i != n {
+		t.Fatalf("%d of %d messages sent before Shutdown reached the actor (prefetched %d, onloaded %d, dead letters on rank 1: %d)",
+			i, n, st.DataPrefetched.Load(), st.DataOnloaded.Load(), st.DeadLetters.Load())
+	}
+	if st.DataOnloaded.Load() == 0 {
+		t.Logf("no message was onloaded this time (prefetched %d): the case was not exercised", st.DataPrefetched.Load())
 	}
 }

@@ -554,7 +554,10 @@ func RankOf(pid *pa.PID) int {
 // Shutdown leaves the job: new sends fail with ErrClosed, messages already
 // sent are flushed to their ranks, every rank waits for the others (so no
 // rank tears down a worker a peer still sends to), local actors are stopped
-// and, if the runtime owns its transport, UCX resources are released.
+// after processing what their mailboxes hold, every rank waits for the
+// others' actors to have stopped (they may still read message data from
+// this rank until then) and, if the runtime owns its transport, UCX
+// resources are released.
 func (rt *Runtime) Shutdown(ctx context.Context) error {
 	var err error
 	rt.shutOnce.Do(func() { err = rt.shutdown(ctx) })
@@ -591,6 +594,15 @@ func (rt *Runtime) shutdown(ctx context.Context) error {
 	// now rather than at its timeout.
 	rt.failRequests(-1, "the runtime shut down before the answer came", ErrClosed)
 	rt.stopLocalActors()
+	// The actors took what was in their mailboxes, and with it the data of
+	// messages the overlap engine left at their senders (onloaded): only
+	// now may a rank release its transport, or return for its caller to,
+	// since a peer's actors may read from it until here (before
+	// 2026-12-07 such messages became dead letters, withdrawn by a sender
+	// that had closed).
+	if err := rt.t.Bootstrap().Barrier(ctx, "troupe.actor.stopped"); err != nil {
+		rt.log.Debug("shutdown barrier after the actors stopped", zap.Error(err))
+	}
 	rt.sys.Shutdown()
 	if err := rt.closeMetrics(); err != nil {
 		errs = append(errs, fmt.Errorf("actor: closing the metrics endpoint: %w", err))
