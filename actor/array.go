@@ -161,8 +161,14 @@ func (a *Array) Len() int { return a.n }
 // Local returns the linear numbers of this rank's elements.
 func (a *Array) Local() []int { return append([]int(nil), a.local...) }
 
-// LocalCount returns how many elements rank r hosts.
-func (a *Array) LocalCount(r int) int { return a.perRank[r] }
+// LocalCount returns how many elements rank r hosts (0 for a rank outside
+// the job).
+func (a *Array) LocalCount(r int) int {
+	if r < 0 || r >= len(a.perRank) {
+		return 0
+	}
+	return a.perRank[r]
+}
 
 // Linear returns the row-major linear number of idx, or -1 when idx is
 // outside the index space.
@@ -180,8 +186,12 @@ func (a *Array) Linear(idx ...int) int {
 	return l
 }
 
-// IndexOf returns the index of linear element i.
+// IndexOf returns the index of linear element i, or nil when i is not an
+// element's linear number.
 func (a *Array) IndexOf(i int) Index {
+	if i < 0 || i >= a.n {
+		return nil
+	}
 	idx := make(Index, len(a.dims))
 	a.unlinear(i, idx)
 	return idx
@@ -214,8 +224,12 @@ func (a *Array) Element(idx ...int) *pa.PID {
 	return a.ElementAt(l)
 }
 
-// ElementAt returns the PID of linear element i.
+// ElementAt returns the PID of linear element i, or nil when i is not an
+// element's linear number.
 func (a *Array) ElementAt(i int) *pa.PID {
+	if i < 0 || i >= a.n {
+		return nil
+	}
 	return a.rt.PID(int(a.place[i]), a.elementID(i))
 }
 

@@ -274,3 +274,29 @@ func TestNilMessages(t *testing.T) {
 		t.Fatalf("the actor's mailbox has %d messages pending after its last", n)
 	}
 }
+
+// TestArrayAccessorsOutOfRange: linear numbers and ranks outside the array
+// give nil or 0, as Element and RankOf do for an index outside it; they
+// panicked (ElementAt, LocalCount) or wrapped around (IndexOf).
+func TestArrayAccessorsOutOfRange(t *testing.T) {
+	rts := startLocal(t, 2)
+	as := newArrays(t, rts, ArrayConfig{Name: "accessors", Dims: []int{3},
+		New: func(*Element) pa.Actor { return pa.ReceiveFunc(func(pa.Context) {}) }})
+	a := as[0]
+	for _, i := range []int{-1, 3} {
+		if p := a.ElementAt(i); p != nil {
+			t.Errorf("ElementAt(%d) = %v, want nil", i, p)
+		}
+		if idx := a.IndexOf(i); idx != nil {
+			t.Errorf("IndexOf(%d) = %v, want nil", i, idx)
+		}
+	}
+	for _, r := range []int{-1, 2} {
+		if n := a.LocalCount(r); n != 0 {
+			t.Errorf("LocalCount(%d) = %d, want 0", r, n)
+		}
+	}
+	if p := a.ElementAt(2); p == nil || a.IndexOf(2)[0] != 2 {
+		t.Errorf("element 2: %v %v", p, a.IndexOf(2))
+	}
+}

@@ -198,3 +198,30 @@ func TestDeviceLandingRejected(t *testing.T) {
 	default:
 	}
 }
+
+// TestEmptyDeviceField: a gpu.Buffer field of no bytes (a slice of length 0
+// of real device memory) arrives as an empty field on another rank, as it
+// does on this one. The receiver tried to allocate 0 bytes of device
+// memory, which is refused, and the message was undeliverable.
+func TestEmptyDeviceField(t *testing.T) {
+	dev := hostDevice(t)
+	rts := startLocalWith(t, 2, Options{Device: dev})
+	src, err := dev.Alloc(64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	empty, err := src.Slice(0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sink := &deviceSink{seen: make(chan halo, 1)}
+	if _, err := rts[1].Root().SpawnNamed(rts[1].Props(func() pa.Actor { return sink }), "empty-sink"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rts[0].Request(rts[0].PID(1, "empty-sink"), &halo{Iter: 3, Face: empty}, 10*time.Second); err != nil {
+		t.Fatalf("a message with an empty device buffer: %v", err)
+	}
+	if h := <-sink.seen; h.Iter != 3 || h.Face.Len() != 0 {
+		t.Fatalf("got iteration %d with a field of %d bytes, want 3 and 0", h.Iter, h.Face.Len())
+	}
+}

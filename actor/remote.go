@@ -818,8 +818,13 @@ func (rt *Runtime) decodeDevice(it *inItem, ct *codecType, host []byte) {
 	if it.err != "" {
 		return
 	}
-	dst, owned, err := rt.deviceLanding(it, len(host))
-	if err == nil {
+	var dst gpu.Buffer // an empty field lands nowhere (device memory of 0 bytes is refused)
+	var owned bool
+	var err error
+	if len(host) > 0 {
+		dst, owned, err = rt.deviceLanding(it, len(host))
+	}
+	if err == nil && len(host) > 0 {
 		if err = gpu.CopyFromHost(dst, host); err != nil && owned {
 			_ = gpu.Free(dst)
 		}
