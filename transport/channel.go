@@ -110,6 +110,9 @@ type Channel struct {
 	lastStaged [2]chan struct{}
 	// streamUsers counts CUDA IPC copies using the streams (Close waits).
 	streamUsers sync.WaitGroup
+	// streamsGone: Close has taken the streams away, after the transfers
+	// posted before it were done with them.
+	streamsGone bool
 	ipcMaps     ipcCache // mappings kept open (channel_ipc.go)
 }
 
@@ -203,8 +206,10 @@ func (c *Channel) ID() uint32 { return c.id }
 func (c *Channel) Peer() int { return c.peer }
 
 // Close releases the channel id on this rank, the channel's streams and the
-// CUDA IPC mappings it keeps open. Transfers in flight complete; later calls
-// fail with ErrClosed.
+// CUDA IPC mappings it keeps open. Transfers in flight complete (Close
+// waits for the staged ones, which use the streams: those posted before
+// it, even those still queued behind another, run and end as they would
+// have); later calls fail with ErrClosed.
 func (c *Channel) Close() error {
 	c.mu.Lock()
 	if c.closed {
@@ -212,17 +217,19 @@ func (c *Channel) Close() error {
 		return nil
 	}
 	c.closed = true
-	streams, retired := c.streams, c.retired
-	c.streams, c.retired = nil, nil
 	last := c.lastStaged
 	c.mu.Unlock()
-	// Staged transfers in flight use the streams.
 	for _, ch := range last {
 		if ch != nil {
 			<-ch
 		}
 	}
 	c.streamUsers.Wait()
+	c.mu.Lock()
+	streams, retired := c.streams, c.retired
+	c.streams, c.retired = nil, nil
+	c.streamsGone = true
+	c.mu.Unlock()
 	errs := []error{c.ipcMaps.release()}
 	for _, s := range streams {
 		errs = append(errs, s.Destroy())
@@ -260,7 +267,7 @@ func (c *Channel) stream(dev *gpu.Device, send bool) (*gpu.Stream, error) {
 func (c *Channel) streamFor(key streamKey) (*gpu.Stream, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.closed {
+	if c.streamsGone {
 		return nil, fmt.Errorf("transport: channel %d: %w", c.id, ErrClosed)
 	}
 	dev := key.dev
@@ -281,7 +288,7 @@ func (c *Channel) streamFor(key streamKey) (*gpu.Stream, error) {
 // retireFailed retires st, the channel's stream of key, if work on it has
 // failed, so that the next transfer gets a new one (chanTyped.retireFailed).
 func (c *Channel) retireFailed(key streamKey, st *gpu.Stream) {
-	retireFailed(&c.mu, c.streams, key, st, &c.retired)
+	retireFailed(&c.mu, &c.streams, key, st, &c.retired)
 }
 
 // endBuf is one end's memory: Go bytes or a gpu.Buffer.

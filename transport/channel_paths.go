@@ -713,12 +713,14 @@ func (c *Channel) runStagedSend(ctr uint32, buf gpu.Buffer, n int) error {
 		}
 		return st.events[i%d].Record(st.stream)
 	}
+	posted := 0 // chunks whose sends are posted
 	for i := 0; i < min(d-1, k); i++ {
 		if err := copyChunk(i); err != nil {
-			return fmt.Errorf("transport: channel %d send: staging chunk %d: %w", c.id, i, err)
+			keep(fmt.Errorf("transport: channel %d send: staging chunk %d: %w", c.id, i, err))
+			break
 		}
 	}
-	for i := 0; i < k; i++ {
+	for i := 0; i < k && firstErr == nil; i++ {
 		if d == 1 && i > 0 {
 			// One slot: it is free once the previous chunk's send is done.
 			_, e := waitRequest(context.Background(), sends[i-1])
@@ -740,6 +742,7 @@ func (c *Channel) runStagedSend(ctr uint32, buf gpu.Buffer, n int) error {
 			p = unsafe.Pointer(unsafe.SliceData(st.bytes[i%d]))
 		}
 		sends[i] = c.t.rawSend(c.peer, c.id, tag, p, l)
+		posted = i + 1
 		// Chunk i+d-1 reuses the slot of chunk i-1, whose send was posted
 		// one step ago.
 		if j := i + d - 1; d > 1 && j < k {
@@ -752,6 +755,15 @@ func (c *Channel) runStagedSend(ctr uint32, buf gpu.Buffer, n int) error {
 				break
 			}
 		}
+	}
+	if firstErr != nil {
+		// The receiver waits for every chunk: the rest go empty, which
+		// it reports as a size mismatch (and drains), as a typed send
+		// whose piece failed does. The stream is retired if it failed.
+		for j := posted; j < k; j++ {
+			sends[j] = c.t.rawSend(c.peer, c.id, tag, nil, 0)
+		}
+		c.retireFailed(streamKey{dev: buf.Device(), send: true}, st.stream)
 	}
 	for _, s := range sends {
 		if s != nil {
@@ -791,7 +803,10 @@ func (c *Channel) runStagedRecv(ctr uint32, buf gpu.Buffer, cr *ChannelRequest) 
 	}
 	// A failure withdraws the chunk receives still posted and waits for
 	// the copies already enqueued.
-	abort := func(err error) error {
+	// The sender's chunks from the failed one on that no receive took are
+	// drained (discardLeftovers), so that its send completes, and a stream
+	// whose work failed is retired.
+	abort := func(i int, err error) error {
 		c.t.cancelAll(recvs)
 		for _, r := range recvs {
 			if r != nil {
@@ -799,6 +814,8 @@ func (c *Channel) runStagedRecv(ctr uint32, buf gpu.Buffer, cr *ChannelRequest) 
 			}
 		}
 		_ = st.stream.Synchronize()
+		c.retireFailed(streamKey{dev: buf.Device(), send: false}, st.stream)
+		c.t.discardLeftovers(c.id, c.peer, ctr, recvs[i:])
 		return err
 	}
 	for i := 0; i < min(d, k); i++ {
@@ -808,11 +825,7 @@ func (c *Channel) runStagedRecv(ctr uint32, buf gpu.Buffer, cr *ChannelRequest) 
 	for i := 0; i < k; i++ {
 		_, _ = waitRequest(context.Background(), recvs[i])
 		if e := rq.chunkErr(i, recvs[i]); e != nil {
-			e = abort(e)
-			if errors.Is(e, ErrSizeMismatch) {
-				c.t.discardLeftovers(c.id, c.peer, ctr, recvs[i:])
-			}
-			return e
+			return abort(i, e)
 		}
 		if l := chunkLen(n, i); l > 0 {
 			dst, err := buf.Slice(i*ChannelChunkSize, l)
@@ -826,18 +839,19 @@ func (c *Channel) runStagedRecv(ctr uint32, buf gpu.Buffer, cr *ChannelRequest) 
 				err = st.events[i%d].Record(st.stream)
 			}
 			if err != nil {
-				return abort(fmt.Errorf("transport: channel %d recv: unstaging chunk %d: %w", c.id, i, err))
+				return abort(i, fmt.Errorf("transport: channel %d recv: unstaging chunk %d: %w", c.id, i, err))
 			}
 		}
 		// Chunk i+d reuses slot i%d once its copy to the device is done.
 		if j := i + d; j < k {
 			if err := st.events[i%d].Synchronize(); err != nil {
-				return abort(fmt.Errorf("transport: channel %d recv: unstaging chunk %d: %w", c.id, i, err))
+				return abort(i, fmt.Errorf("transport: channel %d recv: unstaging chunk %d: %w", c.id, i, err))
 			}
 			post(j)
 		}
 	}
 	if err := st.stream.Synchronize(); err != nil {
+		c.retireFailed(streamKey{dev: buf.Device(), send: false}, st.stream)
 		return fmt.Errorf("transport: channel %d recv: unstaging: %w", c.id, err)
 	}
 	return nil

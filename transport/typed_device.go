@@ -211,19 +211,20 @@ func (s *chanTyped) stream(dev *gpu.Device) (*gpu.Stream, error) {
 // faulting kernel, so the next transfer gets a new one. st is destroyed at
 // close, once the transfers that hold it are done with it.
 func (s *chanTyped) retireFailed(dev *gpu.Device, st *gpu.Stream) {
-	retireFailed(&s.mu, s.streams, dev, st, &s.failed)
+	retireFailed(&s.mu, &s.streams, dev, st, &s.failed)
 }
 
-// retireFailed moves st from streams[k] to *retired if work on it has
-// failed; mu guards both.
-func retireFailed[K comparable](mu *sync.Mutex, streams map[K]*gpu.Stream, k K, st *gpu.Stream, retired *[]*gpu.Stream) {
+// retireFailed moves st from (*streams)[k] to *retired if work on it has
+// failed; mu guards both (and the map variable itself, which a close may
+// take away meanwhile).
+func retireFailed[K comparable](mu *sync.Mutex, streams *map[K]*gpu.Stream, k K, st *gpu.Stream, retired *[]*gpu.Stream) {
 	if _, err := st.Query(); err == nil {
 		return
 	}
 	mu.Lock()
 	defer mu.Unlock()
-	if streams[k] == st {
-		delete(streams, k)
+	if (*streams)[k] == st {
+		delete(*streams, k)
 		*retired = append(*retired, st)
 	}
 }
