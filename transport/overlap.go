@@ -827,6 +827,10 @@ func (t *Transport) ovPeerLost(rank int, reason string) {
 		if r.peer == rank {
 			delete(ov.posted, k)
 			t.step(overlap.Event{Kind: overlap.RecvCancelled, ID: r.ov.id})
+			// Its sequence number goes back, as a receive UCX held does
+			// when peerFailed cancels it: a message the dead rank sent
+			// before is still the next receive's.
+			t.cancelledSeq(r)
 			t.fail(r, &PeerLostError{Rank: rank, Op: r.op, Reason: reason})
 		}
 	}

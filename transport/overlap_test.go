@@ -2,6 +2,9 @@ package transport
 
 import (
 	"bytes"
+	"context"
+	"errors"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -184,5 +187,116 @@ func TestOverlapSmallMessagesAndPrefetchHold(t *testing.T) {
 	}
 	if ts[1].prefetchHeld.Load() {
 		t.Fatalf("prefetchHeld still set after the prefetched message was received (pool in use %d)", pol.Stats().PoolInUse)
+	}
+}
+
+// waitTable waits (no sleeping) until cond holds for rank t's engine
+// tables, or fails the test after ten seconds.
+func waitTable(t *testing.T, tr *Transport, what string, cond func(OverlapTable) bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !cond(tr.OverlapTable()); {
+		if time.Now().After(deadline) {
+			t.Fatalf("waiting for %s: tables %+v", what, tr.OverlapTable())
+		}
+		runtime.Gosched()
+	}
+}
+
+// TestOverlapPeerLostGivesSequenceBack: with the engine on, a receive that
+// waited in the engine's table and failed because its peer was reported
+// lost gives its sequence number back, as a receive UCX held does with the
+// engine off: a message the rank had sent before is the next receive's.
+// It stayed in the table for good, and that receive failed with
+// ErrPeerLost.
+func TestOverlapPeerLostGivesSequenceBack(t *testing.T) {
+	t.Setenv("TROUPE_CMA", "off")
+	for _, engine := range []string{"off", "on"} {
+		t.Run("engine-"+engine, func(t *testing.T) {
+			t.Setenv(OverlapEnv, engine)
+			ts := localJob(t, 3, ProgressDirect)
+			ctx := testCtx(t)
+			const tag, n = 3, 20 << 10
+			ra, err := ts[0].Irecv(1, tag, make([]byte, n)) // engine on: in its table
+			if err != nil {
+				t.Fatal(err)
+			}
+			ts[0].rendezvousLost(1, "reported lost by the test")
+			if _, err := ra.Wait(ctx); !errors.Is(err, ErrPeerLost) {
+				t.Fatalf("receive from the rank reported lost: %v, want ErrPeerLost", err)
+			}
+			want := matchPayload(1, tag, 0, 100)
+			if err := ts[1].Send(ctx, 0, tag, want); err != nil { // sent before it "died"
+				t.Fatal(err)
+			}
+			for deadline := time.Now().Add(10 * time.Second); ; runtime.Gosched() {
+				if _, ok, _ := ts[0].Iprobe(1, tag); ok || ts[0].OverlapTable().Unexpected > 0 {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatal("the message never arrived")
+				}
+			}
+			got := make([]byte, n)
+			st, err := ts[0].Recv(ctx, 1, tag, got)
+			if err != nil || !bytes.Equal(got[:st.Size], want) {
+				t.Fatalf("receive of the message sent before the loss: %+v %v", st, err)
+			}
+			if tab := ts[0].OverlapTable(); tab.Unexpected != 0 || tab.Posted != 0 {
+				t.Fatalf("engine tables after: %+v", tab)
+			}
+		})
+	}
+}
+
+// TestOverlapHeldHeaderBeforeAnySource: an any-source receive posted while
+// an exact receive of its tag holds its message's header (onloaded) is not
+// handed to UCX with the source masked: if the exact receive is then
+// cancelled, the header goes back to the unexpected table and is the
+// any-source receive's, as MPI's order asks. Before, the masked receive in
+// UCX took the sender's next message and the owed one went to a later
+// receive.
+func TestOverlapHeldHeaderBeforeAnySource(t *testing.T) {
+	t.Setenv("TROUPE_CMA", "off")
+	ts := localJobWith(t, 3, Options{Overlap: onloadPolicy{}})
+	ctx := testCtx(t)
+	const n, tag = 64 << 10, 4
+	r1, err := ts[0].Irecv(1, tag, make([]byte, n))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s0, err := ts[1].Isend(0, tag, matchPayload(1, tag, 0, n))
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitTable(t, ts[0], "the header to be held", func(s OverlapTable) bool { return s.Held == 1 })
+	b2 := make([]byte, n)
+	r2, err := ts[0].Irecv(AnySource, tag, b2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	ts[0].exec(func() { ts[0].cancelRecv(r1, context.Canceled); close(done) }) // what Wait does when its ctx ends
+	<-done
+	if _, err := r1.Wait(ctx); !errors.Is(err, context.Canceled) {
+		t.Fatalf("the cancelled receive: %v", err)
+	}
+	s1, err := ts[1].Isend(0, tag, matchPayload(1, tag, 1, n))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r2.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	b3 := make([]byte, n)
+	if _, err := ts[0].Recv(ctx, 1, tag, b3); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []*Request{s0, s1} {
+		if _, err := s.Wait(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !bytes.Equal(b2, matchPayload(1, tag, 0, n)) || !bytes.Equal(b3, matchPayload(1, tag, 1, n)) {
+		t.Fatalf("out of order: the any-source receive got message %d, the next receive %d; want 0 and 1", b2[2], b3[2])
 	}
 }

@@ -210,7 +210,7 @@ func (t *Transport) wildPost(r *Request) {
 // tag may be posted to UCX: no message with the tag is out of UCX's queue
 // (prefetched by the overlap engine, a CMA descriptor a probe fetched or
 // is fetching), and no exact receive with the tag waits in the overlap
-// engine's table. Then the first message with the tag UCX can match is its
+// engine's table or holds its message's header there. Then the first message with the tag UCX can match is its
 // sender's next, and no receive posted before is passed over. The worker
 // lock is held.
 func (t *Transport) anyPostable(tag int) bool {
@@ -239,6 +239,13 @@ func (t *Transport) anyPostable(tag int) bool {
 		}
 		for k := range t.ov.posted {
 			if ours(k.wire) {
+				return false
+			}
+		}
+		for _, r := range t.ov.held {
+			// A held header goes back to the unexpected table if its
+			// receive is cancelled: it must be there to be found first.
+			if r.ov.held && ours(r.ov.wire) {
 				return false
 			}
 		}
