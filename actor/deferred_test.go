@@ -244,20 +244,7 @@ func TestShutdownOnloadedData(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer stopT()
-	rts := make([]*Runtime, 2)
-	errs := make(chan error, 2)
-	for i := range ts {
-		go func() {
-			var err error
-			rts[i], err = Init(ctx, Options{Transport: ts[i]})
-			errs <- err
-		}()
-	}
-	for range ts {
-		if err := <-errs; err != nil {
-			t.Fatal(err)
-		}
-	}
+	rts := runtimesOn(ctx, t, ts)
 	block, blocked := make(chan struct{}), make(chan struct{})
 	const n, size = 12, 128 << 10
 	got := make(chan blob, n+1)

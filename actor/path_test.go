@@ -109,20 +109,7 @@ func TestSendFailsAtOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer stopT()
-	rts := make([]*Runtime, 2)
-	errs := make(chan error, 2)
-	for i := range ts {
-		go func() {
-			var err error
-			rts[i], err = Init(ctx, Options{Transport: ts[i]})
-			errs <- err
-		}()
-	}
-	for range ts {
-		if err := <-errs; err != nil {
-			t.Fatal(err)
-		}
-	}
+	rts := runtimesOn(ctx, t, ts)
 	defer func() {
 		done := make(chan struct{}, len(rts))
 		for _, rt := range rts {
@@ -153,4 +140,25 @@ func TestSendFailsAtOnce(t *testing.T) {
 	if !errors.Is(err, transport.ErrClosed) {
 		t.Fatalf("Request on a closed transport: %v", err)
 	}
+}
+
+// runtimesOn starts a runtime on each of ts (transports the test owns and
+// closes itself), all at once, as the ranks of a job do.
+func runtimesOn(ctx context.Context, t *testing.T, ts []*transport.Transport) []*Runtime {
+	t.Helper()
+	rts := make([]*Runtime, len(ts))
+	errs := make(chan error, len(ts))
+	for i := range ts {
+		go func() {
+			var err error
+			rts[i], err = Init(ctx, Options{Transport: ts[i]})
+			errs <- err
+		}()
+	}
+	for range ts {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	return rts
 }

@@ -13,11 +13,18 @@ import (
 // UCX context and worker, really talking through UCX. opts.Bootstrap is
 // ignored. The returned stop function closes the transports and the service.
 func StartLocal(ctx context.Context, n int, opts Options) ([]*Transport, func(), error) {
+	return startLocal(ctx, n, func(int) Options { return opts })
+}
+
+// startLocal is StartLocal with each rank's options from opts (so that
+// tests can give every rank a RendezvousPolicy of its own, which ranks
+// must not share).
+func startLocal(ctx context.Context, n int, opts func(rank int) Options) ([]*Transport, func(), error) {
 	tok, err := bootstrap.NewToken()
 	if err != nil {
 		return nil, nil, err
 	}
-	srv, err := bootstrap.NewServer(n, tok, opts.Log)
+	srv, err := bootstrap.NewServer(n, tok, opts(0).Log)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -32,7 +39,7 @@ func StartLocal(ctx context.Context, n int, opts Options) ([]*Transport, func(),
 				return
 			}
 			boots[i] = b
-			o := opts
+			o := opts(i)
 			o.Bootstrap = b
 			ts[i], err = New(ctx, o)
 			errs <- err

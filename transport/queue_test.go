@@ -188,68 +188,79 @@ func hostQueue(t *testing.T, tr *Transport) (*gpu.System, *gpu.Stream, *Queue) {
 	return sys, s, q
 }
 
-// Free with a receive and a send already issued: the receive is withdrawn
-// and fails with ErrQueueFreed (an ordinary receive then gets the message
-// meant for it); the send cannot be recalled, so it is delivered, its op
-// reports success, and its staging buffer goes back to the pool.
+// Free with a receive and a send already issued, in either order: the
+// receive is withdrawn and fails with ErrQueueFreed (an ordinary receive
+// then gets the message meant for it); the send cannot be recalled, so it
+// is delivered, its op reports success, and its staging buffer goes back
+// to the pool. With the send first, the agent waits for it when Free comes:
+// until 2026-12-07 the receive behind it stayed posted, reported freed, and
+// took the ordinary receive's message.
 func TestQueueFreeWithOpsInFlight(t *testing.T) {
-	ts := localJob(t, 2, ProgressDirect)
-	ctx := testCtx(t)
-	sys, s, q := hostQueue(t, ts[0])
-	const n = 1 << 20
-	recvOp, err := q.EnqueueRecv(devBuf(t, sys, 8, nil), 1, 3)
-	if err != nil {
-		t.Fatal(err)
-	}
-	sendOp, err := q.EnqueueSend(devBuf(t, sys, n, pattern(n, 9)), 1, 5)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := q.Start(); err != nil {
-		t.Fatal(err)
-	}
-	waitIssued(ctx, t, q)
-	if err := q.Free(); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Synchronize(); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := recvOp.Wait(ctx); !errors.Is(err, ErrQueueFreed) {
-		t.Fatalf("receive withdrawn by Free: %v, want ErrQueueFreed", err)
-	}
-	small := make([]byte, 8)
-	r, err := ts[0].Irecv(1, 3, small)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := ts[1].Send(ctx, 0, 3, pattern(8, 1)); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := r.Wait(ctx); err != nil || !bytes.Equal(small, pattern(8, 1)) {
-		t.Fatalf("ordinary receive after Free: %v", err)
-	}
-	got := make([]byte, n)
-	if _, err := ts[1].Recv(ctx, 0, 5, got); err != nil || !bytes.Equal(got, pattern(n, 9)) {
-		t.Fatalf("the send issued before Free: %v", err)
-	}
-	if _, err := sendOp.Wait(ctx); err != nil {
-		t.Fatalf("a send delivered after Free reported %v", err)
-	}
-	if _, inUse, _ := q.pool.Stats(); inUse != 0 {
-		t.Fatalf("%d staging buffers still in use", inUse)
+	for _, sendFirst := range []bool{false, true} {
+		t.Run(map[bool]string{false: "recv-first", true: "send-first"}[sendFirst], func(t *testing.T) {
+			sys, ts, s, q := queueJob(t)
+			ctx := testCtx(t)
+			const n = 1 << 20
+			var recvOp, sendOp *QueueOp
+			for _, send := range []bool{sendFirst, !sendFirst} {
+				var err error
+				if send {
+					sendOp, err = q.EnqueueSend(devBuf(t, sys, n, pattern(n, 9)), 1, 5) // rank 1 takes it only later
+				} else {
+					recvOp, err = q.EnqueueRecv(devBuf(t, sys, 8, nil), 1, 3)
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := q.Start(); err != nil {
+				t.Fatal(err)
+			}
+			waitIssued(ctx, t, q)
+			if err := q.Free(); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.Synchronize(); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := recvOp.Wait(ctx); !errors.Is(err, ErrQueueFreed) {
+				t.Fatalf("receive withdrawn by Free: %v, want ErrQueueFreed", err)
+			}
+			if !recvOp.req.fin.Load() {
+				t.Fatal("the freed queue's receive is still posted")
+			}
+			small := make([]byte, 8)
+			r, err := ts[0].Irecv(1, 3, small)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := ts[1].Send(ctx, 0, 3, pattern(8, 1)); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := r.Wait(ctx); err != nil || !bytes.Equal(small, pattern(8, 1)) {
+				t.Fatalf("ordinary receive after Free: %v", err)
+			}
+			got := make([]byte, n)
+			if _, err := ts[1].Recv(ctx, 0, 5, got); err != nil || !bytes.Equal(got, pattern(n, 9)) {
+				t.Fatalf("the send issued before Free: %v", err)
+			}
+			if _, err := sendOp.Wait(ctx); err != nil {
+				t.Fatalf("a send delivered after Free reported %v", err)
+			}
+			if _, inUse, _ := q.pool.Stats(); inUse != 0 {
+				t.Fatalf("%d staging buffers still in use", inUse)
+			}
+		})
 	}
 }
 
-// TestQueueFreeWithdrawsReceiveBehindSend: Free while the agent waits for
-// a send still in flight, with a receive issued behind it in the same
-// batch. The receive is withdrawn too (before, it stayed posted, reported
-// freed, and took the next message of its tag from an ordinary receive),
-// and its staging buffer goes back to the pool.
-func TestQueueFreeWithdrawsReceiveBehindSend(t *testing.T) {
+// queueJob opens the host GPU system, then two ranks (so that the ranks
+// close before the system frees the memory they may still move), and a
+// queue of rank 0 on a new stream, freed when the test ends.
+func queueJob(t *testing.T) (*gpu.System, []*Transport, *gpu.Stream, *Queue) {
+	t.Helper()
 	sys := hostSystem(t)
 	ts := localJob(t, 2, ProgressDirect)
-	ctx := testCtx(t)
 	s, err := sys.Devices()[0].NewStream()
 	if err != nil {
 		t.Fatal(err)
@@ -259,46 +270,7 @@ func TestQueueFreeWithdrawsReceiveBehindSend(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = q.Free() })
-	const n = 1 << 20
-	sendOp, err := q.EnqueueSend(devBuf(t, sys, n, pattern(n, 9)), 1, 5) // rank 1 takes it only later
-	if err != nil {
-		t.Fatal(err)
-	}
-	recvOp, err := q.EnqueueRecv(devBuf(t, sys, 8, nil), 1, 4)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := q.Start(); err != nil {
-		t.Fatal(err)
-	}
-	waitIssued(ctx, t, q)
-	if err := q.Free(); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := recvOp.Wait(ctx); !errors.Is(err, ErrQueueFreed) {
-		t.Fatalf("receive ended by Free: %v, want ErrQueueFreed", err)
-	}
-	if !recvOp.req.fin.Load() {
-		t.Fatal("the freed queue's receive is still posted")
-	}
-	small := make([]byte, 8)
-	r, err := ts[0].Irecv(1, 4, small)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := ts[1].Send(ctx, 0, 4, pattern(8, 4)); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := r.Wait(ctx); err != nil || !bytes.Equal(small, pattern(8, 4)) {
-		t.Fatalf("ordinary receive after Free: %v, bytes equal %v", err, bytes.Equal(small, pattern(8, 4)))
-	}
-	got := make([]byte, n)
-	if _, err := ts[1].Recv(ctx, 0, 5, got); err != nil || !bytes.Equal(got, pattern(n, 9)) {
-		t.Fatalf("the send issued before Free: %v", err)
-	}
-	if _, err := sendOp.Wait(ctx); err != nil {
-		t.Fatalf("send: %v", err)
-	}
+	return sys, ts, s, q
 }
 
 // TestQueueFreedPinnedBuffer: pinned host buffers freed while enqueued (the
@@ -307,18 +279,8 @@ func TestQueueFreeWithdrawsReceiveBehindSend(t *testing.T) {
 // unmapped address before, and the process died (SIGSEGV). Nothing is
 // sent, and nothing of rank 1's is received.
 func TestQueueFreedPinnedBuffer(t *testing.T) {
-	sys := hostSystem(t)
-	ts := localJob(t, 2, ProgressDirect)
+	sys, ts, _, q := queueJob(t)
 	ctx := testCtx(t)
-	s, err := sys.Devices()[0].NewStream()
-	if err != nil {
-		t.Fatal(err)
-	}
-	q, err := ts[0].NewQueue(s)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = q.Free() })
 	var ops []*QueueOp
 	for i, send := range []bool{false, true} {
 		buf, err := sys.AllocHost(1 << 20)
