@@ -340,6 +340,9 @@ type noncontig struct {
 
 	bounceOnce sync.Once
 	bounce     chan []byte
+	// pooled holds the pool's buffers (their first bytes), registered at
+	// init; written once by initBounce, read-only after.
+	pooled map[*byte]struct{}
 	rtsBufs    sync.Pool
 }
 
@@ -840,9 +843,11 @@ func (e *remoteEntry) wait(ctx context.Context) (*remoteSet, error) {
 
 func (nc *noncontig) initBounce() {
 	nc.bounce = make(chan []byte, nc.opts.PackBuffers)
+	nc.pooled = make(map[*byte]struct{}, nc.opts.PackBuffers)
 	t := nc.t
 	for i := 0; i < nc.opts.PackBuffers; i++ {
 		b := make([]byte, nc.opts.PackChunk)
+		nc.pooled[&b[0]] = struct{}{}
 		// Pre-registered through the registration cache (the registration
 		// stays cached with the buffer for the transport's life).
 		t.mu.Lock()
@@ -869,8 +874,15 @@ func (nc *noncontig) getBounce(n int64) []byte {
 	return make([]byte, n)
 }
 
+// putBounce gives a pooled buffer back. Others (made when the pool was
+// empty, unregistered) are left to the collector: one of PackChunk bytes
+// taken in a registered one's place would have dropped the registered one,
+// whose registration then stayed held over freed memory.
 func (nc *noncontig) putBounce(b []byte) {
 	if cap(b) != nc.opts.PackChunk {
+		return
+	}
+	if _, ok := nc.pooled[&b[:1][0]]; !ok {
 		return
 	}
 	select {

@@ -311,3 +311,33 @@ func zcopyTransfer(t *testing.T, ctx context.Context, ts []*Transport, tag int, 
 		t.Fatal(d)
 	}
 }
+
+// TestBouncePoolKeepsRegisteredBuffers: buffers made while the pool was
+// empty never take a pooled (registered) buffer's place. One of PackChunk
+// bytes given back first used to fill the pool, and the registered buffer
+// given back after it was dropped with its registration still held.
+func TestBouncePoolKeepsRegisteredBuffers(t *testing.T) {
+	ts := localJob(t, 1, ProgressDirect)
+	const chunk = 4096
+	if err := ts[0].SetNoncontigOptions(NoncontigOptions{PackBuffers: 2, PackChunk: chunk}); err != nil {
+		t.Fatal(err)
+	}
+	nc, err := ts[0].noncontig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b := nc.getBounce(chunk), nc.getBounce(chunk) // the pool's two
+	c := nc.getBounce(chunk)                         // the pool is empty: a fresh one
+	nc.putBounce(c)
+	nc.putBounce(a)
+	nc.putBounce(b)
+	if len(nc.bounce) != 2 {
+		t.Fatalf("the pool holds %d buffers, want 2", len(nc.bounce))
+	}
+	for range 2 {
+		x := <-nc.bounce
+		if &x[0] != &a[0] && &x[0] != &b[0] {
+			t.Fatal("a buffer made outside the pool took a pooled one's place")
+		}
+	}
+}
