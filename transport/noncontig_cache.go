@@ -342,8 +342,8 @@ type noncontig struct {
 	bounce     chan []byte
 	// pooled holds the pool's buffers (their first bytes), registered at
 	// init; written once by initBounce, read-only after.
-	pooled map[*byte]struct{}
-	rtsBufs    sync.Pool
+	pooled  map[*byte]struct{}
+	rtsBufs sync.Pool
 }
 
 func newNoncontig(t *Transport, o NoncontigOptions) *noncontig {
