@@ -125,6 +125,39 @@ func MustRegister[T any]() {
 	}
 }
 
+// noNestedSpecial reports a gpu.Buffer or Typed inside t (t itself may be
+// one: it is a top-level field's type, which is allowed). Only top-level
+// fields of those types travel; nested, they arrived empty.
+func noNestedSpecial(t reflect.Type, seen map[reflect.Type]bool) error {
+	var walk func(t reflect.Type, top bool) error
+	walk = func(t reflect.Type, top bool) error {
+		if !top && (t == deviceType || t == typedType) {
+			return fmt.Errorf("a %s below the top level of a message does not travel", t)
+		}
+		if t == deviceType || t == typedType || seen[t] {
+			return nil
+		}
+		seen[t] = true
+		switch t.Kind() {
+		case reflect.Pointer, reflect.Slice, reflect.Array:
+			return walk(t.Elem(), false)
+		case reflect.Map:
+			if err := walk(t.Key(), false); err != nil {
+				return err
+			}
+			return walk(t.Elem(), false)
+		case reflect.Struct:
+			for i := 0; i < t.NumField(); i++ {
+				if err := walk(t.Field(i).Type, false); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	}
+	return walk(t, true)
+}
+
 // registerType registers t; bx, when not nil, makes boxes of t (box.go).
 func registerType(t reflect.Type, bx *boxer) error {
 	for t.Kind() == reflect.Pointer {
@@ -138,9 +171,18 @@ func registerType(t reflect.Type, bx *boxer) error {
 	ct.id = TypeID(ct.name)
 	if t.Kind() == reflect.Struct {
 		for i := 0; i < t.NumField(); i++ {
-			ft := t.Field(i).Type
+			f := t.Field(i)
+			ft := f.Type
+			if err := noNestedSpecial(ft, map[reflect.Type]bool{}); err != nil {
+				return fmt.Errorf("actor: cannot register %s: field %s: %w", ct.name, f.Name, err)
+			}
 			if ft != payloadType && ft != deviceType && ft != typedType {
 				continue
+			}
+			if !f.IsExported() || f.Anonymous || f.Tag.Get("msgpack") == "-" {
+				// The codec would send it on one path and drop it, or
+				// panic setting it, on another.
+				return fmt.Errorf("actor: cannot register %s: its %s field %s must be exported, named and not tagged msgpack:\"-\"", ct.name, ft, f.Name)
 			}
 			if ct.payload >= 0 || ct.device >= 0 || ct.typed >= 0 {
 				return fmt.Errorf("actor: cannot register %s: more than one Payload, gpu.Buffer or Typed field", ct.name)

@@ -166,7 +166,7 @@ func newFastCodec(ct *codecType) *fastCodec {
 			return nil // struct options, or fields msgpack inlines
 		}
 		tag := f.Tag.Get("msgpack")
-		if strings.ContainsAny(tag, ",\"'\\ ") {
+		if strings.ContainsAny(tag, ",\"'\\ :\t") {
 			return nil // options (omitempty, alias, ...): msgpack's business
 		}
 		if tag == "-" || !f.IsExported() {
@@ -192,9 +192,10 @@ func newFastCodec(ct *codecType) *fastCodec {
 		}
 		fc.fields = append(fc.fields, fastField{name: name, key: appendString(nil, name), off: f.Offset, fastValue: v})
 	}
-	// A struct of one pointer is stored in an interface as that pointer,
-	// which appendBody's view of a value message does not handle.
-	if len(fc.fields) == 1 && t.NumField() == 1 && fc.fields[0].kind == fkPID {
+	// A struct of one pointer (beside zero-size fields) is stored in an
+	// interface as that pointer, which appendBody's view of a value message
+	// does not handle.
+	if len(fc.fields) == 1 && fc.fields[0].kind == fkPID && t.Size() == unsafe.Sizeof(uintptr(0)) {
 		return nil
 	}
 	// At most 64 fields (a bit each in decode's mask). And at least one
