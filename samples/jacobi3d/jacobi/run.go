@@ -67,6 +67,9 @@ type Config struct {
 // Sweeps is S, the number of sweeps of a fixed-count run (the cap with Tol).
 func (c *Config) Sweeps() int { return c.Warmup + c.Iters }
 
+// MaxBlocks bounds the blocks of a run: each is an actor, with its fields.
+const MaxBlocks = 1 << 24
+
 // DefaultBlocks returns the default array shape for a job of ranks ranks
 // with procs processors (GOMAXPROCS) in all.
 //
@@ -87,7 +90,9 @@ func (c *Config) Sweeps() int { return c.Warmup + c.Iters }
 // against 0.056-0.059 in 2x1x1; grid 96 on one rank of two processors:
 // 0.28 in 1x2x2 against 0.41-0.43 in 2x2x2). Where the grid is too thin
 // for that order, the other is tried, and then the same count f in every
-// dimension, the smallest with f^3 >= the blocks wanted, capped by the grid.
+// dimension, the smallest with f^3 >= the blocks wanted, capped by the grid;
+// if that leaves fewer blocks than ranks, the ranks' count is spread over
+// the dimensions that can take it, z first.
 func DefaultBlocks(procs, ranks, nx, ny, nz int) [3]int {
 	n := ranks
 	if procs != ranks {
@@ -103,7 +108,19 @@ func DefaultBlocks(procs, ranks, nx, ny, nz int) [3]int {
 	for f*f*f < n {
 		f++
 	}
-	return [3]int{min(f, nx), min(f, ny), min(f, nz)}
+	b := [3]int{min(f, nx), min(f, ny), min(f, nz)}
+	if b[0]*b[1]*b[2] < ranks {
+		// A thin grid (1x1x100 on four ranks): the blocks along the
+		// dimensions that can take them, as many as the ranks at least.
+		b = [3]int{1, 1, 1}
+		left := ranks
+		for _, d := range []int{2, 1, 0} {
+			ext := [3]int{nx, ny, nz}[d]
+			b[d] = min(ext, left)
+			left = (left + b[d] - 1) / b[d]
+		}
+	}
+	return b
 }
 
 // RankGrid factors n into three counts, largest first, as close to each
@@ -174,13 +191,16 @@ func (c *Config) normalize(ranks int) error {
 	for _, parts := range shapes {
 		pts := int64(1)
 		for d, b := range parts {
-			side := int64((n[d]+b-1)/b + 2)
+			side := int64((n[d]-1)/b + 3) // ceil(n/b) + 2, without overflow
 			if pts > (1<<31)/side {
 				return fmt.Errorf("jacobi: grid %dx%dx%d in %dx%dx%d blocks: a block (or, with -check, the whole grid) has more than 2^31 points",
 					c.NX, c.NY, c.NZ, c.Blocks[0], c.Blocks[1], c.Blocks[2])
 			}
 			pts *= side
 		}
+	}
+	if nb := int64(c.Blocks[0]) * int64(c.Blocks[1]); nb > MaxBlocks || nb*int64(c.Blocks[2]) > MaxBlocks {
+		return fmt.Errorf("jacobi: %dx%dx%d blocks: more than %d", c.Blocks[0], c.Blocks[1], c.Blocks[2], MaxBlocks)
 	}
 	if nb := c.Blocks[0] * c.Blocks[1] * c.Blocks[2]; nb < ranks {
 		return fmt.Errorf("jacobi: %d blocks for %d ranks: every rank needs at least one block", nb, ranks)
@@ -193,6 +213,10 @@ func (c *Config) normalize(ranks int) error {
 		return fmt.Errorf("jacobi: reduce every %d sweeps", c.ReduceEvery)
 	case c.ReduceEvery == 0:
 		c.ReduceEvery = 1
+	case c.ReduceEvery > c.Sweeps():
+		// Once after the last sweep is what more means; the driver's
+		// grants (twice the interval ahead) overflowed near 2^62.
+		c.ReduceEvery = c.Sweeps()
 	}
 	if c.Tol < 0 || math.IsNaN(c.Tol) {
 		return fmt.Errorf("jacobi: tolerance %g", c.Tol)

@@ -137,6 +137,19 @@ func TestRunTolerance(t *testing.T) {
 	}
 }
 
+// TestConfigReduceEveryClamped: a reduction interval beyond the run's
+// sweeps means once, after the last; the driver's grant, twice the
+// interval ahead, overflowed near 2^62 and no block ever swept.
+func TestConfigReduceEveryClamped(t *testing.T) {
+	cfg := Config{NX: 8, NY: 8, NZ: 8, Blocks: [3]int{2, 1, 1}, Warmup: 2, Iters: 20, ReduceEvery: 1 << 62, Tol: 1e-3}
+	if err := cfg.normalize(2); err != nil {
+		t.Fatal(err)
+	}
+	if cfg.ReduceEvery != 22 {
+		t.Fatalf("ReduceEvery %d after normalize, want the run's 22 sweeps", cfg.ReduceEvery)
+	}
+}
+
 func TestConfigErrors(t *testing.T) {
 	for _, cfg := range []Config{
 		{NX: 0, NY: 4, NZ: 4, Iters: 1},
@@ -150,6 +163,8 @@ func TestConfigErrors(t *testing.T) {
 		{NX: 100000, NY: 100000, NZ: 100000, Blocks: [3]int{1, 1, 2}, Iters: 1},                // blocks too large to allocate (a panic)
 		{NX: 1 << 20, NY: 1 << 20, NZ: 1 << 20, Blocks: [3]int{1 << 10, 1 << 10, 1}, Iters: 1}, // likewise, by the last dimension
 		{NX: 4096, NY: 4096, NZ: 4096, Blocks: [3]int{64, 64, 64}, Iters: 1, Check: true},      // the serial check's whole grid on rank 0
+		{NX: math.MaxInt, NY: 1, NZ: 1, Blocks: [3]int{math.MaxInt, 1, 1}, Iters: 1},           // a block size that overflowed to 2, then 2^63 actors
+		{NX: 1 << 30, NY: 1, NZ: 1, Blocks: [3]int{MaxBlocks + 1, 1, 1}, Iters: 1},             // more blocks than MaxBlocks
 	} {
 		if err := cfg.normalize(2); err == nil {
 			t.Errorf("config %+v accepted", cfg)
@@ -171,13 +186,24 @@ func TestConfigErrors(t *testing.T) {
 			t.Errorf("DefaultBlocks(%d procs, %d ranks) = %v, want %v", c.procs, c.ranks, b, c.want)
 		}
 	}
-	if b := DefaultBlocks(32, 16, 96, 3, 1); b != [3]int{4, 3, 1} {
+	// 64 blocks wanted, 4x3x1 fit the same count per dimension: 12 for 16
+	// ranks, too few (the run refused it before 2026-12-07); the greedy
+	// fallback gives 6x3x1.
+	if b := DefaultBlocks(32, 16, 96, 3, 1); b != [3]int{6, 3, 1} {
 		t.Errorf("DefaultBlocks(32, 16) on a thin grid = %v", b)
 	}
 	// One processor per rank, but the grid is too thin for the rank grid
-	// in either order.
-	if b := DefaultBlocks(4, 4, 96, 1, 1); b != [3]int{2, 1, 1} {
-		t.Errorf("DefaultBlocks(4, 4) on a line = %v", b)
+	// in either order: the blocks go along the dimensions that can take
+	// them, at least one per rank (before 2026-12-07 the same count in
+	// every dimension, capped by the grid, gave 2x1x1 here: fewer blocks
+	// than ranks, which the run then refused).
+	for _, c := range []struct {
+		ranks, nx, ny, nz int
+		want              [3]int
+	}{{4, 96, 1, 1, [3]int{4, 1, 1}}, {4, 1, 1, 100, [3]int{1, 1, 4}}, {4, 1, 100, 1, [3]int{1, 4, 1}}, {6, 2, 1, 100, [3]int{1, 1, 6}}} {
+		if b := DefaultBlocks(c.ranks, c.ranks, c.nx, c.ny, c.nz); b != c.want {
+			t.Errorf("DefaultBlocks(%d, %d) on a %dx%dx%d grid = %v, want %v", c.ranks, c.ranks, c.nx, c.ny, c.nz, b, c.want)
+		}
 	}
 	// A flat grid takes the rank grid largest first, along x.
 	if b := DefaultBlocks(4, 4, 96, 96, 1); b != [3]int{2, 2, 1} {
