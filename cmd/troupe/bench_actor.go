@@ -118,15 +118,15 @@ executable or on PATH) and prints both side by side.`,
 
 // validate refuses message sizes the benchmark cannot send.
 func (f actorBenchFlags) validate() error {
-	if f.rtts < 0 {
-		return fmt.Errorf("bench actor: --rtts %d: want 0 (skip the round trips) or more", f.rtts)
+	if f.rtts < 0 || f.rtts > maxCount {
+		return fmt.Errorf("bench actor: --rtts %d: want 0 (skip the round trips) to %d", f.rtts, int(maxCount))
 	}
 	if err := checkCounts("--scale", f.scale, "--repeat", f.repeat); err != nil {
 		return fmt.Errorf("bench actor: %w", err)
 	}
 	for _, s := range f.rttSize {
-		if s < 0 {
-			return fmt.Errorf("bench actor: --rtt-sizes: negative size %d", s)
+		if s < 0 || s > maxBenchSize {
+			return fmt.Errorf("bench actor: --rtt-sizes: size %d, want 0 to %d", s, maxBenchSize)
 		}
 	}
 	for _, s := range f.sizes {

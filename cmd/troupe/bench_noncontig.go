@@ -382,6 +382,9 @@ func ncVector(block, count int64) (ncCase, error) {
 	if count < 1 {
 		return ncCase{}, fmt.Errorf("vector of %d blocks: at least 1 is needed (an empty layout measures nothing)", count)
 	}
+	if block > maxBenchSize || count > maxBenchSize/block/2 {
+		return ncCase{}, fmt.Errorf("vector of %d blocks of %d bytes: its buffer would pass %d bytes", count, block, maxBenchSize)
+	}
 	v, err := datatype.Vector(count, block/8, 2*block/8, datatype.Float64)
 	if err != nil {
 		return ncCase{}, err

@@ -49,6 +49,12 @@ func TestBenchFlagsRefused(t *testing.T) {
 		{newNoncontigCmd, []string{"--layout", "milc_zd", "--no-apps"}, "--no-apps"},
 		{newNoncontigCmd, []string{"--layout", "bogus"}, `unknown layout "bogus"`},
 		{newNoncontigCmd, []string{"--layout", ""}, "empty layout name"},
+		// Found by a review of 2026-12-07: a rank panicked (makeslice) or
+		// a run measured its floor of iterations.
+		{newPingpongCmd, []string{"--scale", "1e300"}, "--scale 1e+300"},
+		{newActorBenchCmd, []string{"--rtts", "9223372036854775807"}, "--rtts 9223372036854775807"},
+		{newActorBenchCmd, []string{"--rtt-sizes", "9223372036854775807"}, "--rtt-sizes: size 9223372036854775807"},
+		{newNoncontigCmd, []string{"--layout", "vec_1073741824x1073741824"}, "would pass"},
 	} {
 		cmd := c.cmd()
 		cmd.SetArgs(c.args)

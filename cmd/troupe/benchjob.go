@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"math"
 	"os"
 	"os/signal"
 	"runtime/pprof"
@@ -160,6 +159,13 @@ func joinInts(xs []int) string {
 	return strings.Join(s, ",")
 }
 
+// maxScale bounds --scale, the iteration count multiplier.
+const maxScale = 1e6
+
+// maxCount bounds counts of repetitions (round trips, messages) a
+// benchmark takes on the command line.
+const maxCount = 1e8
+
 // maxBenchSize bounds the message sizes a benchmark accepts: every rank
 // allocates buffers of the largest.
 const maxBenchSize = 1 << 30
@@ -204,8 +210,11 @@ func checkCounts(vals ...any) error {
 		case int:
 			ok = v > 0
 		case float64:
-			ok = v > 0 && !math.IsInf(v, 0) // NaN > 0 is false
-			want = "a positive finite number"
+			// NaN > 0 is false; a multiplier above maxScale overflowed
+			// the iteration counts to their floor (int(2e4*1e300) is
+			// MinInt64 on amd64).
+			ok = v > 0 && v <= maxScale
+			want = fmt.Sprintf("a positive number up to %g", float64(maxScale))
 		case time.Duration:
 			ok = v > 0
 		}
