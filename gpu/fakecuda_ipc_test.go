@@ -6,7 +6,9 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"os"
+	"runtime"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -96,4 +98,174 @@ func TestFakeIPCHalf(t *testing.T) {
 	require.NoError(t, CopyToHost(got, b))
 	assert.Equal(t, pattern(b.Len(), 6), got, "the importer's writes are visible to the exporter")
 	require.NoError(t, Free(a))
+}
+
+// blockFreeInQuiesce holds the device's copy agent lock so that a Free or
+// IPCClose of the system stops in quiesceAgents: after it has dropped the
+// allocation from the registry, the KindOf cache and the IPC cache, before
+// the driver releases the memory. It returns the function that lets it go on.
+func blockFreeInQuiesce(s *System) (unblock func()) {
+	s.agentOn = true // quiesceAgents looks at the agents (none is set up)
+	d := s.devices[0]
+	d.agent.mu.Lock()
+	return d.agent.mu.Unlock
+}
+
+// waitUnregistered waits until ptr is no longer in s's registry (Free or
+// IPCClose has reached the point blockFreeInQuiesce holds it at).
+func waitUnregistered(s *System, ptr uintptr) {
+	for {
+		s.mu.Lock()
+		a := s.reg.find(ptr)
+		s.mu.Unlock()
+		if a == nil {
+			return
+		}
+		runtime.Gosched()
+	}
+}
+
+// TestCUDAKindOfAfterFree: KindOf of an address asked while Free or
+// IPCClose runs (the driver still has the memory) leaves no stale kind in
+// the cache once it has returned (docs: "a freed or reused address is never
+// reported with a stale kind"); it cached pinned or device for the freed
+// address until 2026-12-07 (found by review).
+func TestCUDAKindOfAfterFree(t *testing.T) {
+	onFakeDriver(t, "TestCUDAKindOfAfterFreeChild", "FAKECUDA_IPC=1")
+}
+
+func TestCUDAKindOfAfterFreeChild(t *testing.T) {
+	s := fakeDriverSystem(t)
+	d := s.Devices()[0]
+	for _, kind := range []Kind{KindPinned, KindDevice} {
+		var b Buffer
+		var err error
+		if kind == KindPinned {
+			b, err = s.AllocHost(4096)
+		} else {
+			b, err = d.Alloc(4096)
+		}
+		require.NoError(t, err)
+		ptr := b.Ptr()
+
+		unblock := blockFreeInQuiesce(s)
+		done := make(chan error, 1)
+		go func() { done <- Free(b) }()
+		waitUnregistered(s, ptr)
+		during, _ := s.KindOf(ptr) // the driver still has the memory
+		unblock()
+		require.NoError(t, <-done)
+		s.agentOn = false
+
+		after, _ := s.KindOf(ptr)
+		_, _, known := s.be.pointerKind(ptr)
+		require.False(t, known, "the driver no longer knows %#x", ptr)
+		assert.Equal(t, KindHost, after,
+			"KindOf(%#x) after Free of %v memory: cached %v, asked while Free ran", ptr, kind, during)
+	}
+
+	// The same through IPCClose of the last reference to a mapping.
+	src, err := d.Alloc(1 << 16)
+	require.NoError(t, err)
+	h, err := s.IPCGetHandle(src)
+	require.NoError(t, err)
+	m, err := d.IPCOpen(h)
+	require.NoError(t, err)
+	ptr := m.Ptr()
+	unblock := blockFreeInQuiesce(s)
+	done := make(chan error, 1)
+	go func() { done <- IPCClose(m) }()
+	waitUnregistered(s, ptr)
+	during, _ := s.KindOf(ptr)
+	unblock()
+	require.NoError(t, <-done)
+	s.agentOn = false
+	after, _ := s.KindOf(ptr)
+	_, _, known := s.be.pointerKind(ptr)
+	require.False(t, known, "the driver no longer maps %#x", ptr)
+	assert.Equal(t, KindHost, after,
+		"KindOf(%#x) after IPCClose of its mapping: cached %v, asked while IPCClose ran", ptr, during)
+}
+
+// TestCUDAIPCReopenWhileClosing: an IPCOpen of a handle whose last
+// reference another goroutine is closing waits for the unmapping, then maps
+// it anew. It found no cached mapping and asked the driver while the
+// driver still mapped the allocation: CUDA_ERROR_ALREADY_MAPPED, as the
+// real driver answers (found by review).
+func TestCUDAIPCReopenWhileClosing(t *testing.T) {
+	onFakeDriver(t, "TestCUDAIPCReopenWhileClosingChild", "FAKECUDA_IPC=1")
+}
+
+func TestCUDAIPCReopenWhileClosingChild(t *testing.T) {
+	s := fakeDriverSystem(t)
+	d := s.Devices()[0]
+	src, err := d.Alloc(1 << 16)
+	require.NoError(t, err)
+	h, err := s.IPCGetHandle(src)
+	require.NoError(t, err)
+	m, err := d.IPCOpen(h)
+	require.NoError(t, err)
+
+	unblock := blockFreeInQuiesce(s)
+	closed := make(chan error, 1)
+	go func() { closed <- IPCClose(m) }() // the last reference
+	waitUnregistered(s, m.Ptr())
+	type opened struct {
+		b   Buffer
+		err error
+	}
+	reopened := make(chan opened, 1)
+	go func() {
+		b, err := d.IPCOpen(h)
+		reopened <- opened{b, err}
+	}()
+	for s.ipcOpening.Load() == 0 && len(reopened) == 0 { // the opener waits for the close, or is done
+		runtime.Gosched()
+	}
+	unblock()
+	require.NoError(t, <-closed)
+	s.agentOn = false
+	o := <-reopened
+	require.NoError(t, o.err, "IPCOpen while the previous mapping of the handle was being closed")
+	require.NoError(t, IPCClose(o.b))
+}
+
+// TestCUDAIPCOpenConcurrent: goroutines opening one handle on one device at
+// once all get the mapping (one driver mapping, shared); those that missed
+// the cache together each asked the driver, and all but one got
+// CUDA_ERROR_ALREADY_MAPPED (found by review).
+func TestCUDAIPCOpenConcurrent(t *testing.T) {
+	onFakeDriver(t, "TestCUDAIPCOpenConcurrentChild", "FAKECUDA_IPC=1")
+}
+
+func TestCUDAIPCOpenConcurrentChild(t *testing.T) {
+	s := fakeDriverSystem(t)
+	d := s.Devices()[0]
+	src, err := d.Alloc(1 << 16)
+	require.NoError(t, err)
+	h, err := s.IPCGetHandle(src)
+	require.NoError(t, err)
+	for i := range 200 {
+		var wg sync.WaitGroup
+		var bufs [4]Buffer
+		var errs [4]error
+		start := make(chan struct{})
+		for j := range bufs {
+			wg.Go(func() {
+				<-start
+				bufs[j], errs[j] = d.IPCOpen(h)
+			})
+		}
+		close(start)
+		wg.Wait()
+		for j := range bufs {
+			if errs[j] == nil {
+				require.NoError(t, IPCClose(bufs[j]))
+			}
+		}
+		for j := range errs {
+			require.NoError(t, errs[j], "round %d: concurrent IPCOpen %d of one handle", i, j)
+		}
+		require.Zero(t, s.IPCStats().Open)
+	}
 }

@@ -181,6 +181,15 @@ type System struct {
 	// release is registered by the time it looks, and admits none after.
 	life sync.RWMutex
 
+	// ipcMu makes the driver's mapping and unmapping of IPC handles one at
+	// a time (cuIpcOpenMemHandle maps a handle once per context, and
+	// fails with CUDA_ERROR_ALREADY_MAPPED while a mapping of it is still
+	// there, being closed or being opened by another goroutine). Taken
+	// before mu. ipcOpening counts the IPCOpen calls that wait for it or
+	// hold it to map (for tests).
+	ipcMu      sync.Mutex
+	ipcOpening atomic.Int32
+
 	mu      sync.Mutex
 	reg     registry
 	kcache  kindCache
@@ -517,7 +526,13 @@ func Free(b Buffer) error {
 	s.reg.remove(a)
 	s.kcache.invalidate(a.base, a.size)
 	s.mu.Unlock()
-	return a.free()
+	err := a.free()
+	// Again, now that the memory is gone: a KindOf while it was being
+	// released asked the backend, which still had it, and cached that.
+	s.mu.Lock()
+	s.kcache.invalidate(a.base, a.size)
+	s.mu.Unlock()
+	return err
 }
 
 func (s *System) register(a *allocation) {

@@ -98,31 +98,9 @@ func (d *Device) IPCOpen(h IPCHandle) (Buffer, error) {
 	}
 	s.mu.Unlock()
 	if m == nil {
-		a, err := s.be.ipcOpen(d.ord, h.Handle)
-		if err != nil {
+		var err error
+		if m, err = s.ipcMap(d, key); err != nil {
 			return Buffer{}, err
-		}
-		a.sys, a.dev, a.kind, a.ipc = s, d, KindDevice, true
-		s.mu.Lock()
-		s.ipcStats.Opened++
-		if s.closed.Load() { // Close has run, or will not see this one
-			s.mu.Unlock()
-			_ = s.be.ipcClose(a)
-			return Buffer{}, ErrClosed
-		}
-		if m = s.ipc[key]; m != nil { // lost a race: keep the first
-			m.refs++
-			s.ipcStats.Hits++
-			s.ipcStats.Closed++
-			s.mu.Unlock()
-			s.quiesceAgents()
-			_ = s.be.ipcClose(a)
-		} else {
-			m = &ipcMapping{alloc: a, refs: 1}
-			s.ipc[key] = m
-			s.reg.add(a)
-			s.kcache.invalidate(a.base, a.size)
-			s.mu.Unlock()
 		}
 	}
 	whole := Buffer{a: m.alloc, ptr: m.alloc.base, n: m.alloc.size}
@@ -142,6 +120,42 @@ func (d *Device) IPCOpen(h IPCHandle) (Buffer, error) {
 	return b, nil
 }
 
+// ipcMap returns key's mapping with a reference taken: the one another
+// goroutine made meanwhile, or a new one. Mapping and unmapping go one at a
+// time (ipcMu), so that the driver is never asked to map a handle it still
+// maps (CUDA_ERROR_ALREADY_MAPPED).
+func (s *System) ipcMap(d *Device, key ipcKey) (*ipcMapping, error) {
+	s.ipcOpening.Add(1)
+	defer s.ipcOpening.Add(-1)
+	s.ipcMu.Lock()
+	defer s.ipcMu.Unlock()
+	s.mu.Lock()
+	if m := s.ipc[key]; m != nil { // another opener mapped it meanwhile
+		m.refs++
+		s.ipcStats.Hits++
+		s.mu.Unlock()
+		return m, nil
+	}
+	s.mu.Unlock()
+	a, err := s.be.ipcOpen(d.ord, key.h)
+	if err != nil {
+		return nil, err
+	}
+	a.sys, a.dev, a.kind, a.ipc = s, d, KindDevice, true
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.ipcStats.Opened++
+	if s.closed.Load() { // Close has run, or will not see this one
+		_ = s.be.ipcClose(a)
+		return nil, ErrClosed
+	}
+	m := &ipcMapping{alloc: a, refs: 1}
+	s.ipc[key] = m
+	s.reg.add(a)
+	s.kcache.invalidate(a.base, a.size)
+	return m, nil
+}
+
 // IPCClose drops one reference to the mapping behind b (from IPCOpen); the
 // last one unmaps it.
 func IPCClose(b Buffer) error {
@@ -152,6 +166,8 @@ func IPCClose(b Buffer) error {
 		return fmt.Errorf("gpu: IPCClose of %s buffer: %w", b.a.origin(), ErrNotAllocation)
 	}
 	s := b.a.sys
+	s.ipcMu.Lock() // an opener of this handle waits until it is unmapped
+	defer s.ipcMu.Unlock()
 	s.mu.Lock()
 	var key ipcKey
 	var m *ipcMapping
@@ -177,5 +193,9 @@ func IPCClose(b Buffer) error {
 	s.ipcStats.Closed++
 	s.mu.Unlock()
 	s.quiesceAgents()
-	return s.be.ipcClose(m.alloc)
+	err := s.be.ipcClose(m.alloc)
+	s.mu.Lock() // a KindOf while it was being unmapped cached the mapping's kind
+	s.kcache.invalidate(m.alloc.base, m.alloc.size)
+	s.mu.Unlock()
+	return err
 }
