@@ -348,7 +348,9 @@ func Subarray(sizes, subsizes, starts []int64, order Order, old *Type) (*Type, e
 	for _, d := range dims {
 		root = repeat(root, subsizes[d], stride, &a)
 		off = a.add(off, a.mul(starts[d], stride, "Subarray: offset"), "Subarray: offset")
-		elems = a.mul(elems, subsizes[d], "Subarray: elements")
+		if old.elements > 0 { // copies of an empty type are empty, however many
+			elems = a.mul(elems, subsizes[d], "Subarray: elements")
+		}
 		stride = a.mul(stride, sizes[d], "Subarray: extent")
 	}
 	root = shift(root, off, &a)

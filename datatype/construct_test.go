@@ -296,6 +296,7 @@ func TestEmptyTypeHugeCounts(t *testing.T) {
 		"Vector":     m(dt.Vector(1<<62, 2, 1, empty)),
 		"HIndexed":   m(dt.HIndexed([]int64{1 << 62, 1 << 62}, []int64{0, 0}, empty)),
 		"Struct":     m(dt.Struct([]int64{1 << 62, 1 << 62}, []int64{0, 0}, []*dt.Type{empty, empty})),
+		"Subarray":   m(dt.Subarray([]int64{1 << 40, 1 << 40}, []int64{1 << 40, 1 << 40}, []int64{0, 0}, dt.OrderC, empty)),
 	} {
 		require.Equal(t, []int64{0, 0, 0, 0}, []int64{x.Size(), x.LB(), x.UB(), x.Elements()}, name)
 	}

@@ -245,14 +245,18 @@ func Windows(iovs []IOV, chunk int64) ([]Window, error) {
 		}
 		var done int64 // bytes of v already placed in earlier windows
 		for done < v.Len {
+			at := v.Addr + uintptr(done)
 			if !open {
-				w = Window{Off: off, First: i, Skip: done, Addr: v.Addr + uintptr(done)}
+				w = Window{Off: off, First: i, Skip: done, Addr: at, End: at}
 				open = true
 			}
 			take := min(v.Len-done, chunk-w.Len)
 			w.Len += take
 			w.Last = i
-			w.End = v.Addr + uintptr(done+take)
+			// The IOVs need not ascend (negative strides, structs in any
+			// order): the bounds are the lowest and highest of the pieces.
+			w.Addr = min(w.Addr, at)
+			w.End = max(w.End, at+uintptr(take))
 			done += take
 			off += take
 			if w.Len == chunk {
@@ -345,5 +349,5 @@ func Chunks(total, chunk int64) int64 {
 	if total <= 0 || chunk <= 0 {
 		return 0
 	}
-	return (total + chunk - 1) / chunk
+	return total/chunk + min(total%chunk, 1) // (total+chunk-1)/chunk overflowed
 }

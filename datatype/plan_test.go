@@ -2,6 +2,7 @@ package datatype
 
 import (
 	"errors"
+	"slices"
 	"testing"
 
 	"pgregory.net/rapid"
@@ -109,6 +110,11 @@ func genIOVs(t *rapid.T, label string) []IOV {
 		iovs[i] = IOV{Addr: addr, Len: l}
 		addr += uintptr(l) + uintptr(rapid.IntRange(1, 200).Draw(t, label+"gap"))
 	}
+	if rapid.Bool().Draw(t, label+"descending") {
+		// Negative strides and structs with fields out of order give layouts
+		// whose blocks do not ascend in memory.
+		slices.Reverse(iovs)
+	}
 	return iovs
 }
 
@@ -168,8 +174,12 @@ func TestPropertyWindows(t *testing.T) {
 			if totalLen(ps) != w.Len {
 				t.Fatalf("window %d pieces hold %d bytes, want %d", k, totalLen(ps), w.Len)
 			}
-			if len(ps) > 0 && (ps[0].Addr != w.Addr || ps[len(ps)-1].Addr+uintptr(ps[len(ps)-1].Len) != w.End) {
-				t.Fatalf("window %d span [%d,%d) does not bound its pieces %v", k, w.Addr, w.End, ps)
+			lo, hi := ^uintptr(0), uintptr(0)
+			for _, p := range ps {
+				lo, hi = min(lo, p.Addr), max(hi, p.Addr+uintptr(p.Len))
+			}
+			if len(ps) > 0 && (lo != w.Addr || hi != w.End) {
+				t.Fatalf("window %d span [%d,%d) is not the bounds [%d,%d) of its pieces %v", k, w.Addr, w.End, lo, hi, ps)
 			}
 			if chunk == int64(m)*max(st.MinBlock, 1) && len(ps) > m+1 {
 				t.Fatalf("window %d touches %d blocks, more than %d", k, len(ps), m+1)
@@ -278,4 +288,21 @@ func toSegs(iovs []IOV) []Segment {
 		s[i] = Segment{Off: int64(v.Addr), Len: v.Len}
 	}
 	return s
+}
+
+// TestChunksNearLimit: the chunk count of a payload near 2^63 bytes is exact
+// (rounding up as total+chunk-1 overflowed to a negative count).
+func TestChunksNearLimit(t *testing.T) {
+	for _, c := range []struct{ total, chunk, want int64 }{
+		{1<<63 - 4, 8, 1 << 60},
+		{1<<63 - 1, 1 << 62, 2},
+		{1<<63 - 1, 1<<63 - 1, 1},
+		{10, 3, 4},
+		{9, 3, 3},
+		{0, 3, 0},
+	} {
+		if got := Chunks(c.total, c.chunk); got != c.want {
+			t.Errorf("Chunks(%d, %d) = %d, want %d", c.total, c.chunk, got, c.want)
+		}
+	}
 }
