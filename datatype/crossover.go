@@ -24,8 +24,12 @@ import (
 // SGL, pack (ABBA), not pack, SGL, pack, SGL: a layout's first transfers
 // are often its slowest and get faster for a while (fresh memory, caches,
 // the heap growing), and with the schemes strictly in turn SGL's runs come
-// later on average and look faster than they are; ABBA cancels a steady
-// trend. Medians, not best times: one lucky transfer made a scheme's best
+// later on average and look faster than they are. ABBA gives both schemes
+// runs of the same average position, which cancels a steady trend in their
+// means; the verdict compares medians, so a steep trend over few runs can
+// still tip it between two schemes within a few percent of each other (a
+// review found a linear trend flipping the verdict between equal schemes
+// with 8 trials in runs of 4). Medians, not best times: one lucky transfer made a scheme's best
 // time win while its typical time lost; not means, which one slow transfer
 // on a shared machine would swing. With two trials per scheme the (lower)
 // median is the best time. It is a pure state machine: the caller times the
@@ -49,7 +53,7 @@ func median(ds []time.Duration) time.Duration {
 }
 
 // CrossoverMargin is how much faster (as a fraction of the preferred
-// scheme's best time) the other scheme must be to become the verdict: two
+// scheme's median time) the other scheme must be to become the verdict: two
 // schemes this close are equal for the adaptive default's purpose, and
 // keeping the threshold's choice then avoids flipping on noise.
 const CrossoverMargin = 0.03

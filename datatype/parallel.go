@@ -39,8 +39,9 @@ const ParallelMinPart = 32 << 10
 
 // ParallelParts returns how many parts, each on a goroutine of its own,
 // PackParallel and UnpackParallel cut n packed bytes into with workers
-// workers: at most workers, each of at least ParallelMinPart bytes, and
-// never fewer than one.
+// workers: at most workers, each of at least ParallelMinPart bytes (the
+// last up to a cache line less: inner cuts fall on cache lines), and never
+// fewer than one.
 func ParallelParts(n int64, workers int) int {
 	return int(max(1, min(int64(workers), n/ParallelMinPart)))
 }
