@@ -860,6 +860,10 @@ func (t *Transport) ovClose() {
 	for _, m := range ov.unexp {
 		if m.r != nil && !m.r.fin.Load() && !m.copying { // a copy in flight completes its receive
 			t.fail(m.r, closed(m.r))
+			// A prefetch still running ends later (ovFetched): it must not
+			// hand its data or error to the receive, which is its
+			// caller's again (and a pooled one may be recycled).
+			m.r = nil
 		}
 	}
 	ov.copies = nil
