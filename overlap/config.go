@@ -58,7 +58,8 @@ type Config struct {
 	CancelMinOffloads int
 
 	// PoolSlots is the number of slots in the pre-registered prefetch pool
-	// (paper 004, 5.3: a pool registered at init). 0 disables prefetch.
+	// (paper 004, 5.3: a pool registered at init). 0 disables prefetch; at
+	// most MaxPoolSlots.
 	PoolSlots int
 	// SlotSize is the size in bytes of one pool slot.
 	SlotSize int64
@@ -101,6 +102,13 @@ func DefaultConfig() Config {
 	}
 }
 
+// MaxPoolSlots is the largest PoolSlots Validate accepts. The engine and
+// the transport allocate a table of PoolSlots entries up front, so a
+// count from a typo or an environment variable (TROUPE_OVERLAP_SLOTS) must
+// not reach the allocator; 65536 slots of the default 4 MiB are 256 GiB,
+// far beyond any rank's pool.
+const MaxPoolSlots = 1 << 16
+
 // ErrConfig is wrapped by every configuration validation error.
 var ErrConfig = errors.New("overlap: invalid config")
 
@@ -126,8 +134,8 @@ func (c Config) Validate() error {
 		return bad("CancelRateThreshold %v must be in [0, 1]", c.CancelRateThreshold)
 	case c.CancelMinOffloads < 0:
 		return bad("CancelMinOffloads %d must be >= 0", c.CancelMinOffloads)
-	case c.PoolSlots < 0:
-		return bad("PoolSlots %d must be >= 0", c.PoolSlots)
+	case c.PoolSlots < 0 || c.PoolSlots > MaxPoolSlots:
+		return bad("PoolSlots %d must be in [0, MaxPoolSlots=%d]", c.PoolSlots, MaxPoolSlots)
 	case c.PoolSlots > 0 && c.SlotSize <= 0:
 		return bad("SlotSize %d must be > 0 when PoolSlots > 0", c.SlotSize)
 	case c.MaxPrefetchSize < 0 || c.MaxPrefetchSize > c.SlotSize:
