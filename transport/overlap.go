@@ -666,8 +666,10 @@ func (t *Transport) ovTransferDone(r *Request, err error) bool {
 }
 
 // ovCancel cancels a receive the engine holds (posted or onloaded, not yet
-// started); it reports false when UCX owns the receive, or it can no longer
-// be cancelled (it then completes normally). The lock is held.
+// started). A receive whose transfer has started, or that matched a taken
+// message, can no longer be cancelled and completes normally. It always
+// reports true: a receive with engine state is never UCX's to cancel (one
+// whose transfer started must not be cancelled there). The lock is held.
 func (t *Transport) ovCancel(r *Request, err error) bool {
 	if r.fin.Load() {
 		return true
