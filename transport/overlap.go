@@ -825,6 +825,11 @@ func (t *Transport) ovPeerLost(rank int, reason string) {
 			delete(ov.discard, w)
 		}
 	}
+	for w := range ov.chunks {
+		if id, _ := SplitChannelTag(w); t.channelPeer(id) == rank {
+			delete(ov.chunks, w) // nor will the rest of this message's
+		}
+	}
 	for k, r := range ov.posted {
 		if r.peer == rank {
 			delete(ov.posted, k)
