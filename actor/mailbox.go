@@ -237,6 +237,14 @@ func (m *mailbox) run() {
 	}
 }
 
+// actorStopped is called, on the mailbox's goroutine, once its actor has
+// stopped. An actor its supervisor stops after a failure stops with its
+// mailbox suspended: the mailbox resumes, so that the user messages left
+// in it are taken (the stopped actor drops them) and the middlewares see
+// them received, which gives their senders' credits back (held for good
+// before, they blocked every later message from those ranks to this one).
+func (m *mailbox) actorStopped() { m.suspended.Store(false) }
+
 func (m *mailbox) popSystem() any {
 	m.mu.Lock()
 	msg := m.sys[0]

@@ -79,6 +79,12 @@ func (rt *Runtime) trackMiddleware(next pa.ReceiverFunc) pa.ReceiverFunc {
 			// deliveries look it up again.
 			rt.localEpoch.Add(1)
 		case *pa.Stopped:
+			if v, ok := rt.local.Load(c.Self().Id); ok && v.(*localActor).pid == c.Self() {
+				// Not a new actor of the same name: this one's mailbox.
+				if m := v.(*localActor).run.mbox.Load(); m != nil {
+					m.actorStopped()
+				}
+			}
 			rt.local.Delete(c.Self().Id)
 			rt.localEpoch.Add(1)
 		}
