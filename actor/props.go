@@ -80,12 +80,13 @@ func (rt *Runtime) trackMiddleware(next pa.ReceiverFunc) pa.ReceiverFunc {
 			rt.localEpoch.Add(1)
 		case *pa.Stopped:
 			if v, ok := rt.local.Load(c.Self().Id); ok && v.(*localActor).pid == c.Self() {
-				// Not a new actor of the same name: this one's mailbox.
+				// Not a new actor of the same name (protoactor frees the
+				// name before Stopped): this one's mailbox and record.
 				if m := v.(*localActor).run.mbox.Load(); m != nil {
 					m.actorStopped()
 				}
+				rt.local.CompareAndDelete(c.Self().Id, v)
 			}
-			rt.local.Delete(c.Self().Id)
 			rt.localEpoch.Add(1)
 		}
 		next(c, env)
