@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"runtime"
 	"strings"
 	"sync"
@@ -550,4 +551,22 @@ func TestHostSynchronizeRunsWorkInOrder(t *testing.T) {
 	require.NoError(t, st.Synchronize())
 	require.Equal(t, int64(goroutines*each), ran.Load())
 	require.Zero(t, bad.Load(), "kernels run out of order or two at once")
+}
+
+// A size class above the largest power of two an int holds is refused:
+// rounding MinSize 2^62+1 up overflowed to a negative size and
+// NewPinnedPool panicked (makeslice: len out of range).
+func TestHostPoolHugeClassRefused(t *testing.T) {
+	s := openHost(t)
+	for _, cfg := range []PoolConfig{
+		{MinSize: 1<<62 + 1},
+		{MinSize: math.MaxInt, MaxSize: math.MaxInt, MaxBytes: math.MaxInt},
+		{MaxSize: 1<<62 + 1, MaxBytes: math.MaxInt},
+	} {
+		_, err := s.NewPinnedPool(cfg)
+		require.ErrorIs(t, err, ErrOutOfBounds, "%+v", cfg)
+	}
+	p, err := s.NewPinnedPool(PoolConfig{MinSize: 1 << 62, MaxSize: 1 << 62, MaxBytes: math.MaxInt})
+	require.NoError(t, err)
+	require.NoError(t, p.Close())
 }

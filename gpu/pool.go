@@ -13,7 +13,8 @@ type PoolConfig struct {
 	// two; default 4 KiB).
 	MinSize int
 	// MaxSize is the largest size class (rounded up to a power of two;
-	// default 4 MiB). Larger requests are refused.
+	// default 4 MiB). Larger requests are refused. Neither size may exceed
+	// the largest power of two an int holds (2^62 on 64-bit machines).
 	MaxSize int
 	// MaxBytes bounds the pinned memory the pool holds, in use and idle
 	// (default 64 MiB).
@@ -66,6 +67,11 @@ func (s *System) NewPinnedPool(cfg PoolConfig) (*PinnedPool, error) {
 	if cfg.MaxIdlePerClass <= 0 {
 		cfg.MaxIdlePerClass = 8
 	}
+	// A size above the largest power of two an int holds has no class
+	// (ceilPow2 would overflow to a negative size).
+	if cfg.MinSize > maxClassSize || cfg.MaxSize > maxClassSize {
+		return nil, fmt.Errorf("gpu: pinned pool: classes %d..%d bytes: %w (at most %d)", cfg.MinSize, cfg.MaxSize, ErrOutOfBounds, maxClassSize)
+	}
 	cfg.MinSize = ceilPow2(cfg.MinSize)
 	cfg.MaxSize = ceilPow2(cfg.MaxSize)
 	if cfg.MaxSize < cfg.MinSize || cfg.MaxSize > cfg.MaxBytes {
@@ -82,6 +88,12 @@ func (s *System) NewPinnedPool(cfg PoolConfig) (*PinnedPool, error) {
 	return p, nil
 }
 
+// maxClassSize is the largest size class a pool can have: the largest
+// power of two an int holds.
+const maxClassSize = 1 << (bits.UintSize - 2)
+
+// ceilPow2 returns the smallest power of two >= n; n must be at most
+// maxClassSize.
 func ceilPow2(n int) int {
 	if n <= 1 {
 		return 1
