@@ -160,12 +160,13 @@ func launchDims(grid, block Dim3) ([6]uint32, error) {
 			return out, fmt.Errorf("grid %+v, block %+v: dimension %d out of range", grid, block, v)
 		}
 		if i >= 3 {
-			threads *= v
+			// Checked at every step: a product of three dimensions up to
+			// 2^32 each can wrap around to a small number.
+			if threads *= v; threads > 1024 {
+				return out, fmt.Errorf("block %+v has more than 1024 threads, the most CUDA allows", block)
+			}
 		}
 		out[i] = uint32(v)
-	}
-	if threads > 1024 {
-		return out, fmt.Errorf("block %+v has %d threads; CUDA allows at most 1024", block, threads)
 	}
 	return out, nil
 }

@@ -147,3 +147,21 @@ func f64bytes(v []float64) []byte {
 	}
 	return out
 }
+
+// A block whose dimensions multiply past the int range is refused: the
+// product wrapped (2^31 * 2^31 * 4 = 2^64 -> 0) and passed the 1024-thread
+// check, leaving the refusal to the driver.
+func TestLaunchDimsBlockOverflow(t *testing.T) {
+	for _, block := range []Dim3{
+		{X: 1 << 31, Y: 1 << 31, Z: 4},
+		{X: math.MaxUint32, Y: math.MaxUint32, Z: math.MaxUint32},
+		{X: 1025},
+		{X: 32, Y: 33},
+	} {
+		_, err := launchDims(Dim3{}, block)
+		require.Error(t, err, "block %+v", block)
+	}
+	dims, err := launchDims(Dim3{X: 1 << 31, Y: 65535, Z: 65535}, Dim3{X: 8, Y: 8, Z: 16})
+	require.NoError(t, err)
+	require.Equal(t, [6]uint32{1 << 31, 65535, 65535, 8, 8, 16}, dims)
+}
