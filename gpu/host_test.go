@@ -570,3 +570,42 @@ func TestHostPoolHugeClassRefused(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, p.Close())
 }
+
+// A Get whose allocation fails gives its room in the pool back and wakes
+// the GetWait calls that found the pool exhausted by its reservation: they
+// waited for a Put, which never comes when nothing else is in use.
+func TestHostPoolFailedAllocWakesGetWait(t *testing.T) {
+	s := openHost(t)
+	p, err := s.NewPinnedPool(PoolConfig{MinSize: 4096, MaxSize: 4096, MaxBytes: 4096})
+	require.NoError(t, err)
+	// Allocations wait (System.enter) while the test holds s.life.
+	s.life.Lock()
+	got := make(chan error, 1)
+	go func() {
+		_, err := p.Get(4096)
+		got <- err
+	}()
+	for held, _, _ := p.Stats(); held != 4096; held, _, _ = p.Stats() {
+		runtime.Gosched() // until the Get has reserved the pool's only room
+	}
+	// What a GetWait finds now: the pool exhausted, and the channel it
+	// waits on.
+	_, changed, err := p.tryGet(4096)
+	require.ErrorIs(t, err, ErrPoolExhausted)
+	// The system closes under the reserving Get: its allocation fails.
+	closed := make(chan error, 1)
+	go func() { closed <- s.Close() }()
+	for !s.closed.Load() {
+		runtime.Gosched()
+	}
+	s.life.Unlock()
+	require.ErrorIs(t, <-got, ErrClosed)
+	held, _, _ := p.Stats()
+	require.Zero(t, held, "the failed Get kept its reservation")
+	select {
+	case <-changed:
+	default:
+		t.Fatal("the failed Get gave its room back without waking GetWait")
+	}
+	require.NoError(t, <-closed)
+}

@@ -118,7 +118,7 @@ func (p *PinnedPool) Get(n int) (Buffer, error) {
 	return b, err
 }
 
-// GetWait is Get that waits for a Put when the pool is exhausted.
+// GetWait is Get that waits for room (a Put) when the pool is exhausted.
 func (p *PinnedPool) GetWait(ctx context.Context, n int) (Buffer, error) {
 	for {
 		b, ch, err := p.tryGet(n)
@@ -133,8 +133,9 @@ func (p *PinnedPool) GetWait(ctx context.Context, n int) (Buffer, error) {
 	}
 }
 
-// tryGet returns a buffer, or (when exhausted) a channel closed at the next
-// Put together with ErrPoolExhausted.
+// tryGet returns a buffer, or (when exhausted) a channel closed when room
+// may have been made (a Put, a failed allocation giving its reservation
+// back, Close) together with ErrPoolExhausted.
 func (p *PinnedPool) tryGet(n int) (Buffer, chan struct{}, error) {
 	if n <= 0 || n > p.cfg.MaxSize {
 		return Buffer{}, nil, fmt.Errorf("gpu: pinned pool: %d bytes outside 1..%d: %w", n, p.cfg.MaxSize, ErrOutOfBounds)
@@ -167,6 +168,8 @@ func (p *PinnedPool) tryGet(n int) (Buffer, chan struct{}, error) {
 	if err != nil {
 		p.mu.Lock()
 		p.held -= size
+		// The room given back may be what a GetWait waits for.
+		p.changedLocked()
 		p.mu.Unlock()
 		return Buffer{}, nil, err
 	}
@@ -244,9 +247,14 @@ func (p *PinnedPool) Put(b Buffer) error {
 	} else {
 		p.idle[ci] = append(p.idle[ci], b.a)
 	}
+	p.changedLocked()
+	return nil
+}
+
+// changedLocked wakes the GetWait calls waiting for room in the pool.
+func (p *PinnedPool) changedLocked() {
 	close(p.changed)
 	p.changed = make(chan struct{})
-	return nil
 }
 
 // Stats returns the bytes the pool holds, the buffers in use and idle.
@@ -267,8 +275,7 @@ func (p *PinnedPool) Close() error {
 	for p.dropIdleLocked() {
 	}
 	// Wake the GetWait calls waiting for a Put: they find the pool closed.
-	close(p.changed)
-	p.changed = make(chan struct{})
+	p.changedLocked()
 	done := p.releaseDone
 	p.mu.Unlock()
 	if done != nil {
