@@ -573,7 +573,10 @@ func (o *QueueOp) complete(ctx context.Context) bool {
 		if !o.req.fin.Load() {
 			return false // a send still in flight: Free settles it
 		}
-		if errors.Is(err, ctx.Err()) {
+		// Finished after all: its own result (a send that completed as
+		// ctx ended was delivered, not freed).
+		st, err = o.req.status, o.req.err
+		if err != nil && errors.Is(err, ctx.Err()) {
 			err = o.freedErr() // a receive Free withdrew
 		}
 	}
