@@ -2,7 +2,11 @@ package overlap
 
 // Stats is a snapshot of the engine's counters. Every rendezvous transfer
 // is counted once in exactly one of Offloaded, Onloaded and Prefetched,
-// when its mode becomes final; eager messages are counted in Eager.
+// when its mode becomes final; eager messages are counted in Eager. One
+// exception: a receive armed at its post (Offload before any header) counts
+// in Offloaded then, so one whose message proves eager counts in Eager as
+// well, and one cancelled before its header stays counted (the
+// cancellation throttle judges exactly these offloads).
 type Stats struct {
 	Offloaded  uint64 // transfers offloaded (armed at post or at header)
 	Onloaded   uint64 // rendezvous transfers left to the receiver
