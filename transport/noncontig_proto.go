@@ -2,6 +2,7 @@ package transport
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"runtime"
@@ -870,15 +871,7 @@ func (nc *noncontig) recvData(ctx context.Context, c typedCall, hdr []byte) (Sta
 		return err
 	}
 	if err := h.decode(hdr); err != nil {
-		if len(hdr) >= rtsHdrLen && hdr[0] == ncVersion {
-			// The sender waits for an answer, and its transfer id is
-			// readable: fail it too rather than leave it waiting.
-			idx := uint32(idxCTS)
-			if datatype.Scheme(hdr[1]) == datatype.SchemePack {
-				idx = idxAck
-			}
-			_ = reply(idx, cts{status: stFailed, rbytes: c.bytes})
-		}
+		nc.failMalformedRTS(ctx, c.peer, hdr, c.bytes)
 		return Status{}, fmt.Errorf("transport: typed recv rank %d tag %d: %w", c.peer, c.tag, err)
 	}
 	status := Status{Source: c.peer, Tag: c.tag, Size: int(h.bytes)}
@@ -1066,6 +1059,26 @@ func (nc *noncontig) recvData(ctx context.Context, c typedCall, hdr []byte) (Sta
 	}
 	nc.c.recv[final].Add(1)
 	return status, nil
+}
+
+// failMalformedRTS answers the sender of hdr, an RTS from peer that did
+// not decode, with a failure when its transfer id is readable (the header
+// is whole and of this version): the sender waits for an answer, and
+// would otherwise wait for ever. rbytes is the receive layout's size (0
+// when there is none, as for a probe).
+func (nc *noncontig) failMalformedRTS(ctx context.Context, peer int, hdr []byte, rbytes int64) {
+	if len(hdr) < rtsHdrLen || hdr[0] != ncVersion {
+		return
+	}
+	idx := uint32(idxCTS)
+	if datatype.Scheme(hdr[1]) == datatype.SchemePack {
+		idx = idxAck
+	}
+	xid := binary.LittleEndian.Uint32(hdr[4:])
+	b := make([]byte, ctsLen)
+	m := cts{status: stFailed, rbytes: rbytes}
+	m.encode(b)
+	_, _ = nc.t.ncSend(peer, ncXferTag(dirReply, uint32(nc.t.rank), xid, idx), bufOf(b), nil).Wait(ctx)
 }
 
 // zcopyRecv maps (or finds) the layout's windows for the agreed chunk, sends

@@ -192,3 +192,61 @@ func TestTypedMalformedRTSFailsBothSides(t *testing.T) {
 		}
 	}
 }
+
+// TestTypedProbeMalformedRTSFailsBothSides: a typed probe that receives an
+// RTS it cannot decode answers the sender with a failure, as a receive
+// does (TestTypedMalformedRTSFailsBothSides): MprobeTyped, ImprobeTyped
+// and ProbeTyped failed on such an RTS and left its sender waiting for
+// ever, and a receive that then took the message ProbeTyped had parked
+// failed without answering it either.
+func TestTypedProbeMalformedRTSFailsBothSides(t *testing.T) {
+	ts := localJob(t, 2, ProgressDirect)
+	ctx := testCtx(t)
+	nc, err := ts[0].noncontig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc.opts.PackChunk = maxWireChunk + 1 // behind Validate's back: the RTS is malformed
+	dt, err := datatype.Contiguous(16, datatype.Byte)
+	if err != nil {
+		t.Fatal(err)
+	}
+	probes := map[string]func(tag int) error{
+		"MprobeTyped": func(tag int) error {
+			_, err := ts[1].MprobeTyped(ctx, 0, tag)
+			return err
+		},
+		"ImprobeTyped": func(tag int) error {
+			for ctx.Err() == nil {
+				if _, ok, err := ts[1].ImprobeTyped(0, tag); err != nil || ok {
+					return err
+				}
+			}
+			return ctx.Err()
+		},
+		"ProbeTyped then RecvTyped": func(tag int) error {
+			if _, err := ts[1].ProbeTyped(ctx, 0, tag); !errors.Is(err, ErrInvalid) {
+				return err
+			}
+			_, err := ts[1].RecvTyped(ctx, 0, tag, make([]byte, 16), dt, 1)
+			return err
+		},
+	}
+	tag := 3
+	for name, probe := range probes {
+		tag++
+		sr, err := ts[0].IsendTyped(1, tag, pattern(16, tag), dt, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := probe(tag); !errors.Is(err, ErrInvalid) {
+			t.Fatalf("%s of a malformed RTS: %v, want ErrInvalid", name, err)
+		}
+		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		_, err = sr.Wait(wctx)
+		cancel()
+		if err == nil || errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("%s: the sender of a malformed RTS: %v, want the receiver's failure", name, err)
+		}
+	}
+}

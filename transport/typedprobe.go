@@ -213,7 +213,7 @@ func (nc *noncontig) arrivedRTS(src, tag int, park bool) (*parkedRTS, bool, erro
 			return
 		}
 		p.hdr = slices.Clone((*bp)[:n])
-		p.st, p.err = rtsStatus(from, tag, p.hdr)
+		p.st, p.err = nc.rtsStatus(from, tag, p.hdr)
 	}()
 	return p, true, nil
 }
@@ -279,7 +279,7 @@ func (t *Transport) typedProbeCall(src, tag int) (*noncontig, typedCall, error) 
 
 // typedMessage makes the TypedMessage of an RTS received from peer.
 func (nc *noncontig) typedMessage(peer, tag int, hdr []byte) (*TypedMessage, error) {
-	st, err := rtsStatus(peer, tag, hdr)
+	st, err := nc.rtsStatus(peer, tag, hdr)
 	if err != nil {
 		return nil, err
 	}
@@ -287,12 +287,13 @@ func (nc *noncontig) typedMessage(peer, tag int, hdr []byte) (*TypedMessage, err
 }
 
 // rtsStatus is the Status of the typed message whose RTS, hdr, came from
-// peer: Size is its packed bytes.
-func rtsStatus(peer, tag int, hdr []byte) (Status, error) {
+// peer: Size is its packed bytes. An RTS that does not decode fails the
+// probe, and its sender is answered with a failure as a receive answers it
+// (failMalformedRTS); before, the sender waited for ever.
+func (nc *noncontig) rtsStatus(peer, tag int, hdr []byte) (Status, error) {
 	var h rts
 	if err := h.decode(hdr); err != nil {
-		// The sender waits for an answer it will not get, as after any
-		// malformed RTS (recvMatched).
+		nc.failMalformedRTS(context.Background(), peer, hdr, 0)
 		return Status{}, fmt.Errorf("transport: typed probe rank %d tag %d: %w", peer, tag, err)
 	}
 	return Status{Source: peer, Tag: tag, Size: int(h.bytes)}, nil
