@@ -336,6 +336,7 @@ func TestHostileWindowKeysFailWaiters(t *testing.T) {
 	// Rank 1 plays a receiver that sends the keys of set 77 (corrupt) with
 	// the first CTS and leaves them out of the second.
 	const set = 77
+	var xids []uint32
 	for seq := range uint32(2) {
 		hb := make([]byte, rtsHdrLen)
 		if _, err := ts[1].ncRecv(0, ncRTSTag(KindTyped, 0, 8, seq), bufOf(hb), nil).Wait(ctx); err != nil {
@@ -345,6 +346,7 @@ func TestHostileWindowKeysFailWaiters(t *testing.T) {
 		if err := h.decode(hb); err != nil {
 			t.Fatal(err)
 		}
+		xids = append(xids, h.xid)
 		m := cts{status: stOK, scheme: datatype.SchemeZCopy, nwin: 1, chunk: 64 << 10, setID: set, rbytes: int64(span)}
 		blob := make([]byte, 24) // names set 77, and no registration key
 		binary.LittleEndian.PutUint64(blob, set)
@@ -366,5 +368,64 @@ func TestHostileWindowKeysFailWaiters(t *testing.T) {
 		if err := <-errs; !errors.Is(err, ErrInvalid) {
 			t.Fatalf("zero-copy send with corrupt window keys: %v, want ErrInvalid", err)
 		}
+	}
+	// Each failed send still sends its completion message, marked failed:
+	// a receiver waits for it (a real one waited for ever).
+	for _, xid := range xids {
+		fin := make([]byte, finLen)
+		if _, err := ts[1].ncRecv(0, ncXferTag(dirData, 0, xid, idxFin), bufOf(fin), nil).Wait(ctx); err != nil {
+			t.Fatalf("completion of failed transfer %d: %v", xid, err)
+		}
+		if fin[0] != finFailed {
+			t.Fatalf("completion of failed transfer %d: % x, want it marked failed", xid, fin)
+		}
+	}
+}
+
+// A zero-copy receive whose sender reports that it could not write the
+// windows (a failed completion) fails with ErrWithdrawn instead of
+// reporting the untouched layout as received.
+func TestZCopyFailedCompletion(t *testing.T) {
+	ts := localJob(t, 2, ProgressDirect)
+	ctx := testCtx(t)
+	vec, err := datatype.Vector(64, 128, 256, datatype.Float64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sig, _ := vec.SignatureHash(1)
+	const xid = 9
+	tm, err := vec.Typemap(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := datatype.ComputeStats(tm)
+	hostileRTS(t, ctx, ts, 6, 0, rts{proposal: datatype.SchemeZCopy, xid: xid, bytes: vec.Size(), sig: sig,
+		chunk: 128 << 10, minBlock: st.MinBlock, segments: st.Segments})
+	got := make(chan error, 1)
+	go func() {
+		_, err := ts[1].RecvTypedWith(ctx, 0, 6, make([]byte, vec.Extent()), vec, 1, TypedOptions{Scheme: datatype.SchemeZCopy})
+		got <- err
+	}()
+	reply := make([]byte, ctsLen)
+	if _, err := ts[0].ncRecv(1, ncXferTag(dirReply, 1, xid, idxCTS), bufOf(reply), nil).Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var m cts
+	if err := m.decode(reply); err != nil || m.status != stOK || m.scheme != datatype.SchemeZCopy {
+		t.Fatalf("CTS %+v (%v), want zero-copy", m, err)
+	}
+	if m.flags&ctsKeys != 0 {
+		blob := make([]byte, m.keysLen)
+		if _, err := ts[0].ncRecv(1, ncXferTag(dirReply, 1, xid, idxKeys), bufOf(blob), nil).Wait(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fin := make([]byte, finLen)
+	fin[0] = finFailed
+	if _, err := ts[0].ncSend(1, ncXferTag(dirData, 0, xid, idxFin), bufOf(fin), nil).Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-got; !errors.Is(err, ErrWithdrawn) {
+		t.Fatalf("zero-copy receive after a failed completion: %v, want ErrWithdrawn", err)
 	}
 }

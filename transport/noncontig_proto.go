@@ -726,8 +726,18 @@ func (nc *noncontig) sglRecv(ctx context.Context, c typedCall, ls *layoutState, 
 // sender's pieces (UCX 1.13's put takes contiguous buffers only, so one
 // window write is a put per matching piece, issued back to back), then a
 // flush and the completion message.
-func (nc *noncontig) zcopySend(ctx context.Context, c typedCall, ls *layoutState, xid uint32, m cts) error {
+func (nc *noncontig) zcopySend(ctx context.Context, c typedCall, ls *layoutState, xid uint32, m cts) (err error) {
 	t := nc.t
+	finished := false // the completion message was sent (or failed to go)
+	defer func() {
+		if err != nil && !finished {
+			// The receiver waits for the completion message: tell it the
+			// windows were not written (it waited for ever).
+			fin := make([]byte, finLen)
+			fin[0] = finFailed
+			_, _ = t.ncSend(c.peer, ncXferTag(dirData, uint32(t.rank), xid, idxFin), bufOf(fin), nil).Wait(ctx)
+		}
+	}()
 	e := nc.remoteEntry(c.peer, m.setID, m.flags&ctsKeys != 0)
 	if m.flags&ctsKeys != 0 {
 		blob := make([]byte, m.keysLen)
@@ -774,6 +784,7 @@ func (nc *noncontig) zcopySend(ctx context.Context, c typedCall, ls *layoutState
 	if err != nil {
 		return err
 	}
+	finished = true
 	fin := make([]byte, finLen)
 	_, err = t.ncSend(c.peer, ncXferTag(dirData, uint32(t.rank), xid, idxFin), bufOf(fin), nil).Wait(ctx)
 	return err
@@ -1114,6 +1125,9 @@ func (nc *noncontig) zcopyRecv(ctx context.Context, c typedCall, ls *layoutState
 	}
 	_, err = fr.Wait(ctx)
 	runtime.KeepAlive(c.buf)
+	if err == nil && fin[0] != finOK {
+		err = fmt.Errorf("transport: typed recv rank %d tag %d: the sender could not write the zero-copy windows (some may hold its data): %w", c.peer, c.tag, ErrWithdrawn)
+	}
 	return err
 }
 

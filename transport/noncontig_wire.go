@@ -71,7 +71,9 @@ const (
 	ncVersion  = 2
 	rtsHdrLen  = 72
 	ctsLen     = 64
-	finLen     = 8
+	finLen     = 8 // zero-copy completion: byte 0 is finOK or finFailed
+	finOK      = 0
+	finFailed  = 1        // the sender failed after the CTS (its error is its own)
 	ncEagerMax = 32 << 10 // largest payload an RTS may carry inline
 
 	rtsInline    = 1 // RTS flag: the packed payload follows the header
