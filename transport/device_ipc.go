@@ -11,6 +11,8 @@ package transport
 import (
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"sync"
 
 	"github.com/troupe-hpc/troupe/gpu"
@@ -32,6 +34,7 @@ type deviceImports struct {
 	closed  bool
 	caches  map[int]*ipcCache // by peer
 	streams map[*gpu.Device]*gpu.Stream
+	retired []*gpu.Stream  // copy streams that failed (destroyed at close)
 	users   sync.WaitGroup // imports in flight (close waits)
 }
 
@@ -95,6 +98,11 @@ func (t *Transport) ImportDevice(peer int, desc []byte, dst gpu.Buffer) error {
 		return fmt.Errorf("transport: device import from rank %d: %w: %w", peer, ErrIPCDeclined, err)
 	}
 	err = copyAndWait(s, dst, src)
+	if err != nil {
+		// A stream's error is sticky: the device's next import gets a
+		// new stream, as a channel's transfers do (retireFailed).
+		retireFailed(&t.dimp.mu, &t.dimp.streams, dev, s, &t.dimp.retired)
+	}
 	// This import's reference; the cache keeps the mapping.
 	if cerr := gpu.IPCClose(src); cerr != nil && err == nil {
 		err = cerr
@@ -215,7 +223,7 @@ func (di *deviceImports) close() error {
 	for _, c := range di.caches {
 		errs = append(errs, c.release())
 	}
-	for _, s := range di.streams {
+	for _, s := range append(slices.Collect(maps.Values(di.streams)), di.retired...) {
 		if err := s.Destroy(); err != nil && !errors.Is(err, gpu.ErrClosed) {
 			errs = append(errs, err)
 		}
