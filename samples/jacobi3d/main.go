@@ -79,6 +79,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 			*o.dst = o.v
 		}
 	}
+	if cfg.NX < 1 || cfg.NY < 1 || cfg.NZ < 1 {
+		fmt.Fprintf(stderr, "jacobi3d: grid %dx%dx%d: want at least one point in every dimension\n", cfg.NX, cfg.NY, cfg.NZ)
+		return 2
+	}
 	cfg.Check = cfg.NX*cfg.NY*cfg.NZ <= checkAutoMax
 	fs.Visit(func(f *flag.Flag) {
 		if f.Name == "check" {

@@ -166,6 +166,10 @@ func TestBadFlags(t *testing.T) {
 		{[]string{"-gpu-api", "channel"}, []string{"needs -gpu"}},
 		{[]string{"-gpu", "-gpu-api", "pigeon"}, []string{"want messaging or channel"}},
 		{[]string{"-timeout", "0"}, []string{"-timeout 0s"}}, // failed later, as a rendezvous timeout
+		// A grid without points: every rank panicked choosing the default
+		// blocks (a division by zero) once the job had started.
+		{[]string{"-grid", "0"}, []string{"grid 0x0x0"}},
+		{[]string{"-grid", "8", "-nz", "-5"}, []string{"grid 8x8x-5"}},
 	} {
 		var stderr strings.Builder
 		if status := run(tc.args, io.Discard, &stderr); status != 2 || !strings.Contains(stderr.String(), tc.want[0]) {

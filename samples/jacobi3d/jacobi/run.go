@@ -93,7 +93,11 @@ const MaxBlocks = 1 << 24
 // dimension, the smallest with f^3 >= the blocks wanted, capped by the grid;
 // if that leaves fewer blocks than ranks, the ranks' count is spread over
 // the dimensions that can take it, z first.
+//
+// A dimension of fewer than one point counts as one (Run refuses such a
+// grid).
 func DefaultBlocks(procs, ranks, nx, ny, nz int) [3]int {
+	nx, ny, nz = max(nx, 1), max(ny, 1), max(nz, 1)
 	n := ranks
 	if procs != ranks {
 		n = ranks * ((2*procs + ranks - 1) / ranks)

@@ -403,3 +403,23 @@ func TestOneBlockOneProcessor(t *testing.T) {
 		t.Fatalf("IterMs %.4f ms against KernelMs %.4f: the residuals reached the driver in a burst", res.IterMs, res.KernelMs)
 	}
 }
+
+// TestDefaultBlocksEmptyGrid: a grid with no points in some dimension
+// (jacobi3d -grid 0, -nz -5) has no shape to choose; DefaultBlocks
+// panicked dividing by zero, on every rank, before Run could refuse the
+// grid. It now counts such a dimension as one point, and Run refuses the
+// grid.
+func TestDefaultBlocksEmptyGrid(t *testing.T) {
+	for _, g := range [][3]int{{0, 0, 0}, {96, 96, -5}, {96, 0, 96}, {-1, 1, 1}} {
+		for _, ranks := range []int{1, 4} {
+			b := DefaultBlocks(ranks, ranks, g[0], g[1], g[2])
+			if b[0] < 1 || b[1] < 1 || b[2] < 1 {
+				t.Errorf("DefaultBlocks(%d, %d) on a %v grid = %v", ranks, ranks, g, b)
+			}
+			cfg := Config{NX: g[0], NY: g[1], NZ: g[2], Blocks: b, Iters: 1}
+			if err := cfg.normalize(ranks); err == nil {
+				t.Errorf("a %v grid in %v blocks accepted", g, b)
+			}
+		}
+	}
+}
