@@ -15,6 +15,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -25,9 +26,10 @@ import (
 const (
 	DefaultTailLines = 20
 	DefaultGrace     = 5 * time.Second
-	// outputDrain bounds how long the launcher waits, after a rank exited, for
-	// the end of its output (a descendant that escaped the rank's process
-	// group may keep the pipe open).
+	// outputDrain bounds how long the launcher waits, after a rank exited,
+	// for the end of its output while none comes (a descendant that
+	// escaped the rank's process group may keep the pipe open). Output
+	// still being read or passed on (to a slow consumer) is waited for.
 	outputDrain = 2 * time.Second
 )
 
@@ -171,7 +173,12 @@ type rankProc struct {
 	cmd   *exec.Cmd
 	pipes []*os.File // read ends of stdout and stderr
 	outWG sync.WaitGroup
-	done  bool // exited and reaped (main loop only)
+	// progress counts the pumps' reads and writes; writing is how many
+	// pumps are passing a line on now. drain closes the pipes only after
+	// a period in which neither moved.
+	progress atomic.Uint64
+	writing  atomic.Int32
+	done     bool // exited and reaped (main loop only)
 
 	tmu  sync.Mutex
 	tail []string
@@ -205,15 +212,31 @@ func (rp *rankProc) signalGroup(sig syscall.Signal) {
 	syscall.Kill(-rp.cmd.Process.Pid, sig)
 }
 
-// drain waits (bounded) for the end of the rank's output, then closes the pipes.
-func (rp *rankProc) drain(timeout time.Duration) {
+// drain waits for the end of the rank's output, then closes the pipes. It
+// gives up waiting once a period of idle passed in which the pumps read
+// nothing and passed nothing on: the rank's own output is all in the
+// pipes when it has exited, and is passed on however slowly the
+// launcher's writers take it; only a pipe held open by a descendant that
+// escaped the process group is left after idle of silence.
+func (rp *rankProc) drain(idle time.Duration) {
 	done := make(chan struct{})
 	go func() { rp.outWG.Wait(); close(done) }()
-	t := time.NewTimer(timeout)
+	t := time.NewTimer(idle)
 	defer t.Stop()
-	select {
-	case <-done:
-	case <-t.C:
+	seen := rp.progress.Load()
+	for waiting := true; waiting; {
+		select {
+		case <-done:
+			waiting = false
+		case <-t.C:
+			now := rp.progress.Load()
+			if now == seen && rp.writing.Load() == 0 {
+				waiting = false
+				break
+			}
+			seen = now
+			t.Reset(idle)
+		}
 	}
 	for _, p := range rp.pipes {
 		p.Close()
@@ -247,11 +270,17 @@ func (s *sink) pump(rp *rankProc, r io.Reader, w io.Writer) {
 		buf = append(buf[:0], prefix...)
 		buf = append(buf, text...)
 		buf = append(buf, '\n')
+		rp.writing.Add(1)
 		s.write(w, buf)
+		rp.writing.Add(-1)
+		rp.progress.Add(1)
 		rp.addTail(string(text))
 	}
 	for {
 		part, err := br.ReadSlice('\n')
+		if len(part) > 0 {
+			rp.progress.Add(1)
+		}
 		line = append(line, part...)
 		full := errors.Is(err, bufio.ErrBufferFull)
 		// A piece is cut only once the line is longer than maxOutputLine

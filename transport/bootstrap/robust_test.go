@@ -213,3 +213,77 @@ func TestHostileJoinedFrames(t *testing.T) {
 	var lost *RankLostError
 	assert.ErrorAs(t, err, &lost)
 }
+
+// stallingWriter is a consumer of the launcher's output that stalls on its
+// second write (a paused terminal, a pager, a slow network) until the
+// process whose pid the first line carries has exited, and then for
+// stall longer.
+type stallingWriter struct {
+	mu     sync.Mutex
+	n      int
+	stall  time.Duration
+	buf    bytes.Buffer
+	pidErr error
+	pid    int
+}
+
+func (w *stallingWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.n++
+	switch w.n {
+	case 1:
+		_, w.pidErr = fmt.Sscanf(string(p), "[0] %d\n", &w.pid)
+	case 2:
+		if w.pidErr == nil {
+			// Reaped by Launch: then kill(pid, 0) fails with ESRCH.
+			for syscall.Kill(w.pid, 0) == nil {
+				time.Sleep(time.Millisecond)
+			}
+			time.Sleep(w.stall)
+		}
+	}
+	return w.buf.Write(p)
+}
+
+// A rank's output is passed on whole however slowly the launcher's output
+// is consumed: when the consumer stalled for longer than outputDrain after
+// the rank exited, the launcher closed the pipe and dropped what the rank
+// had written and the launcher had not read yet (1860 lines of 10000).
+func TestLaunchSlowConsumerKeepsOutput(t *testing.T) {
+	w := &stallingWriter{stall: outputDrain + time.Second}
+	err := Launch(t.Context(), LaunchConfig{
+		N: 1, Program: "sh", Args: []string{"-c", `echo $$; exec seq 1 10000`},
+		Stdout: w, Stderr: w, Grace: time.Second,
+	})
+	require.NoError(t, err)
+	require.NoError(t, w.pidErr, "first line: %q", strings.SplitN(w.buf.String(), "\n", 2)[0])
+	lines := strings.Split(strings.TrimSuffix(w.buf.String(), "\n"), "\n")
+	require.Equal(t, 10001, len(lines), "lines passed on")
+	for i, l := range lines[1:] {
+		if l != fmt.Sprintf("[0] %d", i+1) {
+			t.Fatalf("line %d is %q", i+2, l)
+		}
+	}
+}
+
+// A descendant that escaped the rank's process group (setsid: the rank
+// waits until it leads a session of its own) and holds its output pipe
+// open without writing does not keep Launch waiting: it returns while the
+// descendant still runs.
+func TestLaunchEscapedDescendantHoldingOutput(t *testing.T) {
+	var out lockedBuffer
+	err := Launch(t.Context(), LaunchConfig{
+		N: 1, Program: "sh", Args: []string{"-c", `setsid sleep 60 & p=$!; until [ "$(cut -d' ' -f6 /proc/$p/stat)" = $p ]; do :; done; echo "escaped $p"`},
+		Stdout: &out, Stderr: &out, Grace: time.Second,
+	})
+	require.NoError(t, err)
+	var pid int
+	_, err = fmt.Sscanf(out.String(), "[0] escaped %d\n", &pid)
+	require.NoError(t, err, out.String())
+	defer syscall.Kill(pid, syscall.SIGKILL)
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	require.NoError(t, err, "the escaped descendant is gone")
+	state := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:]))[0]
+	assert.NotEqual(t, "Z", state, "the escaped descendant ended before Launch returned: %s", stat)
+}
