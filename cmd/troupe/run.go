@@ -64,8 +64,8 @@ Set TROUPE_LOG=debug for the launcher's and rendezvous's logs.`,
 			if n < 1 {
 				return fmt.Errorf("run: -n must be >= 1, got %d", n)
 			}
-			if tail < 0 {
-				return fmt.Errorf("run: --tail must be >= 0, got %d", tail)
+			if tail < 0 || tail > bootstrap.MaxTailLines {
+				return fmt.Errorf("run: --tail must be 0 to %d, got %d", bootstrap.MaxTailLines, tail)
 			}
 			if grace <= 0 {
 				return fmt.Errorf("run: --grace must be > 0, got %v", grace)

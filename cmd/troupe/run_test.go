@@ -142,6 +142,7 @@ func TestRunOutOfRangeCounts(t *testing.T) {
 	for _, args := range [][]string{
 		{"-n", "9223372036854775807", "--", "true"},
 		{"-n", "2", "--procs", "2147483648", "--", "true"},
+		{"-n", "1", "--tail", "1000000000", "--", "true"}, // kept every line a rank wrote
 	} {
 		if _, err := execRun(t, args...); err == nil {
 			t.Errorf("troupe run %v: no error", args)

@@ -54,13 +54,18 @@ type LaunchConfig struct {
 	// launcher's failure report. They may be the same writer.
 	Stdout, Stderr io.Writer
 	// TailLines is how many output lines per rank are kept for the failure
-	// report (default DefaultTailLines).
+	// report (default DefaultTailLines, at most MaxTailLines; negative:
+	// none).
 	TailLines int
 	// Grace is the time between SIGTERM and SIGKILL when stopping ranks
 	// (default DefaultGrace).
 	Grace time.Duration
 	Log   *zap.Logger // nil: no logging
 }
+
+// MaxTailLines bounds LaunchConfig.TailLines: the launcher keeps that many
+// lines of every rank's output (each up to 1 MiB) for as long as it runs.
+const MaxTailLines = 10000
 
 // MaxLocalRanks bounds the ranks of a job the embedded launcher starts
 // (and its rendezvous serves): they are processes of this one machine.
@@ -180,8 +185,11 @@ type rankProc struct {
 	writing  atomic.Int32
 	done     bool // exited and reaped (main loop only)
 
+	// tail is a ring of the last max output lines: once it is full, the
+	// oldest is at next, where the next line goes.
 	tmu  sync.Mutex
 	tail []string
+	next int
 	max  int
 }
 
@@ -190,18 +198,21 @@ func (rp *rankProc) addTail(line string) {
 		return
 	}
 	rp.tmu.Lock()
-	if len(rp.tail) == rp.max {
-		copy(rp.tail, rp.tail[1:])
-		rp.tail = rp.tail[:rp.max-1]
+	if len(rp.tail) < rp.max {
+		rp.tail = append(rp.tail, line)
+	} else {
+		rp.tail[rp.next] = line
+		rp.next = (rp.next + 1) % rp.max
 	}
-	rp.tail = append(rp.tail, line)
 	rp.tmu.Unlock()
 }
 
+// lastLines returns the kept lines, oldest first.
 func (rp *rankProc) lastLines() []string {
 	rp.tmu.Lock()
 	defer rp.tmu.Unlock()
-	return append([]string(nil), rp.tail...)
+	out := append([]string(nil), rp.tail[rp.next:]...)
+	return append(out, rp.tail[:rp.next]...)
 }
 
 // signalGroup signals the rank's process group.
@@ -336,6 +347,9 @@ func Launch(ctx context.Context, cfg LaunchConfig) error {
 	}
 	if cfg.Program == "" {
 		return errors.New("bootstrap: no program to run")
+	}
+	if cfg.TailLines > MaxTailLines {
+		return fmt.Errorf("bootstrap: at most %d tail lines per rank, got %d", MaxTailLines, cfg.TailLines)
 	}
 	procs, err := gomaxprocs(cfg)
 	if err != nil {

@@ -9,6 +9,7 @@ import (
 	"math"
 	"net"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -286,4 +287,33 @@ func TestLaunchEscapedDescendantHoldingOutput(t *testing.T) {
 	require.NoError(t, err, "the escaped descendant is gone")
 	state := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:]))[0]
 	assert.NotEqual(t, "Z", state, "the escaped descendant ended before Launch returned: %s", stat)
+}
+
+// The failure report's tail is bounded (MaxTailLines): a huge TailLines
+// made the launcher keep every line a rank wrote, and move them all for
+// each new line once full (200000 kept of 400000 lines took 37 s).
+func TestLaunchTailLinesBounded(t *testing.T) {
+	err := Launch(t.Context(), LaunchConfig{N: 1, Program: "true", TailLines: MaxTailLines + 1})
+	assert.ErrorContains(t, err, "tail")
+	err = Launch(t.Context(), LaunchConfig{N: 1, Program: "true", TailLines: MaxTailLines})
+	assert.NoError(t, err)
+}
+
+// The tail keeps the last lines in order, however many came.
+func TestTailKeepsLastLines(t *testing.T) {
+	for _, keep := range []int{1, 3, 7} {
+		for _, n := range []int{0, 1, keep - 1, keep, keep + 1, 3*keep + 2} {
+			rp := &rankProc{max: keep}
+			var want []string
+			for i := range n {
+				l := strconv.Itoa(i)
+				rp.addTail(l)
+				want = append(want, l)
+			}
+			want = want[max(0, n-keep):]
+			if got := rp.lastLines(); strings.Join(got, ",") != strings.Join(want, ",") {
+				t.Errorf("keep %d after %d lines: %q, want %q", keep, n, got, want)
+			}
+		}
+	}
 }
