@@ -78,7 +78,13 @@ func run(L, iters int, mode string) error {
 	if err != nil {
 		return err
 	}
-	defer r.Close()
+	defer func() {
+		// The transport first: an iteration that failed may leave
+		// requests posted on the rank's buffers, which UCX must not
+		// touch once they are freed.
+		_ = t.Close()
+		_ = r.Close()
+	}()
 	if t.Rank() == 0 {
 		g := facesim.NewGrid(t.Size())
 		fmt.Printf("# faces: %d ranks as %dx%dx%d, %d^3 uint64 cells per rank, %d iterations, gpu backend %s\n",
