@@ -107,8 +107,10 @@ func (m *AMMessage) RecvData(dst []byte) (*Request, error) {
 	t.exec(func() {
 		defer ev.FreeHeader()
 		if t.closed {
-			t.w.AMDataRelease(ev.AMDescriptor())
-			t.fail(r, ErrClosed)
+			if t.w != nil { // Close destroys the worker, and its descriptors with it
+				t.w.AMDataRelease(ev.AMDescriptor())
+			}
+			t.fail(r, fmt.Errorf("transport: %s: %w", amRecvOp, ErrClosed))
 			return
 		}
 		ureq, n, err := t.w.AMRecvData(ev.AMDescriptor(), ucx.Buffer{Ptr: bytesPtr(dst), Len: len(dst)})

@@ -336,3 +336,40 @@ func TestCloseWithAMDataFetchInFlight(t *testing.T) {
 		}
 	})
 }
+
+// TestRecvDataAfterClose: a kept rendezvous active message whose data is
+// asked for after its transport closed fails with ErrClosed. Close leaves
+// the worker nil, and RecvData released the rendezvous descriptor through
+// it: a nil-pointer panic (found by review).
+func TestRecvDataAfterClose(t *testing.T) {
+	forModes(t, func(t *testing.T, mode ProgressMode) {
+		t.Setenv("TROUPE_CMA", "off") // UCX's rendezvous, not a same-host read
+		ts := localJob(t, 2, mode)
+		ctx := testCtx(t)
+		got := make(chan *AMMessage, 1)
+		if err := ts[1].SetAMHandler(0x10, func(m *AMMessage) {
+			m.Keep()
+			got <- m
+		}); err != nil {
+			t.Fatal(err)
+		}
+		data := pattern(256<<10, 1)
+		if _, err := ts[0].SendAM(1, 0x10, []byte("h"), data, AMRndv); err != nil {
+			t.Fatal(err)
+		}
+		m := <-got
+		if !m.Rendezvous {
+			t.Fatalf("a %d-byte AMRndv message arrived eager", len(data))
+		}
+		if err := ts[1].Close(); err != nil {
+			t.Fatal(err)
+		}
+		rr, err := m.RecvData(make([]byte, len(data)))
+		if err == nil {
+			_, err = rr.Wait(ctx)
+		}
+		if !errors.Is(err, ErrClosed) {
+			t.Fatalf("RecvData after Close: %v, want ErrClosed", err)
+		}
+	})
+}
