@@ -1,6 +1,7 @@
 package transport
 
 import (
+	"context"
 	"errors"
 	"strings"
 	"testing"
@@ -74,6 +75,43 @@ func TestRendezvousLostFailsPendingRecv(t *testing.T) {
 		ts[1].rendezvousLost(2, "killed by the test")
 		if _, err := r.Wait(ctx); !errors.Is(err, ErrPeerLost) {
 			t.Fatalf("pending receive: %v, want ErrPeerLost", err)
+		}
+	})
+}
+
+// TestRendezvousLostWakesBlockedProbe: a Probe of a rank this one never
+// connected to, parked until something arrives, returns ErrPeerLost when
+// the bootstrapper reports that rank lost. The loss closes no endpoint and
+// so queues no UCX event, and nothing woke the probe: it waited for its
+// context although Iprobe already reported the loss (found by review).
+func TestRendezvousLostWakesBlockedProbe(t *testing.T) {
+	forModes(t, func(t *testing.T, mode ProgressMode) {
+		ts := localJob(t, 3, mode)
+		ctx, cancel := context.WithTimeout(testCtx(t), 5*time.Second)
+		defer cancel()
+		done := make(chan error, 1)
+		go func() {
+			_, err := ts[0].Probe(ctx, 2, 4)
+			done <- err
+		}()
+		// Wait until the probe has stopped spinning and waits for an
+		// arrival.
+		for {
+			ts[0].mu.Lock()
+			parked := ts[0].arrival != nil
+			ts[0].mu.Unlock()
+			if parked {
+				break
+			}
+			select {
+			case err := <-done:
+				t.Fatalf("probe returned before the loss: %v", err)
+			case <-time.After(time.Millisecond):
+			}
+		}
+		ts[0].rendezvousLost(2, "killed by the test")
+		if err := <-done; !errors.Is(err, ErrPeerLost) {
+			t.Fatalf("probe of the lost rank: %v, want ErrPeerLost", err)
 		}
 	})
 }

@@ -1585,6 +1585,13 @@ func (t *Transport) peerFailed(rank int, reason string) {
 		}
 		p.ep = nil
 	}
+	if t.arrival != nil {
+		// Probes parked until something arrives look again and report
+		// the loss: a peer never connected has no endpoint whose failure
+		// or closing would queue an event to wake them.
+		close(t.arrival)
+		t.arrival = nil
+	}
 	ev := PeerEvent{Rank: rank, Reason: reason}
 	for _, ch := range t.lostSubs {
 		select {
