@@ -115,3 +115,40 @@ func TestRendezvousLostWakesBlockedProbe(t *testing.T) {
 		}
 	})
 }
+
+// TestPeerLostFailsManyPendingRecvs: every one of many receives pending
+// from a rank that is lost fails with ErrPeerLost. The loss cancels them
+// all in UCX at once, and their cancellations arrive in more than one
+// batch of events; the renumbering that followed the first batch took the
+// receives whose cancellation was still queued for unmatched ones, posted
+// them again with new numbers and dropped their cancellations, so they
+// waited for ever (found by review).
+func TestPeerLostFailsManyPendingRecvs(t *testing.T) {
+	forModes(t, func(t *testing.T, mode ProgressMode) {
+		ts := localJob(t, 3, mode)
+		ctx, cancel := context.WithTimeout(testCtx(t), 10*time.Second)
+		defer cancel()
+		const n = 300 // more than one batch of events (128)
+		reqs := make([]*Request, n)
+		for i := range reqs {
+			r, err := ts[1].Irecv(2, 3, make([]byte, 8))
+			if err != nil {
+				t.Fatal(err)
+			}
+			reqs[i] = r
+		}
+		ts[1].rendezvousLost(2, "killed by the test")
+		stuck := 0
+		for i, r := range reqs {
+			if _, err := r.Wait(ctx); !errors.Is(err, ErrPeerLost) {
+				if ctx.Err() == nil {
+					t.Fatalf("receive %d: %v, want ErrPeerLost", i, err)
+				}
+				stuck++
+			}
+		}
+		if stuck > 0 {
+			t.Fatalf("%d of %d receives from the lost rank never completed", stuck, n)
+		}
+	})
+}

@@ -425,11 +425,15 @@ func (w *Worker) Cancel(r Request) {
 // CancelNow cancels r, a tag receive, and reports whether it is cancelled
 // now: a receive that has not matched a message leaves UCX's expected queue
 // at once (its completion event, reporting StatusCanceled, is queued before
-// CancelNow returns). A receive that has matched, or completed, goes on,
-// and CancelNow reports false.
+// CancelNow returns). A receive that has matched, or completed (cancelled
+// by an earlier Cancel included, its event still queued), goes on, and
+// CancelNow reports false.
 func (w *Worker) CancelNow(r Request) bool {
 	if r.p == nil {
 		return false
+	}
+	if Status(C.ucp_request_check_status(r.p)) != StatusInProgress {
+		return false // completed before this call: its event is queued already
 	}
 	C.ucp_request_cancel(w.h, r.p)
 	return Status(C.ucp_request_check_status(r.p)) == StatusCanceled
