@@ -1,5 +1,6 @@
 // Package transport is troupe's UCX transport: one UCP context and worker per
-// rank, progressed by one goroutine locked to an OS thread, with an MPI-style
+// rank, progressed by one goroutine (locked to an OS thread only with
+// Options.LockThread), with an MPI-style
 // tagged API (Send, Recv, Probe and their non-blocking forms), RMA over
 // registered memory, and active messages for the actor runtime.
 //
@@ -61,10 +62,12 @@ type Options struct {
 	// Progress selects the progress mode (default ProgressDirect).
 	Progress ProgressMode
 	// Spin is how long the progress goroutine keeps polling after its last
-	// activity before it sleeps on the event fd (default 50µs).
+	// activity before it sleeps on the event fd (default 5µs in direct
+	// mode, where waiters progress for themselves, 50µs in queue mode).
 	Spin time.Duration
 	// WaitSpin is how long Wait progresses (direct) or spins (queue) before
-	// parking the calling goroutine (default 200µs).
+	// parking the calling goroutine (default 200µs in direct mode; 1ns in
+	// queue mode, where only the progress goroutine completes requests).
 	WaitSpin time.Duration
 	// KeepAlive is UCX's keepalive interval, which bounds how quickly a dead
 	// peer is noticed on transports without a connection (default 200ms;
