@@ -286,6 +286,7 @@ type Transport struct {
 	pace      nap          // the progress goroutine pacing its polls for a slow peer (slowPeerPoll)
 	paceNaps  atomic.Int64 // naps taken pacing (tests)
 	loopDone  chan struct{}
+	closeDone chan struct{} // closed when the first Close returns
 }
 
 type seqKey struct {
@@ -408,16 +409,17 @@ func New(ctx context.Context, opts Options) (*Transport, error) {
 		opts.Overlap = p
 	}
 	t := &Transport{
-		opts:     opts,
-		rank:     opts.Bootstrap.Rank(),
-		size:     opts.Bootstrap.Size(),
-		epOwner:  map[uintptr]int{},
-		ops:      map[ucx.Request]*Request{},
-		evbuf:    make([]ucx.Event, 128),
-		sendSeq:  map[seqKey]uint32{},
-		recvSeq:  map[seqKey]*recvCounter{},
-		kick:     make(chan struct{}, 1),
-		loopDone: make(chan struct{}),
+		opts:      opts,
+		rank:      opts.Bootstrap.Rank(),
+		size:      opts.Bootstrap.Size(),
+		epOwner:   map[uintptr]int{},
+		ops:       map[ucx.Request]*Request{},
+		evbuf:     make([]ucx.Event, 128),
+		sendSeq:   map[seqKey]uint32{},
+		recvSeq:   map[seqKey]*recvCounter{},
+		kick:      make(chan struct{}, 1),
+		loopDone:  make(chan struct{}),
+		closeDone: make(chan struct{}),
 	}
 	t.log = opts.Log.With(zap.Int("rank", t.rank))
 	t.amh.Store(&map[uint16]amHandler{})
@@ -1663,9 +1665,11 @@ func (t *Transport) Close() error {
 	t.mu.Lock()
 	if t.closed {
 		t.mu.Unlock()
+		<-t.closeDone // a Close running meanwhile: returns when it is done
 		return nil
 	}
 	t.closed = true
+	defer close(t.closeDone)
 	if t.arrival != nil { // probes waiting for an arrival look again, and find the transport closed
 		close(t.arrival)
 		t.arrival = nil
