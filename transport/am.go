@@ -567,7 +567,9 @@ func (t *Transport) deliverOne(ev *ucx.Event) bool {
 		if err != nil {
 			t.log.Warn("malformed CMA active message dropped", zap.Error(err))
 			t.mu.Lock()
-			ev.Discard(t.w)
+			if t.w != nil { // else Close released it with the worker
+				ev.Discard(t.w)
+			}
 			t.mu.Unlock()
 			return false
 		}

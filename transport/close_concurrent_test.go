@@ -1,6 +1,8 @@
 package transport
 
 import (
+	"context"
+	"errors"
 	"sync"
 	"testing"
 )
@@ -45,5 +47,28 @@ func TestConcurrentCloseWaits(t *testing.T) {
 				wg.Wait()
 			}
 		})
+	}
+}
+
+// shapeOnly is a Bootstrapper that only says the job's shape: New must
+// refuse a shape it cannot address before it exchanges anything.
+type shapeOnly struct{ rank, size int }
+
+func (b shapeOnly) Rank() int { return b.rank }
+func (b shapeOnly) Size() int { return b.size }
+func (b shapeOnly) AllGather(context.Context, string, []byte) ([][]byte, error) {
+	return nil, errors.New("shapeOnly: no exchange")
+}
+func (b shapeOnly) Barrier(context.Context, string) error { return errors.New("shapeOnly: no exchange") }
+func (b shapeOnly) Close() error                          { return nil }
+
+// A job wider than the wire tags' 24-bit source field (ranks 2^24 apart
+// would take each other's messages), or a rank outside its job, is
+// refused by New with ErrInvalid.
+func TestNewRefusesUnaddressableJob(t *testing.T) {
+	for _, b := range []shapeOnly{{0, MaxUserRanks + 1}, {0, 0}, {3, 3}, {-1, 2}} {
+		if _, err := New(context.Background(), Options{Bootstrap: b}); !errors.Is(err, ErrInvalid) {
+			t.Errorf("New with rank %d of %d: %v, want ErrInvalid", b.rank, b.size, err)
+		}
 	}
 }

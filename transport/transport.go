@@ -400,6 +400,11 @@ func New(ctx context.Context, opts Options) (*Transport, error) {
 	if opts.Bootstrap == nil {
 		return nil, fmt.Errorf("%w: Options.Bootstrap is nil", ErrInvalid)
 	}
+	if n := opts.Bootstrap.Size(); n < 1 || n > MaxUserRanks || opts.Bootstrap.Rank() < 0 || opts.Bootstrap.Rank() >= n {
+		// Wire tags carry the source rank in 24 bits: ranks 2^24 apart
+		// would take each other's messages.
+		return nil, fmt.Errorf("%w: rank %d of a job of %d ranks (1..%d)", ErrInvalid, opts.Bootstrap.Rank(), n, MaxUserRanks)
+	}
 	opts.defaults()
 	if opts.Overlap == nil {
 		p, err := overlapFromEnv()
