@@ -59,8 +59,10 @@ func (b shapeOnly) Size() int { return b.size }
 func (b shapeOnly) AllGather(context.Context, string, []byte) ([][]byte, error) {
 	return nil, errors.New("shapeOnly: no exchange")
 }
-func (b shapeOnly) Barrier(context.Context, string) error { return errors.New("shapeOnly: no exchange") }
-func (b shapeOnly) Close() error                          { return nil }
+func (b shapeOnly) Barrier(context.Context, string) error {
+	return errors.New("shapeOnly: no exchange")
+}
+func (b shapeOnly) Close() error { return nil }
 
 // A job wider than the wire tags' 24-bit source field (ranks 2^24 apart
 // would take each other's messages), or a rank outside its job, is
