@@ -287,6 +287,9 @@ type Transport struct {
 	paceNaps  atomic.Int64 // naps taken pacing (tests)
 	loopDone  chan struct{}
 	closeDone chan struct{} // closed when the first Close returns
+	// eventsLost: the shim reported an event lost for lack of memory
+	// (logged once); the lock guards it.
+	eventsLost bool
 }
 
 type seqKey struct {
@@ -731,6 +734,12 @@ func (t *Transport) progressHandled() (active, handed bool) {
 		active, handed = true, true
 		t.handle(evs)
 		evs = t.w.Drain()
+	}
+	if _, lost := t.w.Pending(); lost && !t.eventsLost {
+		// The shim could not queue an event (malloc failed): a completion
+		// or message is gone, and what waits for it waits for ever.
+		t.eventsLost = true
+		t.log.Error("UCX events lost for lack of memory: operations waiting for them will not complete")
 	}
 	if len(t.bundling) > 0 && t.bundlesFlush(false) {
 		active = true
