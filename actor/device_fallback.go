@@ -2,7 +2,6 @@ package actor
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 
@@ -183,7 +182,10 @@ func (rt *Runtime) resendBytes(rank int, seq uint64, buf gpu.Buffer) {
 	case err != nil:
 		rt.devSends.finish(seq, rank, fmt.Errorf("actor: sending a device buffer's bytes to rank %d after it declined CUDA IPC: %w", rank, err))
 	case failed != "":
-		rt.devSends.finish(seq, rank, errors.New("actor: "+failed))
+		// The receiver fails the message with our reason and acknowledges
+		// it, as after any landing: that acknowledgement completes the
+		// Completion (finishing it here made the acknowledgement one for
+		// no message, counted as forged).
 	default:
 		rt.stats.DeviceIPCResent.Add(1)
 	}

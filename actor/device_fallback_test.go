@@ -123,3 +123,51 @@ func isDone(c *Completion) bool {
 		return false
 	}
 }
+
+// TestDeviceResendSenderCannotStage: a sender whose buffer cannot be copied
+// to host memory for a receiver that declined CUDA IPC says so in its
+// amDeviceBytes; the receiver fails the message and acknowledges with the
+// reason, as after any landing. That acknowledgement completes the
+// sender's Completion with the reason. The sender used to finish the
+// Completion itself when it sent the failure, so the receiver's
+// acknowledgement then found no message and was counted as a decode error
+// (a forged acknowledgement) on a legitimate exchange.
+func TestDeviceResendSenderCannotStage(t *testing.T) {
+	dev := hostDevice(t)
+	rts := startLocalWith(t, 2, Options{Device: dev})
+	buf, err := dev.Alloc(64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := gpu.Free(buf); err != nil { // the copy to host memory fails
+		t.Fatal(err)
+	}
+	dst, err := dev.Alloc(64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	errs0 := rts[0].Stats().DecodeErrors.Load()
+	seq, c := rts[0].devSends.add(1, rts[0].t, buf)
+	// The receiver's landing goroutine, as receiveDeviceIPC runs it.
+	ferr := rts[1].fetchDeclined(0, seq, dst, errors.New("test: the driver refused the handle"))
+	if ferr == nil || !strings.Contains(ferr.Error(), "could not copy") {
+		t.Fatalf("fetchDeclined: %v, want the sender's failure to copy", ferr)
+	}
+	// landedIPC's acknowledgement, then one for another message: when
+	// that one is done, rank 0 has handled the first.
+	rts[1].ackDevice(0, seq, "device payload: "+ferr.Error())
+	seq2, c2 := rts[0].devSends.add(1, rts[0].t, gpu.Buffer{})
+	rts[1].ackDevice(0, seq2, "")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := c2.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var de *DeviceIPCError
+	if err := c.Wait(ctx); !errors.As(err, &de) || de.Rank != 1 || !strings.Contains(de.Reason, "could not copy") {
+		t.Fatalf("completion: %v, want a *DeviceIPCError from rank 1 with the sender's failure to copy", err)
+	}
+	if n := rts[0].Stats().DecodeErrors.Load(); n != errs0 {
+		t.Fatalf("decode errors on the sender: %d, want %d (the acknowledgement is legitimate)", n, errs0)
+	}
+}
