@@ -357,6 +357,9 @@ func (rt *Runtime) landedIPC(in *inPeer, it *inItem, ct *codecType, dst gpu.Buff
 			rt.stats.DeviceIPC.Add(1)
 		}
 		it.msg = msg
+		if owned {
+			it.landed = dst
+		}
 	}
 	if it.err != "" && owned {
 		_ = gpu.Free(dst)

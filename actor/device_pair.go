@@ -222,6 +222,9 @@ func (rt *Runtime) receiveDevicePair(in *inPeer, m *transport.AMMessage, it *inI
 			rt.stats.DeviceLanded.Add(1)
 			rt.stats.DevicePair.Add(1)
 			it.msg = msg
+			if owned {
+				it.landed = dst
+			}
 		}
 		if it.err != "" && owned {
 			_ = gpu.Free(dst)

@@ -225,3 +225,36 @@ func TestEmptyDeviceField(t *testing.T) {
 		t.Fatalf("got iteration %d with a field of %d bytes, want 3 and 0", h.Iter, h.Face.Len())
 	}
 }
+
+// TestDeviceMessageToNoActorFreed: a device message for an actor that does
+// not exist is a dead letter without its message: the device memory the
+// runtime allocated for its bytes is freed (the dead letter carried the
+// message, holding that memory for ever, since nobody owned it).
+func TestDeviceMessageToNoActorFreed(t *testing.T) {
+	dev := hostDevice(t)
+	rts := startLocalWith(t, 2, Options{Device: dev})
+	for _, n := range []int{100, 256 << 10} { // in the message; rendezvous
+		src, err := dev.Alloc(n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dead := make(chan any, 4)
+		sub := rts[1].System().EventStream.Subscribe(func(ev any) {
+			if dl, ok := ev.(*pa.DeadLetterEvent); ok && dl.PID != nil && dl.PID.Id == "nobody" {
+				dead <- dl.Message
+			}
+		})
+		if err := rts[0].Send(rts[0].PID(1, "nobody"), &halo{Iter: n, Face: src}); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case m := <-dead:
+			if h, ok := m.(*halo); ok {
+				t.Fatalf("%d bytes: the dead letter holds the message and its runtime-allocated device buffer %v", n, h.Face)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%d bytes: no dead letter on the receiving rank", n)
+		}
+		rts[1].System().EventStream.Unsubscribe(sub)
+	}
+}

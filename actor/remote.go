@@ -560,6 +560,10 @@ type inItem struct {
 	// memory, a failed copy); the sending rank hears of it even when no
 	// sender actor does (device_reject.go).
 	landFailed bool
+	// landed is the device buffer the runtime allocated for its payload
+	// (none when a hook named the buffer): freed if the message finds no
+	// actor, which would have kept it for ever.
+	landed gpu.Buffer
 }
 
 func (in *inPeer) wait() { in.pending.Wait() }
@@ -845,6 +849,9 @@ func (rt *Runtime) decodeDevice(it *inItem, ct *codecType, host []byte) {
 	}
 	rt.stats.DeviceLanded.Add(1)
 	it.msg = msg
+	if owned {
+		it.landed = dst
+	}
 }
 
 // deliver hands a received message to its local target.
@@ -905,6 +912,13 @@ func (rt *Runtime) deliver(it *inItem) {
 		rt.stats.DeadLetters.Add(1)
 		if it.deferred != nil {
 			it.deferred.drop()
+			msg = nil
+		}
+		if !it.landed.IsZero() {
+			// The device memory the runtime allocated for it would be
+			// nobody's: freed, and the dead letter carries no message (as
+			// for deferred data).
+			_ = gpu.Free(it.landed)
 			msg = nil
 		}
 		proc.SendUserMessage(target, &pa.MessageEnvelope{Message: msg, Sender: sender})
