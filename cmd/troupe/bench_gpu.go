@@ -419,7 +419,7 @@ func (b *gpuBench) pingpong(ctx context.Context, api string, size, iters int) ([
 }
 
 // oneWayUs is half the mean or the median (stat) of round trips rts, in
-// microseconds.
+// microseconds; the median of an even number is the mean of the middle two.
 func oneWayUs(rts []time.Duration, stat string) float64 {
 	if len(rts) == 0 {
 		return 0
@@ -428,7 +428,11 @@ func oneWayUs(rts []time.Duration, stat string) float64 {
 	if stat == "median" {
 		s := slices.Clone(rts)
 		slices.Sort(s)
-		rt = s[len(s)/2]
+		h := len(s) / 2
+		rt = s[h]
+		if len(s)%2 == 0 {
+			rt = (s[h-1] + s[h]) / 2
+		}
 	} else {
 		for _, d := range rts {
 			rt += d

@@ -54,3 +54,16 @@ func TestGPUSizes(t *testing.T) {
 		}
 	}
 }
+
+// Of an even number of round trips, the median is the mean of the middle
+// two, as median and the noncontig benchmark take it (found by review:
+// oneWayUs took the upper middle one, 15 us one way here instead of 12.5).
+func TestOneWayUsEvenMedian(t *testing.T) {
+	rts := []time.Duration{40 * time.Microsecond, 10 * time.Microsecond, 30 * time.Microsecond, 20 * time.Microsecond}
+	if got := oneWayUs(rts, "median"); got != 12.5 {
+		t.Errorf("median of 10, 20, 30, 40 us round trips: %v us one way, want 12.5", got)
+	}
+	if got := oneWayUs(rts[:2], "median"); got != 12.5 {
+		t.Errorf("median of 40, 10 us round trips: %v us one way, want 12.5", got)
+	}
+}
