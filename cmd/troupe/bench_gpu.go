@@ -64,7 +64,7 @@ that wait for the scheduler can move the mean by several times. Sizes:
 	fl.IntVar(&f.minSize, "min", 8, "smallest message size in bytes")
 	fl.IntVar(&f.maxSize, "max", 4<<20, "largest message size in bytes")
 	fl.Float64Var(&f.scale, "scale", 1, "iteration count multiplier (positive, finite)")
-	fl.IntVar(&f.window, "window", 16, "messages in flight for bandwidth")
+	fl.IntVar(&f.window, "window", 16, "messages in flight for bandwidth (at most 4096; --window x --max at most 1 GiB: each rank allocates that much device memory and as much pinned memory)")
 	fl.StringVar(&f.stat, "stat", "mean", "latency statistic: mean (of the round trips, as OSU) or median")
 	setBenchRun(cmd, func(ctx context.Context) error { return gpuBenchRank(ctx, f) },
 		func(ctx context.Context, out io.Writer) error {
@@ -77,6 +77,9 @@ that wait for the scheduler can move the mean by several times. Sizes:
 			if err := checkCounts("--scale", f.scale, "--window", f.window); err != nil {
 				return err
 			}
+			if err := checkGPUWindow(f.window, f.maxSize); err != nil {
+				return err
+			}
 			pts, err := runGPUBenchJob(ctx, f)
 			if err != nil {
 				return err
@@ -87,6 +90,23 @@ that wait for the scheduler can move the mean by several times. Sizes:
 }
 
 func init() { benchCmd.AddCommand(newGPUBenchCmd()) }
+
+// maxGPUWindow bounds --window of bench gpu: each rank allocates a device
+// buffer and a pinned buffer per message of the window.
+const maxGPUWindow = 4096
+
+// checkGPUWindow refuses a window a rank cannot allocate: more than
+// maxGPUWindow buffers, or window buffers of maxSize bytes that take more
+// than maxBenchSize bytes together (as many again are pinned host memory).
+func checkGPUWindow(window, maxSize int) error {
+	if window > maxGPUWindow {
+		return fmt.Errorf("--window %d: want at most %d (each rank allocates a device and a pinned buffer per message of the window)", window, maxGPUWindow)
+	}
+	if window*maxSize > maxBenchSize {
+		return fmt.Errorf("--window %d of --max %d: %d bytes of device buffers per rank (and as many pinned), want at most %d: lower --window or --max", window, maxSize, window*maxSize, maxBenchSize)
+	}
+	return nil
+}
 
 func printGPUPoints(out io.Writer, f gpuBenchFlags, pts []gpuPoint) error {
 	if f.json {

@@ -73,3 +73,29 @@ func TestBenchFlagsRefused(t *testing.T) {
 		t.Errorf("troupe bench pingong: %v", err)
 	}
 }
+
+// bench gpu allocates --window device buffers and as many pinned buffers of
+// --max bytes on each rank: a window that takes more than maxBenchSize
+// bytes, or more than maxGPUWindow buffers, is refused before the job
+// starts (found by review: --window had no upper bound, and --window 64
+// --max 1G asked each rank for 128 GiB). The jobs here get a UCX
+// transport that does not exist, so that a build without the check fails
+// in transport.New, before allocating anything.
+func TestGPUBenchWindowBounded(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--window", "100000", "--max", "8"}, "--window 100000"},
+		{[]string{"--window", "64", "--max", "33554432"}, "--window 64 of --max 33554432"},
+		{[]string{"--window", "2", "--min", "1073741824", "--max", "1073741824"}, "--window 2 of --max 1073741824"},
+	} {
+		cmd := newGPUBenchCmd()
+		cmd.SetArgs(append(c.args, "--tls", "no-such-transport"))
+		cmd.SetOut(io.Discard)
+		cmd.SetErr(io.Discard)
+		if err := cmd.ExecuteContext(t.Context()); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("bench gpu %v: %v, want an error naming %q", c.args, err, c.want)
+		}
+	}
+}
