@@ -9,6 +9,7 @@ import (
 	"math"
 	"os"
 	"runtime"
+	"slices"
 	"sort"
 	"strconv"
 	"time"
@@ -163,16 +164,7 @@ func overlapRun(ctx context.Context, out io.Writer, f overlapFlags) error {
 	if f.rounds < 1 {
 		f.rounds = 1
 	}
-	type key struct {
-		size         int
-		mode, engine string
-	}
-	rows := map[key][]overlapRow{}
-	var order []key
-	lat := map[string][]float64{}
-	gather := map[string][]overlapExtra{}
-	var calib []overlapExtra
-	var stats []overlapExtra
+	res := newOverlapResults()
 	for round := 0; round < f.rounds; round++ {
 		for _, engine := range []string{"off", "on"} {
 			lines, err := overlapJob(ctx, f, 2, engine, "0")
@@ -186,26 +178,57 @@ func overlapRun(ctx context.Context, out io.Writer, f overlapFlags) error {
 				}
 				lines = append(lines, g...)
 			}
-			for _, l := range lines {
-				switch {
-				case l.Row != nil:
-					k := key{l.Row.Size, l.Row.Mode, l.Row.Engine}
-					if _, ok := rows[k]; !ok {
-						order = append(order, k)
-					}
-					rows[k] = append(rows[k], *l.Row)
-				case l.Extra != nil && l.Extra.Bench == "latency":
-					lat[engine] = append(lat[engine], l.Extra.LatUs)
-				case l.Extra != nil && l.Extra.Bench == "gather":
-					gather[engine] = append(gather[engine], *l.Extra)
-				case l.Extra != nil && l.Extra.Bench == "calibration":
-					calib = append(calib, *l.Extra)
-				case l.Extra != nil && l.Extra.Bench == "stats":
-					stats = append(stats, *l.Extra)
-				}
-			}
+			res.add(engine, lines)
 		}
 	}
+	return res.print(out, f)
+}
+
+// overlapKey names one row of the overlap table.
+type overlapKey struct {
+	size         int
+	mode, engine string
+}
+
+// overlapResults gathers the lines of every job of a run.
+type overlapResults struct {
+	rows   map[overlapKey][]overlapRow
+	order  []overlapKey
+	lat    map[string][]float64
+	gather map[string][]overlapExtra
+	calib  []overlapExtra
+	stats  *overlap.Stats // the engine's counters of the last job that reported them
+}
+
+func newOverlapResults() *overlapResults {
+	return &overlapResults{rows: map[overlapKey][]overlapRow{}, lat: map[string][]float64{}, gather: map[string][]overlapExtra{}}
+}
+
+// add takes the lines of one job run with the engine setting engine.
+func (res *overlapResults) add(engine string, lines []overlapLine) {
+	for _, l := range lines {
+		switch {
+		case l.Row != nil:
+			k := overlapKey{l.Row.Size, l.Row.Mode, l.Row.Engine}
+			if _, ok := res.rows[k]; !ok {
+				res.order = append(res.order, k)
+			}
+			res.rows[k] = append(res.rows[k], *l.Row)
+		case l.Extra != nil && l.Extra.Bench == "latency":
+			res.lat[engine] = append(res.lat[engine], l.Extra.LatUs)
+		case l.Extra != nil && l.Extra.Bench == "gather":
+			res.gather[engine] = append(res.gather[engine], *l.Extra)
+		case l.Extra != nil && l.Extra.Bench == "calibration":
+			res.calib = append(res.calib, *l.Extra)
+		case l.Extra != nil && l.Extra.Bench == "stats" && l.Extra.Stats != nil:
+			res.stats = l.Extra.Stats
+		}
+	}
+}
+
+// print writes the table (or with f.json the JSON rows) of the results.
+func (res *overlapResults) print(out io.Writer, f overlapFlags) error {
+	order := slices.Clone(res.order)
 	sort.SliceStable(order, func(i, j int) bool {
 		a, b := order[i], order[j]
 		if a.mode != b.mode {
@@ -218,11 +241,11 @@ func overlapRun(ctx context.Context, out io.Writer, f overlapFlags) error {
 	})
 	var final []overlapRow
 	for _, k := range order {
-		final = append(final, medianRound(rows[k]))
+		final = append(final, medianRound(res.rows[k]))
 	}
 	gmed := func(engine string, get func(overlapExtra) float64) float64 {
 		xs := []float64{}
-		for _, g := range gather[engine] {
+		for _, g := range res.gather[engine] {
 			xs = append(xs, get(g))
 		}
 		return median(xs)
@@ -235,11 +258,11 @@ func overlapRun(ctx context.Context, out io.Writer, f overlapFlags) error {
 			}
 		}
 		for _, e := range []string{"off", "on"} {
-			if err := enc.Encode(overlapExtra{Bench: "latency", Engine: e, Size: 8, LatUs: median(lat[e])}); err != nil {
+			if err := enc.Encode(overlapExtra{Bench: "latency", Engine: e, Size: 8, LatUs: median(res.lat[e])}); err != nil {
 				return err
 			}
-			if len(gather[e]) > 0 {
-				g := gather[e][0]
+			if len(res.gather[e]) > 0 {
+				g := res.gather[e][0]
 				g.SenderUs = gmed(e, func(x overlapExtra) float64 { return x.SenderUs })
 				g.RootUs = gmed(e, func(x overlapExtra) float64 { return x.RootUs })
 				g.Stats = nil
@@ -263,7 +286,7 @@ func overlapRun(ctx context.Context, out io.Writer, f overlapFlags) error {
 	} else {
 		fmt.Fprintf(out, "# GOMAXPROCS %d in each rank\n", p)
 	}
-	for _, c := range calib {
+	for _, c := range res.calib {
 		fmt.Fprintf(out, "# calibration: alpha %.4f ns/B, beta %.1f us, R2 %.3f\n", c.AlphaNsPerB, c.BetaUs, c.R2)
 	}
 	fmt.Fprintf(out, "%-10s %-10s %-6s %9s %11s %13s %11s %11s\n", "# mode", "size", "engine", "overlap%", "t_comm(us)", "t_compute(us)", "t_total(us)", "sender(us)")
@@ -271,16 +294,16 @@ func overlapRun(ctx context.Context, out io.Writer, f overlapFlags) error {
 		fmt.Fprintf(out, "%-10s %-10s %-6s %9.1f %11.1f %13.1f %11.1f %11.1f\n", r.Mode, perf.FormatSize(r.Size), r.Engine,
 			r.OverlapPct, r.TCommUs, r.TComputeUs, r.TTotalUs, r.SenderUs)
 	}
-	lOff, lOn := median(lat["off"]), median(lat["on"])
+	lOff, lOn := median(res.lat["off"]), median(res.lat["on"])
 	fmt.Fprintf(out, "# 8 B one-way latency: engine off %.3f us, on %.3f us (on/off %.1f%%, target <= 105%%)\n", lOff, lOn, 100*lOn/lOff)
-	if ratios := roundRatios(lat["on"], lat["off"]); len(ratios) > 1 {
+	if ratios := roundRatios(res.lat["on"], res.lat["off"]); len(ratios) > 1 {
 		fmt.Fprintf(out, "# 8 B on/off per round (jobs alternate off, on):")
 		for _, r := range ratios {
 			fmt.Fprintf(out, " %.1f", r)
 		}
 		fmt.Fprintf(out, " %%; median %.1f%%\n", median(ratios))
 	}
-	if len(gather["off"]) > 0 {
+	if len(res.gather["off"]) > 0 {
 		fmt.Fprintf(out, "# skewed gather: %d ranks, %s per sender, root late by %v\n", f.gatherRanks, perf.FormatSize(f.gatherSize), f.gatherDelay)
 		fmt.Fprintf(out, "%-8s %22s %14s\n", "# engine", "sender send time (us)", "root time (us)")
 		for _, e := range []string{"off", "on"} {
@@ -288,12 +311,9 @@ func overlapRun(ctx context.Context, out io.Writer, f overlapFlags) error {
 				gmed(e, func(x overlapExtra) float64 { return x.RootUs }))
 		}
 	}
-	for _, s := range stats {
-		if s.Stats != nil {
-			st := s.Stats
-			fmt.Fprintf(out, "# engine counters (rank 0, last job with the engine on): offloaded %d onloaded %d prefetched %d eager %d, prefetch useful %d useless %d, pool high water %d/%d\n",
-				st.Offloaded, st.Onloaded, st.Prefetched, st.Eager, st.PrefetchUseful, st.PrefetchUseless, st.PoolHighWater, st.PoolSlots)
-		}
+	if st := res.stats; st != nil {
+		fmt.Fprintf(out, "# engine counters (rank 0, last job with the engine on): offloaded %d onloaded %d prefetched %d eager %d, prefetch useful %d useless %d, pool high water %d/%d\n",
+			st.Offloaded, st.Onloaded, st.Prefetched, st.Eager, st.PrefetchUseful, st.PrefetchUseless, st.PoolHighWater, st.PoolSlots)
 	}
 	return nil
 }

@@ -2,7 +2,10 @@ package main
 
 import (
 	"math"
+	"strings"
 	"testing"
+
+	"github.com/troupe-hpc/troupe/overlap"
 )
 
 // roundRatios pairs the rounds in order, skips a round whose engine-off
@@ -89,5 +92,39 @@ func TestOvMessageTypedSize(t *testing.T) {
 	}
 	if m, err := newOvMessage(100, false); err != nil || len(m.buf) != 100 || m.dt != nil {
 		t.Errorf("untyped 100 B: %d bytes, %v", len(m.buf), err)
+	}
+}
+
+// The table prints the engine counters once, those of the last job with
+// the engine on, as its line says (found by review: with --rounds 3 it
+// printed three lines, each saying "last job").
+func TestOverlapPrintsLastCounters(t *testing.T) {
+	res := newOverlapResults()
+	job := func(engine string, offloaded uint64) []overlapLine {
+		lines := []overlapLine{
+			{Row: &overlapRow{Size: 1 << 20, Mode: "expected", Engine: engine, OverlapPct: 50, TCommUs: 100, TComputeUs: 100, TTotalUs: 150}},
+			{Extra: &overlapExtra{Bench: "latency", Engine: engine, Size: 8, LatUs: 2}},
+		}
+		if engine == "on" {
+			lines = append(lines, overlapLine{Extra: &overlapExtra{Bench: "stats", Engine: engine, Stats: &overlap.Stats{Offloaded: offloaded}}})
+		}
+		return lines
+	}
+	for round := range 3 {
+		res.add("off", job("off", 0))
+		res.add("on", job("on", uint64(100+round)))
+	}
+	var out strings.Builder
+	if err := res.print(&out, overlapFlags{tls: "shm", rounds: 3}); err != nil {
+		t.Fatal(err)
+	}
+	var counters []string
+	for _, l := range strings.Split(out.String(), "\n") {
+		if strings.HasPrefix(l, "# engine counters") {
+			counters = append(counters, l)
+		}
+	}
+	if len(counters) != 1 || !strings.Contains(counters[0], "last job with the engine on") || !strings.Contains(counters[0], "offloaded 102 ") {
+		t.Errorf("engine counters lines %q, want one, of the last job (offloaded 102)", counters)
 	}
 }
