@@ -51,6 +51,9 @@ func (c Config) Sizes() []int {
 	var s []int
 	for n := c.MinSize; n <= c.MaxSize; n *= 2 {
 		s = append(s, n)
+		if n > c.MaxSize/2 {
+			break // the next step passes MaxSize (or would overflow)
+		}
 	}
 	return s
 }
@@ -92,6 +95,9 @@ func recvFrom(peer int, anySource bool) int {
 }
 
 func latency(ctx context.Context, t *transport.Transport, size int, scale float64, anySource bool) (float64, error) {
+	if size < 0 {
+		return 0, fmt.Errorf("latency of %d-byte messages: want a size of 0 or more", size)
+	}
 	if t.Rank() > 1 {
 		return 0, nil
 	}
@@ -135,6 +141,9 @@ func Bandwidth(ctx context.Context, t *transport.Transport, size, window int, sc
 }
 
 func bandwidth(ctx context.Context, t *transport.Transport, size, window int, scale float64, anySource bool) (float64, error) {
+	if size < 1 || window < 1 {
+		return 0, fmt.Errorf("bandwidth of %d-byte messages, window %d: want a size and a window of at least 1", size, window)
+	}
 	if t.Rank() > 1 {
 		return 0, nil
 	}

@@ -102,3 +102,50 @@ func ExampleFormatSize() {
 	// 1M
 	// 1536
 }
+
+// A sweep up to a size near the largest int ends at its last power-of-two
+// step (found by review: doubling past math.MaxInt wrapped to negative
+// sizes, then to 0 for ever, appending without end).
+func TestSizesNoOverflow(t *testing.T) {
+	if got := (Config{MinSize: 1 << 62, MaxSize: math.MaxInt}).Sizes(); !slices.Equal(got, []int{1 << 62}) {
+		t.Errorf("sizes from 2^62 to MaxInt: %v, want [2^62]", got)
+	}
+	got := Config{MinSize: 3, MaxSize: math.MaxInt}.Sizes()
+	if len(got) != 62 || got[len(got)-1] != 3<<61 {
+		t.Errorf("sizes from 3 to MaxInt: %v, want 62 sizes ending at 3<<61", got)
+	}
+}
+
+// Latency and Bandwidth refuse sizes and windows they cannot measure with
+// an error (found by review: Bandwidth panicked dividing by zero for a
+// size or window of 0, and a negative size or window panicked in make).
+func TestBadArguments(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	ts, stop, err := transport.StartLocal(ctx, 2, transport.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	for _, c := range []struct {
+		name string
+		run  func() (float64, error)
+	}{
+		{"Bandwidth size 0", func() (float64, error) { return Bandwidth(ctx, ts[0], 0, 64, 1) }},
+		{"Bandwidth window 0", func() (float64, error) { return Bandwidth(ctx, ts[0], 8, 0, 1) }},
+		{"Bandwidth window -1", func() (float64, error) { return Bandwidth(ctx, ts[0], 8, -1, 1) }},
+		{"Bandwidth size -8", func() (float64, error) { return Bandwidth(ctx, ts[0], -8, 64, 1) }},
+		{"Latency size -1", func() (float64, error) { return Latency(ctx, ts[0], -1, 1) }},
+	} {
+		var v float64
+		var err error
+		panicked := func() (p any) {
+			defer func() { p = recover() }()
+			v, err = c.run()
+			return nil
+		}()
+		if panicked != nil || err == nil {
+			t.Errorf("%s: %v, %v (panic: %v), want an error", c.name, v, err, panicked)
+		}
+	}
+}
