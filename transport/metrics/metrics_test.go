@@ -373,6 +373,18 @@ func TestServeClose(t *testing.T) {
 		resp.Body.Close()
 		t.Fatal("the server still answers after Close")
 	}
+	// A second Close returns the first one's result (it waited for ever for
+	// the serving goroutine's result, which the first had taken).
+	second := make(chan error, 1)
+	go func() { second <- srv.Close() }()
+	select {
+	case err := <-second:
+		if err != nil {
+			t.Fatalf("second Close: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a second Close did not return")
+	}
 	if _, err := Serve("256.0.0.1:1", New(0)); err == nil {
 		t.Fatal("Serve on an impossible address succeeded")
 	}
