@@ -437,3 +437,57 @@ func chunkedJob(t *testing.T, chunk int) []*Transport {
 	}
 	return ts
 }
+
+// TestTypedBufferLeftInFlightFault: a device send left in flight by an
+// ended context whose pack kernel faults midway: SendTypedBuffer waits for
+// the packing (readsDone) while the transfer, in its own goroutine, meets
+// the fault and retires the pack stream; the two must not race on the
+// stage (run under the race detector). The send's caller gets ctx's
+// error, the receiver ErrWithdrawn, and the next transfer goes through.
+func TestTypedBufferLeftInFlightFault(t *testing.T) {
+	const chunk = 16 << 10
+	sys := hostSystem(t)
+	ts := chunkedJob(t, chunk)
+	ctx := testCtx(t)
+	vec, err := datatype.Vector(8192, 3, 5, datatype.Float64) // 192 KiB packed: 12 chunks
+	if err != nil {
+		t.Fatal(err)
+	}
+	size := int(vec.Extent())
+	ended, cancel := context.WithCancel(ctx)
+	cancel()
+	boom := errors.New("injected kernel fault")
+	src, old := pattern(size, 81), pattern(size, 82)
+	for i := range 16 {
+		faultPiece(t, false, 1*chunk, boom)
+		sb := devBuf(t, sys, size, src)
+		if err := ts[0].SendTypedBuffer(ended, 1, 14, sb, vec, 1); !errors.Is(err, context.Canceled) {
+			t.Fatalf("send %d with an ended context: %v, want context.Canceled", i, err)
+		}
+		// When SendTypedBuffer packed the stage whole before the transfer
+		// began (readsDone), no piece kernel ran and the message is whole.
+		rb := devBuf(t, sys, size, old)
+		_, err := ts[1].RecvTypedBuffer(ctx, 0, 14, rb, vec, 1)
+		switch {
+		case err == nil:
+			if !bytes.Equal(readDev(t, rb), typedWant(t, vec, vec, src, old)) {
+				t.Fatalf("recv %d: bytes differ", i)
+			}
+		case !errors.Is(err, ErrWithdrawn):
+			t.Fatalf("recv %d of a send whose packing faulted: %v, want ErrWithdrawn or the message", i, err)
+		}
+		testPieceKernel = nil
+	}
+	done := make(chan error, 1)
+	rb, sb := devBuf(t, sys, size, old), devBuf(t, sys, size, src)
+	go func() { done <- ts[0].SendTypedBuffer(ctx, 1, 15, sb, vec, 1) }()
+	if _, err := ts[1].RecvTypedBuffer(ctx, 0, 15, rb, vec, 1); err != nil {
+		t.Fatalf("recv after the faults: %v", err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("send after the faults: %v", err)
+	}
+	if !bytes.Equal(readDev(t, rb), typedWant(t, vec, vec, src, old)) {
+		t.Fatal("transfer after the faults: bytes differ")
+	}
+}

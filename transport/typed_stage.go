@@ -38,10 +38,13 @@ type TypedStage struct {
 	// after each (pending, oldest first; Bytes[:packed] are done); a
 	// receive enqueues the unpack of each range as it lands (unpacking)
 	// and settles once at the end. err is a piece's first failure.
-	// mu orders fill with readsDone, the one call from another goroutine.
+	// mu orders fill with readsDone, the one call from another goroutine,
+	// which reads only what fill sets under mu (filling, fillSt), never st,
+	// which the send's ready changes without mu.
 	mu        sync.Mutex
-	filling   bool // fill has run
-	prefilled bool // readsDone packed the stage before fill ran
+	filling   bool        // fill has run
+	prefilled bool        // readsDone packed the stage before fill ran
+	fillSt    *gpu.Stream // the stream fill enqueued its pieces on
 	st        *gpu.Stream
 	pending   []stagePiece
 	packed    int64
@@ -167,7 +170,7 @@ func (s *TypedStage) fill(chunk int64) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.drain()
-	s.packed, s.err, s.filling = 0, nil, true
+	s.packed, s.err, s.filling, s.fillSt = 0, nil, true, nil
 	n := int64(len(s.Bytes))
 	if n == 0 {
 		return nil
@@ -187,6 +190,7 @@ func (s *TypedStage) fill(chunk int64) error {
 	if err != nil {
 		return err
 	}
+	s.fillSt = st
 	for lo := int64(0); lo < n; lo += chunk {
 		m := min(chunk, n-lo)
 		ev, err := s.e.packPiece(st, s.stage, lo, m)
@@ -218,10 +222,12 @@ func (s *TypedStage) readsDone() error {
 		s.prefilled = true
 		return nil
 	}
-	if s.st != nil {
-		err := s.st.Synchronize()
+	if st := s.fillSt; st != nil {
+		// The send's ready may meet the same failure and retire the
+		// stream meanwhile; retiring is idempotent.
+		err := st.Synchronize()
 		if err != nil {
-			s.retire()
+			s.t.ctyped.retireFailed(s.e.buf.Device(), st)
 		}
 		return err
 	}
