@@ -462,15 +462,19 @@ func (p *Packer) plan(t *datatype.Type, count int64) (*plan, error) {
 	if pl.nseg > 0 {
 		p.stats.TablesBuilt++
 	}
-	for p.bytes > p.opts.CacheBytes && p.lru.Len() > 1 {
-		e := p.lru.Back()
-		old := e.Value.(*plan)
-		p.lru.Remove(e)
-		delete(p.plans, old.key)
-		p.bytes -= old.nseg * segBytes
-		p.stats.TablesEvicted++
-		// Freeing device memory waits for the kernels using it.
-		_ = p.release(old)
+	// Over the bound: free the least recently used tables, other than
+	// this one. Regular plans hold no device memory and stay.
+	for e := p.lru.Back(); e != nil && p.bytes > p.opts.CacheBytes; {
+		prev := e.Prev()
+		if old := e.Value.(*plan); old != pl && old.nseg > 0 {
+			p.lru.Remove(e)
+			delete(p.plans, old.key)
+			p.bytes -= old.nseg * segBytes
+			p.stats.TablesEvicted++
+			// Freeing device memory waits for the kernels using it.
+			_ = p.release(old)
+		}
+		e = prev
 	}
 	return pl, nil
 }

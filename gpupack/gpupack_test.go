@@ -269,6 +269,7 @@ func TestCUDA(t *testing.T) {
 	}
 	t.Run("Ranges", func(t *testing.T) { checkRanges(t, dev) })
 	t.Run("Cache", func(t *testing.T) { checkCache(t, dev) })
+	t.Run("CacheRegular", func(t *testing.T) { checkCacheRegular(t, dev) })
 	t.Run("Errors", func(t *testing.T) { checkErrors(t, dev) })
 }
 
@@ -318,6 +319,61 @@ func checkCache(t *testing.T, dev *gpu.Device) {
 	run(a) // builds it again
 	if s := p.Stats(); s.TablesBuilt != 3 || s.TablesEvicted != 2 || s.Table != 4 {
 		t.Fatalf("with room for one table: %+v, want 3 built, 2 evicted, 4 table moves", s)
+	}
+}
+
+// checkCacheRegular: a regular layout's plan holds no device memory, so a
+// cache over its bound evicts tables only: with room for one table, a
+// regular layout used first and then two tables, one table is evicted and
+// the regular plan is kept.
+func checkCacheRegular(t *testing.T, dev *gpu.Device) {
+	ls := testLayouts(t)
+	reg, a, b := ls[1], ls[5], ls[6] // vector-f64-column-one (regular); indexed, hindexed-bytes (tables)
+	if !reg.regular {
+		t.Fatalf("%s is not a regular layout", reg.name)
+	}
+	tableBytes := func(l layout) int64 {
+		n := int64(0)
+		for range must[iter.Seq[datatype.Segment]](t)(l.t.Segments(l.count, 0, -1)) {
+			n++
+		}
+		return n * segBytes
+	}
+	p := must[*Packer](t)(New(dev, Options{CacheBytes: max(tableBytes(a), tableBytes(b))}))
+	defer p.Close()
+	st := must[*gpu.Stream](t)(dev.NewStream())
+	defer st.Destroy()
+	r := rand.New(rand.NewPCG(11, 12))
+	run := func(l layout) {
+		t.Helper()
+		size := must[int64](t)(l.t.PackedSize(l.count))
+		host := randomBytes(r, l.size)
+		user := must[gpu.Buffer](t)(dev.Alloc(int(l.size)))
+		defer gpu.Free(user)
+		packed := must[gpu.Buffer](t)(dev.Alloc(int(size)))
+		defer gpu.Free(packed)
+		ok(t, gpu.CopyFromHost(user, host))
+		must[int64](t)(p.Pack(st, packed, user, l.t, l.base, l.count))
+		ok(t, st.Synchronize())
+		want := make([]byte, size)
+		must[int64](t)(l.t.Pack(want, host, l.base, l.count))
+		got := make([]byte, size)
+		ok(t, gpu.CopyToHost(got, packed))
+		if !bytes.Equal(got, want) {
+			t.Fatalf("%s: packed stream differs", l.name)
+		}
+	}
+	run(reg)
+	run(a)
+	run(b) // over the bound: a's table goes, nothing else
+	if s := p.Stats(); s.TablesBuilt != 2 || s.TablesEvicted != 1 {
+		t.Fatalf("a regular layout and two tables with room for one: %+v, want 2 tables built, 1 evicted", s)
+	}
+	p.mu.Lock()
+	_, kept := p.plans[planKey{reg.t, reg.count}]
+	p.mu.Unlock()
+	if !kept {
+		t.Fatal("the regular layout's plan was evicted, though it holds no device memory")
 	}
 }
 
