@@ -434,10 +434,16 @@ func (p *Packer) count(f func(*Stats)) {
 }
 
 // plan returns the cached plan of count elements of t, building it on a
-// miss.
+// miss. Once the Packer is closed it fails with ErrInvalid: a move that
+// passed its checks before a concurrent Close must not cache a table that
+// nothing would free any more.
 func (p *Packer) plan(t *datatype.Type, count int64) (*plan, error) {
 	k := planKey{t, count}
 	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return nil, fmt.Errorf("%w: packer closed", ErrInvalid)
+	}
 	if e, ok := p.plans[k]; ok {
 		p.lru.MoveToFront(e)
 		pl := e.Value.(*plan)
@@ -452,6 +458,10 @@ func (p *Packer) plan(t *datatype.Type, count int64) (*plan, error) {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.closed { // closed while it was built
+		_ = p.release(pl)
+		return nil, fmt.Errorf("%w: packer closed", ErrInvalid)
+	}
 	if e, ok := p.plans[k]; ok { // built concurrently: keep the first
 		p.lru.MoveToFront(e)
 		_ = p.release(pl)

@@ -270,6 +270,7 @@ func TestCUDA(t *testing.T) {
 	t.Run("Ranges", func(t *testing.T) { checkRanges(t, dev) })
 	t.Run("Cache", func(t *testing.T) { checkCache(t, dev) })
 	t.Run("CacheRegular", func(t *testing.T) { checkCacheRegular(t, dev) })
+	t.Run("CloseRace", func(t *testing.T) { checkPlanAfterClose(t, dev) })
 	t.Run("Errors", func(t *testing.T) { checkErrors(t, dev) })
 }
 
@@ -374,6 +375,25 @@ func checkCacheRegular(t *testing.T, dev *gpu.Device) {
 	p.mu.Unlock()
 	if !kept {
 		t.Fatal("the regular layout's plan was evicted, though it holds no device memory")
+	}
+}
+
+// checkPlanAfterClose: a move that passed its checks just before another
+// goroutine closed the packer reaches plan after Close (the interleaving is
+// played here in order): it must fail instead of building and caching a
+// device table that nothing frees any more.
+func checkPlanAfterClose(t *testing.T, dev *gpu.Device) {
+	l := testLayouts(t)[5] // indexed: a table
+	p := must[*Packer](t)(New(dev, Options{}))
+	ok(t, p.Close())
+	if _, err := p.plan(l.t, l.count); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("plan after Close: %v, want ErrInvalid", err)
+	}
+	p.mu.Lock()
+	n, bytes := p.lru.Len(), p.bytes
+	p.mu.Unlock()
+	if n != 0 || bytes != 0 {
+		t.Fatalf("after Close the packer caches %d plans of %d device bytes, which nothing frees", n, bytes)
 	}
 }
 
