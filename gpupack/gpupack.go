@@ -89,6 +89,11 @@ type Packer struct {
 	bytes  int64                     // device bytes of the cached tables
 	stats  Stats
 	closed bool
+	// inUse counts the plans handed out by plan and not yet given back
+	// (unpin): their moves are launching kernels, which read the table and
+	// run the module's code. Close waits for it to reach 0 (idle).
+	inUse int
+	idle  *sync.Cond
 }
 
 // Stats counts how a Packer moved layouts.
@@ -121,6 +126,10 @@ type plan struct {
 	pos                    []int64    // each table segment's packed offset, ascending
 	nseg                   int64
 	group                  int64 // threads per segment of the table kernel
+	// users: moves holding the plan (between plan and unpin); evicted:
+	// left the cache while held, its table freed by the last unpin.
+	users   int
+	evicted bool
 }
 
 // New returns a Packer for dev, loading the kernels where the backend runs
@@ -136,6 +145,7 @@ func New(dev *gpu.Device, opts Options) (*Packer, error) {
 		opts.CacheBytes = DefaultCacheBytes
 	}
 	p := &Packer{dev: dev, opts: opts, plans: map[planKey]*list.Element{}, lru: list.New()}
+	p.idle = sync.NewCond(&p.mu)
 	goKernels, err := runsGoKernels(dev)
 	if err != nil {
 		return nil, err
@@ -187,6 +197,9 @@ func (p *Packer) Close() error {
 		return nil
 	}
 	p.closed = true
+	for p.inUse > 0 { // moves launching kernels with a plan: the tables and module stay until they are done
+		p.idle.Wait()
+	}
 	var errs []error
 	for e := p.lru.Front(); e != nil; e = e.Next() {
 		errs = append(errs, p.release(e.Value.(*plan)))
@@ -272,6 +285,7 @@ func (p *Packer) move(st *gpu.Stream, user, packed gpu.Buffer, t *datatype.Type,
 	if err != nil {
 		return 0, fmt.Errorf("gpupack: %s %d of %v: %w", op, count, t, err)
 	}
+	defer p.unpin(pl) // once the kernel is launched: it reads the table in stream order
 	origin := uint64(user.Ptr()) + uint64(base)
 	dir := uint64(0)
 	if unpack {
@@ -434,7 +448,9 @@ func (p *Packer) count(f func(*Stats)) {
 }
 
 // plan returns the cached plan of count elements of t, building it on a
-// miss. Once the Packer is closed it fails with ErrInvalid: a move that
+// miss, held for the caller until it calls unpin: eviction and Close do not
+// free a held plan's table (a kernel launched with it would read freed
+// memory). Once the Packer is closed it fails with ErrInvalid: a move that
 // passed its checks before a concurrent Close must not cache a table that
 // nothing would free any more.
 func (p *Packer) plan(t *datatype.Type, count int64) (*plan, error) {
@@ -447,6 +463,7 @@ func (p *Packer) plan(t *datatype.Type, count int64) (*plan, error) {
 	if e, ok := p.plans[k]; ok {
 		p.lru.MoveToFront(e)
 		pl := e.Value.(*plan)
+		p.pin(pl)
 		p.mu.Unlock()
 		return pl, nil
 	}
@@ -465,7 +482,9 @@ func (p *Packer) plan(t *datatype.Type, count int64) (*plan, error) {
 	if e, ok := p.plans[k]; ok { // built concurrently: keep the first
 		p.lru.MoveToFront(e)
 		_ = p.release(pl)
-		return e.Value.(*plan), nil
+		first := e.Value.(*plan)
+		p.pin(first)
+		return first, nil
 	}
 	p.plans[k] = p.lru.PushFront(pl)
 	p.bytes += pl.nseg * segBytes
@@ -481,12 +500,38 @@ func (p *Packer) plan(t *datatype.Type, count int64) (*plan, error) {
 			delete(p.plans, old.key)
 			p.bytes -= old.nseg * segBytes
 			p.stats.TablesEvicted++
-			// Freeing device memory waits for the kernels using it.
-			_ = p.release(old)
+			if old.users > 0 {
+				old.evicted = true // its last unpin frees it
+			} else {
+				// Freeing device memory waits for the kernels using it.
+				_ = p.release(old)
+			}
 		}
 		e = prev
 	}
+	p.pin(pl)
 	return pl, nil
+}
+
+// pin holds pl for a move; the lock is held.
+func (p *Packer) pin(pl *plan) {
+	pl.users++
+	p.inUse++
+}
+
+// unpin gives back a plan plan returned, freeing its table if it was
+// evicted meanwhile, and wakes a Close waiting for the moves in flight.
+func (p *Packer) unpin(pl *plan) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	pl.users--
+	p.inUse--
+	if pl.users == 0 && pl.evicted {
+		_ = p.release(pl)
+	}
+	if p.inUse == 0 {
+		p.idle.Broadcast()
+	}
 }
 
 // release frees pl's table, if any.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"iter"
 	"math/rand/v2"
+	"runtime"
 	"testing"
 	"time"
 
@@ -271,6 +272,7 @@ func TestCUDA(t *testing.T) {
 	t.Run("Cache", func(t *testing.T) { checkCache(t, dev) })
 	t.Run("CacheRegular", func(t *testing.T) { checkCacheRegular(t, dev) })
 	t.Run("CloseRace", func(t *testing.T) { checkPlanAfterClose(t, dev) })
+	t.Run("HeldPlan", func(t *testing.T) { checkHeldPlan(t, dev) })
 	t.Run("Errors", func(t *testing.T) { checkErrors(t, dev) })
 }
 
@@ -489,4 +491,49 @@ func checkErrors(t *testing.T, dev *gpu.Device) {
 	if _, err := p.Pack(st, packed, user, ty, 0, 1); !errors.Is(err, ErrInvalid) {
 		t.Fatalf("after Close: %v", err)
 	}
+}
+
+// checkHeldPlan: a plan a move holds (between plan and its kernel's launch)
+// keeps its table when another move's build evicts it, until the holder
+// gives it back (the table was freed at eviction, and the holder's kernel
+// launched with a freed table); Close waits for held plans.
+func checkHeldPlan(t *testing.T, dev *gpu.Device) {
+	ls := testLayouts(t)
+	a, b := ls[5], ls[6]                                    // indexed, hindexed-bytes: both tables
+	p := must[*Packer](t)(New(dev, Options{CacheBytes: 1})) // room for none: every build evicts the others
+	held := must[*plan](t)(p.plan(a.t, a.count))
+	if held.table.IsZero() {
+		t.Fatalf("%s has no table", a.name)
+	}
+	other := must[*plan](t)(p.plan(b.t, b.count)) // evicts a's plan
+	if s := p.Stats(); s.TablesEvicted != 1 {
+		t.Fatalf("TablesEvicted = %d, want 1", s.TablesEvicted)
+	}
+	probe := make([]byte, 1)
+	if err := gpu.CopyToHost(probe, must[gpu.Buffer](t)(held.table.Slice(0, 1))); err != nil {
+		t.Fatalf("the held plan's table was freed at eviction: %v", err)
+	}
+	p.unpin(held)
+	if err := gpu.CopyToHost(probe, must[gpu.Buffer](t)(held.table.Slice(0, 1))); !errors.Is(err, gpu.ErrFreed) {
+		t.Fatalf("the evicted table after its last holder gave it back: %v, want ErrFreed", err)
+	}
+	closed := make(chan error, 1)
+	go func() { closed <- p.Close() }()
+	p.mu.Lock()
+	for !p.closed { // Close has begun: it waits for other's holder
+		p.mu.Unlock()
+		runtime.Gosched()
+		p.mu.Lock()
+	}
+	p.mu.Unlock()
+	select {
+	case err := <-closed:
+		t.Fatalf("Close returned (%v) while a move held a plan", err)
+	default:
+	}
+	if err := gpu.CopyToHost(probe, must[gpu.Buffer](t)(other.table.Slice(0, 1))); err != nil {
+		t.Fatalf("Close freed a held plan's table: %v", err)
+	}
+	p.unpin(other)
+	ok(t, <-closed)
 }
