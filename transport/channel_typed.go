@@ -576,6 +576,11 @@ func (u *pieceUnpack) enqueue(i int) error {
 	if u.ev == nil {
 		ev, err := st.Device().NewEvent()
 		if err != nil {
+			// settle has no event to wait on: wait for the unpack just
+			// enqueued here, before the stage can go back to its pool.
+			if serr := st.Synchronize(); serr != nil {
+				u.c.retireFailed(u.key, st)
+			}
 			return err
 		}
 		u.ev = ev
