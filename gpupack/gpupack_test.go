@@ -281,38 +281,7 @@ func TestCUDA(t *testing.T) {
 func checkCache(t *testing.T, dev *gpu.Device) {
 	ls := testLayouts(t)
 	a, b := ls[5], ls[6] // indexed, hindexed-bytes: both tables
-	tableBytes := func(l layout) int64 {
-		n := int64(0)
-		segs := must[iter.Seq[datatype.Segment]](t)(l.t.Segments(l.count, 0, -1))
-		for range segs {
-			n++
-		}
-		return n * segBytes
-	}
-	p := must[*Packer](t)(New(dev, Options{CacheBytes: max(tableBytes(a), tableBytes(b))}))
-	defer p.Close()
-	st := must[*gpu.Stream](t)(dev.NewStream())
-	defer st.Destroy()
-	r := rand.New(rand.NewPCG(7, 8))
-	run := func(l layout) {
-		t.Helper()
-		size := must[int64](t)(l.t.PackedSize(l.count))
-		host := randomBytes(r, l.size)
-		user := must[gpu.Buffer](t)(dev.Alloc(int(l.size)))
-		defer gpu.Free(user)
-		packed := must[gpu.Buffer](t)(dev.Alloc(int(size)))
-		defer gpu.Free(packed)
-		ok(t, gpu.CopyFromHost(user, host))
-		must[int64](t)(p.Pack(st, packed, user, l.t, l.base, l.count))
-		ok(t, st.Synchronize())
-		want := make([]byte, size)
-		must[int64](t)(l.t.Pack(want, host, l.base, l.count))
-		got := make([]byte, size)
-		ok(t, gpu.CopyToHost(got, packed))
-		if !bytes.Equal(got, want) {
-			t.Fatalf("%s: packed stream differs", l.name)
-		}
-	}
+	p, run := oneTableCache(t, dev, a, b, 7)
 	run(a)
 	run(a)
 	if s := p.Stats(); s.TablesBuilt != 1 || s.TablesEvicted != 0 {
@@ -335,37 +304,7 @@ func checkCacheRegular(t *testing.T, dev *gpu.Device) {
 	if !reg.regular {
 		t.Fatalf("%s is not a regular layout", reg.name)
 	}
-	tableBytes := func(l layout) int64 {
-		n := int64(0)
-		for range must[iter.Seq[datatype.Segment]](t)(l.t.Segments(l.count, 0, -1)) {
-			n++
-		}
-		return n * segBytes
-	}
-	p := must[*Packer](t)(New(dev, Options{CacheBytes: max(tableBytes(a), tableBytes(b))}))
-	defer p.Close()
-	st := must[*gpu.Stream](t)(dev.NewStream())
-	defer st.Destroy()
-	r := rand.New(rand.NewPCG(11, 12))
-	run := func(l layout) {
-		t.Helper()
-		size := must[int64](t)(l.t.PackedSize(l.count))
-		host := randomBytes(r, l.size)
-		user := must[gpu.Buffer](t)(dev.Alloc(int(l.size)))
-		defer gpu.Free(user)
-		packed := must[gpu.Buffer](t)(dev.Alloc(int(size)))
-		defer gpu.Free(packed)
-		ok(t, gpu.CopyFromHost(user, host))
-		must[int64](t)(p.Pack(st, packed, user, l.t, l.base, l.count))
-		ok(t, st.Synchronize())
-		want := make([]byte, size)
-		must[int64](t)(l.t.Pack(want, host, l.base, l.count))
-		got := make([]byte, size)
-		ok(t, gpu.CopyToHost(got, packed))
-		if !bytes.Equal(got, want) {
-			t.Fatalf("%s: packed stream differs", l.name)
-		}
-	}
+	p, run := oneTableCache(t, dev, a, b, 11)
 	run(reg)
 	run(a)
 	run(b) // over the bound: a's table goes, nothing else
@@ -536,4 +475,42 @@ func checkHeldPlan(t *testing.T, dev *gpu.Device) {
 	}
 	p.unpin(other)
 	ok(t, <-closed)
+}
+
+// oneTableCache returns a Packer whose cache has room for the larger of
+// a's and b's tables only (closed with the test), and a function that
+// packs a layout with it on a stream of its own and checks the packed
+// stream against datatype's; seed seeds the layouts' random bytes.
+func oneTableCache(t *testing.T, dev *gpu.Device, a, b layout, seed uint64) (*Packer, func(layout)) {
+	tableBytes := func(l layout) int64 {
+		n := int64(0)
+		for range must[iter.Seq[datatype.Segment]](t)(l.t.Segments(l.count, 0, -1)) {
+			n++
+		}
+		return n * segBytes
+	}
+	p := must[*Packer](t)(New(dev, Options{CacheBytes: max(tableBytes(a), tableBytes(b))}))
+	t.Cleanup(func() { p.Close() })
+	st := must[*gpu.Stream](t)(dev.NewStream())
+	t.Cleanup(func() { st.Destroy() })
+	r := rand.New(rand.NewPCG(seed, seed+1))
+	return p, func(l layout) {
+		t.Helper()
+		size := must[int64](t)(l.t.PackedSize(l.count))
+		host := randomBytes(r, l.size)
+		user := must[gpu.Buffer](t)(dev.Alloc(int(l.size)))
+		defer gpu.Free(user)
+		packed := must[gpu.Buffer](t)(dev.Alloc(int(size)))
+		defer gpu.Free(packed)
+		ok(t, gpu.CopyFromHost(user, host))
+		must[int64](t)(p.Pack(st, packed, user, l.t, l.base, l.count))
+		ok(t, st.Synchronize())
+		want := make([]byte, size)
+		must[int64](t)(l.t.Pack(want, host, l.base, l.count))
+		got := make([]byte, size)
+		ok(t, gpu.CopyToHost(got, packed))
+		if !bytes.Equal(got, want) {
+			t.Fatalf("%s: packed stream differs", l.name)
+		}
+	}
 }

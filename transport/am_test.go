@@ -307,21 +307,7 @@ func TestCloseWithAMDataFetchInFlight(t *testing.T) {
 		t.Setenv("TROUPE_CMA", "off") // UCX's rendezvous, not a same-host read
 		ts := localJob(t, 2, mode)
 		ctx := testCtx(t)
-		got := make(chan *AMMessage, 1)
-		if err := ts[1].SetAMHandler(0x10, func(m *AMMessage) {
-			m.Keep()
-			got <- m
-		}); err != nil {
-			t.Fatal(err)
-		}
-		data := pattern(256<<10, 1)
-		if _, err := ts[0].SendAM(1, 0x10, []byte("h"), data, AMRndv); err != nil {
-			t.Fatal(err)
-		}
-		m := <-got
-		if !m.Rendezvous {
-			t.Fatalf("a %d-byte AMRndv message arrived eager", len(data))
-		}
+		m, data := keptRendezvousAM(t, ts)
 		ts[0].mu.Lock() // rank 0 makes no progress until the end
 		defer ts[0].mu.Unlock()
 		rr, err := m.RecvData(make([]byte, len(data)))
@@ -346,21 +332,7 @@ func TestRecvDataAfterClose(t *testing.T) {
 		t.Setenv("TROUPE_CMA", "off") // UCX's rendezvous, not a same-host read
 		ts := localJob(t, 2, mode)
 		ctx := testCtx(t)
-		got := make(chan *AMMessage, 1)
-		if err := ts[1].SetAMHandler(0x10, func(m *AMMessage) {
-			m.Keep()
-			got <- m
-		}); err != nil {
-			t.Fatal(err)
-		}
-		data := pattern(256<<10, 1)
-		if _, err := ts[0].SendAM(1, 0x10, []byte("h"), data, AMRndv); err != nil {
-			t.Fatal(err)
-		}
-		m := <-got
-		if !m.Rendezvous {
-			t.Fatalf("a %d-byte AMRndv message arrived eager", len(data))
-		}
+		m, data := keptRendezvousAM(t, ts)
 		if err := ts[1].Close(); err != nil {
 			t.Fatal(err)
 		}
@@ -372,4 +344,27 @@ func TestRecvDataAfterClose(t *testing.T) {
 			t.Fatalf("RecvData after Close: %v, want ErrClosed", err)
 		}
 	})
+}
+
+// keptRendezvousAM sends a 256 KiB rendezvous active message from ts[0] to
+// ts[1], whose handler keeps it, and returns it (its data not yet fetched)
+// with the data sent.
+func keptRendezvousAM(t *testing.T, ts []*Transport) (*AMMessage, []byte) {
+	t.Helper()
+	got := make(chan *AMMessage, 1)
+	if err := ts[1].SetAMHandler(0x10, func(m *AMMessage) {
+		m.Keep()
+		got <- m
+	}); err != nil {
+		t.Fatal(err)
+	}
+	data := pattern(256<<10, 1)
+	if _, err := ts[0].SendAM(1, 0x10, []byte("h"), data, AMRndv); err != nil {
+		t.Fatal(err)
+	}
+	m := <-got
+	if !m.Rendezvous {
+		t.Fatalf("a %d-byte AMRndv message arrived eager", len(data))
+	}
+	return m, data
 }
