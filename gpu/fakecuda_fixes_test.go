@@ -378,3 +378,60 @@ func TestFakeDestroyKeepsGoMemoryChild(t *testing.T) {
 	require.Equal(t, pattern(n, 6), dst)
 	eventually(t, func() bool { return collected(src) }, "Close never released the queued copy's Go memory")
 }
+
+// TestFakeDriverFreeWaitsForDevice: the test driver's cuMemFree,
+// cuMemFreeHost and cuIpcCloseMemHandle wait until the device's streams
+// have run their work, stream waits included, as the real driver's do (on
+// an H100 a pinned pool's Put deadlocked against a stream waiting for the
+// caller's counter; docs/gpu.md). They released the memory at once, so
+// code that frees memory a stream is still waiting to use, or frees from
+// what a stream waits for, passed on the fake and deadlocked on a GPU.
+func TestFakeDriverFreeWaitsForDevice(t *testing.T) {
+	onFakeDriver(t, "TestFakeFreeWaitsForDeviceChild", "FAKECUDA_IPC=1")
+}
+
+// TestFakeFreeWaitsForDeviceChild is TestFakeDriverFreeWaitsForDevice's
+// child.
+func TestFakeFreeWaitsForDeviceChild(t *testing.T) {
+	s := fakeDriverSystem(t)
+	d := s.Devices()[0]
+	gate, err := s.AllocHost(8)
+	require.NoError(t, err)
+	st, err := d.NewStream()
+	require.NoError(t, err)
+	defer st.Destroy()
+	exported, err := d.Alloc(64)
+	require.NoError(t, err)
+	h, err := s.IPCGetHandle(exported)
+	require.NoError(t, err)
+	for i, release := range []struct {
+		name string
+		mk   func() (Buffer, error)
+		free func(Buffer) error
+	}{
+		{"cuMemFree", func() (Buffer, error) { return d.Alloc(64) }, Free},
+		{"cuMemFreeHost", func() (Buffer, error) { return s.AllocHost(64) }, Free},
+		{"cuIpcCloseMemHandle", func() (Buffer, error) { return d.IPCOpen(h) }, IPCClose},
+	} {
+		buf, err := release.mk()
+		require.NoError(t, err, release.name)
+		out, err := s.AllocHost(64)
+		require.NoError(t, err)
+		// The stream waits for the gate, then reads buf.
+		require.NoError(t, WaitValue64(st, gate, uint64(i+1), GEQ))
+		require.NoError(t, CopyAsync(st, out, buf))
+		freed := make(chan error, 1)
+		go func() { freed <- release.free(buf) }()
+		select {
+		case err := <-freed:
+			t.Fatalf("%s returned (%v) while a stream still waited to read the memory", release.name, err)
+		case <-time.After(50 * time.Millisecond):
+		}
+		require.NoError(t, WriteValue64Host(gate, uint64(i+1)))
+		require.NoError(t, <-freed, release.name)
+		require.NoError(t, st.Synchronize())
+		require.NoError(t, Free(out))
+	}
+	require.NoError(t, Free(exported))
+	require.NoError(t, Free(gate))
+}

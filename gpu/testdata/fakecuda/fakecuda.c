@@ -3,6 +3,9 @@
 // the loader resolves, on host memory: device memory is a shared memfd, streams
 // are queues drained by one pthread each (asynchronous and in order), events
 // mark points in them, stream memory operations write and poll 64-bit words.
+// cuMemFree, cuMemFreeHost and cuIpcCloseMemHandle wait until the device's
+// streams are idle (stream waits and resident kernels included), as the
+// real driver's do.
 // It is a test double only; nothing here is a model of real performance.
 //
 // Device memory (cuMemAlloc) is a memfd mapped MAP_SHARED, so another process
@@ -173,10 +176,13 @@ static void release(alloc *a) {
 	free(a);
 }
 
+static void device_idle_locked(int dev);
+
 // drop_alloc frees an allocation of the type (IPC mappings are closed with
-// cuIpcCloseMemHandle, not freed).
+// cuIpcCloseMemHandle, not freed), once the device is idle.
 static CUresult drop_alloc(uintptr_t p, int type) {
 	pthread_mutex_lock(&g);
+	device_idle_locked(cur_dev(current));
 	for (alloc **pp = &allocs; *pp; pp = &(*pp)->next) {
 		alloc *a = *pp;
 		if (a->base == p && a->type == type && !a->mapped) {
@@ -218,8 +224,28 @@ typedef struct stream {
 	op *head, *tail;
 	unsigned long long enq, done;
 	int destroyed;
+	int dev;             // the device of the context it was created in
+	struct stream *next; // all streams whose threads run (streams)
 	pthread_t th;
 } stream;
+
+static stream *streams;
+
+// device_idle_locked waits (holding g) until every stream of device dev,
+// destroyed ones with work left included, has run all its work. The real
+// driver's cuMemFree, cuMemFreeHost and cuIpcCloseMemHandle synchronize the
+// device like this before they release memory: they wait for stream waits
+// (cuStreamWaitValue64) and resident kernels too, so a free from the code a
+// stream waits for deadlocks, as it does on a GPU.
+static void device_idle_locked(int dev) {
+	for (;;) {
+		stream *busy = NULL;
+		for (stream *s = streams; s; s = s->next)
+			if (s->dev == dev && s->done < s->enq) busy = s;
+		if (busy == NULL) return;
+		pthread_cond_wait(&gc, &g);
+	}
+}
 
 static int holds(unsigned long long cur, unsigned long long v, unsigned flags) {
 	switch (flags & 3) {
@@ -287,6 +313,11 @@ static void *worker(void *arg) {
 		s->done++;
 		pthread_cond_broadcast(&gc);
 	}
+	for (stream **pp = &streams; *pp; pp = &(*pp)->next)
+		if (*pp == s) {
+			*pp = s->next;
+			break;
+		}
 	pthread_mutex_unlock(&g);
 	free(s);
 	return NULL;
@@ -415,6 +446,11 @@ CUresult cuMemFreeHost(void *p) { return drop_alloc((uintptr_t)p, M_HOST); }
 CUresult cuStreamCreate(stream **out, unsigned flags) {
 	(void)flags;
 	stream *s = calloc(1, sizeof *s);
+	s->dev = cur_dev(current);
+	pthread_mutex_lock(&g);
+	s->next = streams;
+	streams = s;
+	pthread_mutex_unlock(&g);
 	pthread_create(&s->th, NULL, worker, s);
 	pthread_detach(s->th);
 	*out = s;
@@ -641,6 +677,7 @@ CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *p, CUipcMemHandle h, unsigned flags)
 
 CUresult cuIpcCloseMemHandle(CUdeviceptr p) {
 	pthread_mutex_lock(&g);
+	device_idle_locked(cur_dev(current));
 	for (alloc **pp = &allocs; *pp; pp = &(*pp)->next) {
 		alloc *a = *pp;
 		if (a->base == (uintptr_t)p && a->mapped) {
