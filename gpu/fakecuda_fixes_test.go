@@ -397,6 +397,7 @@ func TestFakeFreeWaitsForDeviceChild(t *testing.T) {
 	d := s.Devices()[0]
 	gate, err := s.AllocHost(8)
 	require.NoError(t, err)
+	defer WriteValue64Host(gate, 3) // on failure too: Close waits for st
 	st, err := d.NewStream()
 	require.NoError(t, err)
 	defer st.Destroy()
@@ -434,4 +435,64 @@ func TestFakeFreeWaitsForDeviceChild(t *testing.T) {
 	}
 	require.NoError(t, Free(exported))
 	require.NoError(t, Free(gate))
+}
+
+// TestFakeDriverEventWaitSnapshot: a stream's WaitEvent waits for the
+// record the event had when it was called, even when the event is recorded
+// again on another stream whose work completes first. The test driver kept
+// one completion counter per event, so the later record's completion
+// released the waiter early (a wait whose real counterpart blocks, or
+// deadlocks, went on).
+func TestFakeDriverEventWaitSnapshot(t *testing.T) {
+	onFakeDriver(t, "TestFakeEventWaitSnapshotChild")
+}
+
+// TestFakeEventWaitSnapshotChild is TestFakeDriverEventWaitSnapshot's child.
+func TestFakeEventWaitSnapshotChild(t *testing.T) {
+	testEventWaitSnapshot(t, fakeDriverSystem(t))
+}
+
+func testEventWaitSnapshot(t *testing.T, s *System) {
+	d := s.Devices()[0]
+	var sts [3]*Stream
+	for i := range sts {
+		st, err := d.NewStream()
+		require.NoError(t, err)
+		defer st.Destroy()
+		sts[i] = st
+	}
+	a, b, c := sts[0], sts[1], sts[2]
+	ev, err := d.NewEvent()
+	require.NoError(t, err)
+	defer ev.Destroy()
+	gate, err := s.AllocHost(8)
+	require.NoError(t, err)
+	defer WriteValue64Host(gate, 1) // on failure too: Close waits for a
+	marker, err := s.AllocHost(8)
+	require.NoError(t, err)
+
+	require.NoError(t, WaitValue64(a, gate, 1, GEQ))
+	require.NoError(t, ev.Record(a))
+	require.NoError(t, b.WaitEvent(ev)) // waits for a's gate
+	require.NoError(t, WriteValue64(b, marker, 1))
+	require.NoError(t, ev.Record(c)) // c has no work: completes at once
+	require.NoError(t, c.Synchronize())
+	require.NoError(t, ev.Synchronize())
+	done, err := ev.Query()
+	require.NoError(t, err)
+	require.True(t, done, "the event's latest record has completed")
+	time.Sleep(20 * time.Millisecond)
+	m, err := ReadValue64(marker)
+	require.NoError(t, err)
+	require.Zero(t, m, "WaitEvent was released by a later record of the event")
+	done, err = b.Query()
+	require.NoError(t, err)
+	require.False(t, done)
+
+	require.NoError(t, WriteValue64Host(gate, 1))
+	require.NoError(t, b.Synchronize())
+	m, err = ReadValue64(marker)
+	require.NoError(t, err)
+	require.Equal(t, uint64(1), m)
+	require.NoError(t, a.Synchronize())
 }

@@ -198,9 +198,36 @@ static CUresult drop_alloc(uintptr_t p, int type) {
 
 // ---- streams and events -------------------------------------------------
 
+// An event's records are numbered 1, 2, ... (target is the latest); those
+// enqueued and not yet reached by their stream are listed in pending. A
+// record is complete once it is off the list: records on different streams
+// complete in any order, and a cuStreamWaitEvent waits for the record it
+// saw, not for whichever record completes next.
+typedef struct pending_rec {
+	unsigned long long gen;
+	struct pending_rec *next;
+} pending_rec;
+
 typedef struct event {
-	unsigned long long target, completed;
+	unsigned long long target;
+	pending_rec *pending;
 } event;
+
+static int rec_done_locked(event *e, unsigned long long gen) {
+	for (pending_rec *p = e->pending; p; p = p->next)
+		if (p->gen == gen) return 0;
+	return 1;
+}
+
+static void rec_complete_locked(event *e, unsigned long long gen) {
+	for (pending_rec **pp = &e->pending; *pp; pp = &(*pp)->next)
+		if ((*pp)->gen == gen) {
+			pending_rec *p = *pp;
+			*pp = p->next;
+			free(p);
+			return;
+		}
+}
 
 enum { OP_COPY, OP_SET, OP_WRITE, OP_WAIT, OP_RECORD, OP_WAITEV, OP_LAUNCH };
 
@@ -297,10 +324,10 @@ static void *worker(void *arg) {
 				timed_wait();
 			break;
 		case OP_RECORD:
-			if (o->ev->completed < o->gen) o->ev->completed = o->gen;
+			rec_complete_locked(o->ev, o->gen);
 			break;
 		case OP_WAITEV:
-			while (o->ev->completed < o->gen) pthread_cond_wait(&gc, &g);
+			while (!rec_done_locked(o->ev, o->gen)) pthread_cond_wait(&gc, &g);
 			break;
 		case OP_LAUNCH:
 			pthread_mutex_unlock(&g);
@@ -539,8 +566,13 @@ CUresult cuEventCreate(event **out, unsigned flags) {
 
 CUresult cuEventRecord(event *e, stream *st) {
 	if (e == NULL) return ERR_INVALID_HANDLE;
+	if (st == NULL || implicit_stream(st)) return ERR_INVALID_HANDLE; // as push
+	pending_rec *p = malloc(sizeof *p);
 	pthread_mutex_lock(&g);
-	unsigned long long gen = ++e->target;
+	p->gen = ++e->target;
+	p->next = e->pending;
+	e->pending = p;
+	unsigned long long gen = p->gen;
 	pthread_mutex_unlock(&g);
 	return push(st, (op){.kind = OP_RECORD, .ev = e, .gen = gen});
 }
@@ -548,14 +580,14 @@ CUresult cuEventRecord(event *e, stream *st) {
 CUresult cuEventSynchronize(event *e) {
 	pthread_mutex_lock(&g);
 	unsigned long long target = e->target;
-	while (e->completed < target) pthread_cond_wait(&gc, &g);
+	while (!rec_done_locked(e, target)) pthread_cond_wait(&gc, &g);
 	pthread_mutex_unlock(&g);
 	return OK;
 }
 
 CUresult cuEventQuery(event *e) {
 	pthread_mutex_lock(&g);
-	int done = e->completed >= e->target;
+	int done = rec_done_locked(e, e->target);
 	pthread_mutex_unlock(&g);
 	return done ? OK : ERR_NOT_READY;
 }
