@@ -276,24 +276,24 @@ func (ag *copyAgent) setupLocked() error {
 		return nil
 	}
 	sys := ag.dev.sys
-	mod, err := ag.dev.LoadModule(agentPTX)
+	mod, err := ag.dev.loadModule(agentPTX) // the agent is not running
 	if err != nil {
 		return err
 	}
 	fn, err := mod.Function("troupe_copy_agent")
 	if err != nil {
-		mod.Unload()
+		mod.unload(false)
 		return err
 	}
 	st, err := ag.dev.NewStream()
 	if err != nil {
-		mod.Unload()
+		mod.unload(false)
 		return err
 	}
 	ctlBuf, err := sys.AllocHost(ctlWords * 8)
 	if err != nil {
 		st.Destroy()
-		mod.Unload()
+		mod.unload(false)
 		return err
 	}
 	b, _ := ctlBuf.Bytes() // zeroed by AllocHost

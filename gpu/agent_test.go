@@ -210,6 +210,13 @@ func testCopyAgentResident(t *testing.T, s *System) {
 			_, err := s.IPCGetHandle(ipcBuf)
 			return err
 		}},
+		{"LoadModule+Unload", func() error {
+			m, err := d.LoadModule(agentPTX)
+			if err != nil {
+				return err
+			}
+			return m.Unload()
+		}},
 		{"NewEvent+Destroy", func() error {
 			e, err := d.NewEvent()
 			if err != nil {
@@ -226,7 +233,7 @@ func testCopyAgentResident(t *testing.T, s *System) {
 		took := time.Since(start)
 		t.Logf("%s with the agent resident: %v (agents made to return: %d)", op.name, took, s.AgentStats().Quiesced-quiesced)
 		require.Less(t, took, 10*time.Second, "%s waited for the resident agent", op.name)
-		if strings.HasSuffix(op.name, "+Free") {
+		if strings.HasSuffix(op.name, "+Free") || strings.HasSuffix(op.name, "+Unload") {
 			require.Greater(t, s.AgentStats().Quiesced, quiesced, "%s: the agent returns before memory is freed", op.name)
 		}
 	}

@@ -43,7 +43,20 @@ type funcImpl any
 // LoadModule loads a PTX image (text, as clang or nvcc emit it with -S or
 // -ptx) on the device. A JIT compilation failure is an error carrying the
 // driver's log. The host backend reports ErrNotSupported.
+//
+// The driver's load waits for all of the device's work, a resident copy
+// agent (agent.go) included: the agent is made to return first.
 func (d *Device) LoadModule(ptx []byte) (*Module, error) {
+	if err := d.sys.check(); err != nil {
+		return nil, err
+	}
+	d.agent.quiesce()
+	return d.loadModule(ptx)
+}
+
+// loadModule is LoadModule without making the copy agent return (the
+// agent's own setup, which holds the agent's lock).
+func (d *Device) loadModule(ptx []byte) (*Module, error) {
 	if err := d.sys.check(); err != nil {
 		return nil, err
 	}
@@ -91,13 +104,24 @@ func (m *Module) Function(name string) (*Function, error) {
 }
 
 // Unload releases the module; its Functions may no longer be launched.
-// Kernels already launched finish first (the driver waits for them).
+// Kernels already launched finish first (the driver waits for them, and
+// for all of the device's work: a resident copy agent is made to return
+// first).
 func (m *Module) Unload() error {
+	return m.unload(true)
+}
+
+// unload is Unload; quiesce false leaves the copy agent alone (the agent's
+// own setup, which holds the agent's lock).
+func (m *Module) unload(quiesce bool) error {
 	if err := m.check(); err != nil {
 		return err
 	}
 	if !m.unloaded.CompareAndSwap(false, true) {
 		return fmt.Errorf("gpu: module: %w", ErrDestroyed)
+	}
+	if quiesce {
+		m.dev.agent.quiesce()
 	}
 	return m.impl.unload()
 }

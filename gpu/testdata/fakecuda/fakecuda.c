@@ -3,9 +3,9 @@
 // the loader resolves, on host memory: device memory is a shared memfd, streams
 // are queues drained by one pthread each (asynchronous and in order), events
 // mark points in them, stream memory operations write and poll 64-bit words.
-// cuMemFree, cuMemFreeHost and cuIpcCloseMemHandle wait until the device's
-// streams are idle (stream waits and resident kernels included), as the
-// real driver's do.
+// cuMemFree, cuMemFreeHost, cuIpcCloseMemHandle, cuModuleLoadDataEx and
+// cuModuleUnload wait until the device's streams are idle (stream waits and
+// resident kernels included), as the real driver's do.
 // It is a test double only; nothing here is a model of real performance.
 //
 // Device memory (cuMemAlloc) is a memfd mapped MAP_SHARED, so another process
@@ -759,6 +759,9 @@ CUresult cuModuleLoadDataEx(module **out, const void *image, unsigned n, int *op
 	if (!inited) return ERR_NOT_INITIALIZED;
 	if (out == NULL || image == NULL) return ERR_INVALID_VALUE;
 	if (strstr(image, ".entry") == NULL) return ERR_INVALID_IMAGE;
+	pthread_mutex_lock(&g); // the real driver waits for the device's work too
+	device_idle_locked(cur_dev(current));
+	pthread_mutex_unlock(&g);
 	module *m = calloc(1, sizeof *m);
 	m->image = strdup(image);
 	*out = m;
@@ -767,6 +770,9 @@ CUresult cuModuleLoadDataEx(module **out, const void *image, unsigned n, int *op
 
 CUresult cuModuleUnload(module *m) {
 	if (m == NULL) return ERR_INVALID_HANDLE;
+	pthread_mutex_lock(&g); // kernels already launched finish first
+	device_idle_locked(cur_dev(current));
+	pthread_mutex_unlock(&g);
 	free(m->image);
 	free(m); // its functions are leaked: launches may still reference them
 	return OK;
