@@ -203,3 +203,59 @@ func TestCoalesceOff(t *testing.T) {
 		t.Fatal("no post was queued: the receiver never fell behind")
 	}
 }
+
+// TestMalformedBundleDelivered: a bundle damaged on the wire (a frame for
+// an id without a handler, a nested bundle, a frame cut short, a count
+// that does not match) is delivered up to the damage; the rank goes on and
+// later messages arrive.
+func TestMalformedBundleDelivered(t *testing.T) {
+	ts := localJob(t, 2, ProgressDirect)
+	ctx := testCtx(t)
+	got := make(chan string, 16)
+	if err := ts[1].SetAMHandler(20, func(m *AMMessage) {
+		got <- string(m.Header) + "/" + string(m.Data())
+	}); err != nil {
+		t.Fatal(err)
+	}
+	good := appendFrame(nil, 20, []byte("a"), []byte("1"))
+	good = appendFrame(good, 22, []byte("no handler"), nil)
+	good = appendFrame(good, amBundle, []byte("nested"), nil)
+	good = appendFrame(good, 20, []byte("b"), []byte("2"))
+	cut := appendFrame(good, 20, []byte("c"), []byte("333"))
+	cut = cut[:len(cut)-1]
+	huge := appendFrame(nil, 20, []byte("d"), []byte("4"))
+	huge = append(huge, 20, 0, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01, 0)
+	for _, b := range []struct {
+		n    uint64
+		data []byte
+	}{{9, good}, {5, cut}, {2, huge}, {1, nil}} {
+		r, err := ts[0].sendAM(1, amBundle, binary.AppendUvarint(nil, b.n), b.data, AMEager)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := r.Wait(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r, err := ts[0].sendAM(1, amBundle, []byte{0xff}, good, AMEager) // no count at all
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := ts[0].PostAM(1, 20, []byte("end"), nil); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"a/1", "b/2", "a/1", "b/2", "d/4", "end/"}
+	for i, w := range want {
+		select {
+		case g := <-got:
+			if g != w {
+				t.Fatalf("message %d arrived as %q, want %q", i, g, w)
+			}
+		case <-ctx.Done():
+			t.Fatalf("%d of %d messages arrived", i, len(want))
+		}
+	}
+}
