@@ -363,8 +363,11 @@ func (t *Transport) PostAM(dst int, id uint16, header, data []byte) error {
 			started := p.bundled == 0
 			queued, perr = t.bundleAdd(p, id, header, data)
 			done = !queued
-			// A sleeping progress goroutine must come to send it.
-			wakeLoop = started && t.sleeping.Load()
+			// The progress goroutine must come to send it: kick it even
+			// when it looks awake, since one between its last look at
+			// the bundles and going to sleep would otherwise sleep through
+			// (up to idleWaitMax) with this bundle waiting.
+			wakeLoop = started
 		} else {
 			t.bundleFlush(dst) // a larger post leaves after the bundle
 			done, perr = t.w.AMPost(p.ep, id, header, data, postMode)
