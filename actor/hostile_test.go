@@ -1,12 +1,15 @@
 package actor
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"testing"
 	"time"
 
 	pa "github.com/asynkron/protoactor-go/actor"
+
+	"github.com/troupe-hpc/troupe/transport"
 )
 
 // hostileReply has an interface field other than any: msgpack can only
@@ -150,5 +153,59 @@ func TestHostileWatch(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("the target got nothing after the hostile messages")
+	}
+}
+
+// A rendezvous actor message that is undeliverable before its data is
+// fetched (a type the receiver does not know, a payload of another length
+// than its envelope announces) is dropped unfetched: the sender's send
+// completes, the receiver counts it undeliverable, and the messages after
+// it arrive in order. (Its data was fetched into a buffer of the size the
+// peer announced, which a faulty peer could make any size.)
+func TestUndeliverableRendezvousNotFetched(t *testing.T) {
+	rts := startLocal(t, 2)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	got := make(chan int, 8)
+	if _, err := rts[1].Root().SpawnNamed(rts[1].Props(func() pa.Actor {
+		return pa.ReceiveFunc(func(c pa.Context) {
+			if p, ok := c.Message().(*ping); ok {
+				got <- p.N
+			}
+		})
+	}), "target"); err != nil {
+		t.Fatal(err)
+	}
+	ct, _, err := lookupType(&ping{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	data := make([]byte, 256<<10) // rendezvous
+	dead := rts[1].Stats().DeadLetters.Load()
+	for i, e := range []envelope{
+		{Flags: flagNoCredit, Target: "target", Type: 0xdeadbeef},                                     // unknown type
+		{Flags: flagNoCredit | flagBodyHdr, Target: "target", Type: ct.id, PayloadLen: len(data) + 1}, // wrong length
+	} {
+		r, err := rts[0].Transport().SendAM(1, amActor, appendEnvelope(nil, &e), data, transport.AMRndv)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := r.Wait(ctx); err != nil {
+			t.Fatalf("message %d: the sender's rendezvous send did not complete: %v", i, err)
+		}
+		if err := rts[0].Send(rts[0].PID(1, "target"), &ping{N: i}); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case n := <-got:
+			if n != i {
+				t.Fatalf("after undeliverable message %d the target got ping %d", i, n)
+			}
+		case <-ctx.Done():
+			t.Fatalf("after undeliverable message %d the target got nothing", i)
+		}
+		if n := rts[1].Stats().DeadLetters.Load() - dead; n != uint64(i+1) {
+			t.Fatalf("after undeliverable message %d: %d dead letters, want %d", i, n, i+1)
+		}
 	}
 }

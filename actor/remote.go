@@ -709,6 +709,18 @@ func (rt *Runtime) receiveData(in *inPeer, m *transport.AMMessage, it *inItem, c
 	} else {
 		it.e.Body = nil
 	}
+	if ct == nil && it.err == "" {
+		it.err = fmt.Sprintf("unknown message type id 0x%08x (not registered on rank %d)", it.e.Type, rt.rank)
+	}
+	if it.err != "" {
+		// Undeliverable already (a type this rank does not know, a
+		// payload of another length than announced): its data is dropped
+		// unfetched, so a size a faulty peer announced is never allocated,
+		// and it is delivered as undeliverable in its turn.
+		m.Release()
+		in.pushReady(it)
+		return
+	}
 	dst := rt.landing(it, ct, m.Size)
 	if rt.planData(m, in, it, ct, dst) {
 		return
