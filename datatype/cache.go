@@ -3,6 +3,7 @@ package datatype
 import (
 	"container/list"
 	"sync"
+	"weak"
 )
 
 // IOV is one block of a flattened layout at an absolute address.
@@ -137,11 +138,21 @@ func (c *LayoutCache) Get(t *Type, base uintptr, count int64) (*Layout, error) {
 	c.mu.Unlock()
 
 	// Register for eviction on Free before checking freed (see Type.Free).
+	// The type holds the cache weakly: a cache nobody uses any more must
+	// not live on in the types it served (named types live for ever).
+	wc := weak.Make(c)
 	t.mu.Lock()
-	if t.caches == nil {
-		t.caches = make(map[*LayoutCache]struct{})
+	if _, ok := t.caches[wc]; !ok {
+		if t.caches == nil {
+			t.caches = make(map[weak.Pointer[LayoutCache]]struct{})
+		}
+		for k := range t.caches {
+			if k.Value() == nil {
+				delete(t.caches, k) // a collected cache
+			}
+		}
+		t.caches[wc] = struct{}{}
 	}
-	t.caches[c] = struct{}{}
 	t.mu.Unlock()
 
 	l, err := Flatten(t, base, count)

@@ -1,9 +1,11 @@
 package datatype_test
 
 import (
+	"runtime"
 	"sync"
 	"testing"
 	"unsafe"
+	"weak"
 
 	"github.com/stretchr/testify/require"
 
@@ -138,4 +140,34 @@ func TestRawPackUnpack(t *testing.T) {
 	// The user region must contain the data.
 	_, err = v.PackRaw(dt.SliceRegion(dst), dt.SliceRegion(src), 8, 1, 0)
 	require.ErrorIs(t, err, dt.ErrInvalidArgument)
+}
+
+// TestLayoutCacheCollectable: a cache that is no longer referenced can be
+// collected with its layouts, even after serving a named type (never freed)
+// or a derived type that lives on; the types must not keep it alive.
+func TestLayoutCacheCollectable(t *testing.T) {
+	v := must(t)(dt.Vector(1000, 1, 2, dt.Float64))
+	use := func(x *dt.Type) weak.Pointer[dt.LayoutCache] {
+		c := dt.NewLayoutCache(1 << 20)
+		if _, err := c.Get(x, 4096, 100); err != nil {
+			t.Fatal(err)
+		}
+		return weak.Make(c)
+	}
+	for _, x := range []*dt.Type{dt.Float64, v} {
+		w := use(x)
+		runtime.GC()
+		runtime.GC()
+		if w.Value() != nil {
+			t.Fatalf("a dropped LayoutCache that served %s is still reachable", x)
+		}
+	}
+	runtime.KeepAlive(v)
+	// Freeing a type still evicts its entries from the caches alive.
+	c := dt.NewLayoutCache(1 << 20)
+	_, err := c.Get(v, 4096, 1)
+	require.NoError(t, err)
+	runtime.GC()
+	require.NoError(t, v.Free())
+	require.Equal(t, 0, c.Stats().Entries)
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"weak"
 )
 
 // Combiner tells which constructor built a type, like MPI_Type_get_envelope.
@@ -56,7 +57,7 @@ type Type struct {
 	last   atomic.Pointer[countProg] // program of the last count used
 	freed  atomic.Bool
 	mu     sync.Mutex
-	caches map[*LayoutCache]struct{}
+	caches map[weak.Pointer[LayoutCache]]struct{} // caches holding entries of the type
 }
 
 var nextID atomic.Uint64
@@ -162,8 +163,10 @@ func (t *Type) Free() error {
 	}
 	t.mu.Lock()
 	caches := make([]*LayoutCache, 0, len(t.caches))
-	for c := range t.caches {
-		caches = append(caches, c)
+	for wc := range t.caches {
+		if c := wc.Value(); c != nil {
+			caches = append(caches, c)
+		}
 	}
 	t.caches = nil
 	t.mu.Unlock()
