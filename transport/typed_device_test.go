@@ -385,14 +385,7 @@ func TestTypedBufferLeftInFlight(t *testing.T) {
 // layout then goes through: the failed pack stream was replaced.
 func TestTypedBufferPackFault(t *testing.T) {
 	const chunk = 16 << 10
-	sys := hostSystem(t)
-	ts := chunkedJob(t, chunk)
-	ctx := testCtx(t)
-	vec, err := datatype.Vector(8192, 3, 5, datatype.Float64) // 192 KiB packed: 12 chunks
-	if err != nil {
-		t.Fatal(err)
-	}
-	size := int(vec.Extent())
+	sys, ts, ctx, vec, size := twelveChunkJob(t, chunk)
 	boom := errors.New("injected kernel fault")
 	faultPiece(t, false, 3*chunk, boom)
 	src, old := pattern(size, 71), pattern(size, 72)
@@ -446,14 +439,7 @@ func chunkedJob(t *testing.T, chunk int) []*Transport {
 // error, the receiver ErrWithdrawn, and the next transfer goes through.
 func TestTypedBufferLeftInFlightFault(t *testing.T) {
 	const chunk = 16 << 10
-	sys := hostSystem(t)
-	ts := chunkedJob(t, chunk)
-	ctx := testCtx(t)
-	vec, err := datatype.Vector(8192, 3, 5, datatype.Float64) // 192 KiB packed: 12 chunks
-	if err != nil {
-		t.Fatal(err)
-	}
-	size := int(vec.Extent())
+	sys, ts, ctx, vec, size := twelveChunkJob(t, chunk)
 	ended, cancel := context.WithCancel(ctx)
 	cancel()
 	boom := errors.New("injected kernel fault")
@@ -490,4 +476,19 @@ func TestTypedBufferLeftInFlightFault(t *testing.T) {
 	if !bytes.Equal(readDev(t, rb), typedWant(t, vec, vec, src, old)) {
 		t.Fatal("transfer after the faults: bytes differ")
 	}
+}
+
+// twelveChunkJob starts two local ranks packing typed transfers in chunks
+// of chunk bytes (chunkedJob), with the host gpu system opened first, and
+// returns a vector that packs into 12 such chunks of 16 KiB and its
+// extent.
+func twelveChunkJob(t *testing.T, chunk int) (*gpu.System, []*Transport, context.Context, *datatype.Type, int) {
+	t.Helper()
+	sys := hostSystem(t)
+	ts := chunkedJob(t, chunk)
+	vec, err := datatype.Vector(8192, 3, 5, datatype.Float64) // 192 KiB packed: 12 chunks of 16 KiB
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sys, ts, testCtx(t), vec, int(vec.Extent())
 }
