@@ -37,7 +37,8 @@ import (
 // the packed stream as contiguous bytes (Type datatype.Byte, Base 0, Count
 // its length), which the actor may unpack with any type of the same
 // signature. A signature mismatch makes the message undeliverable; by the
-// protocol the sender's Send fails too (transport.ErrTypeMismatch).
+// protocol the sender's Send fails too (transport.ErrTypeMismatch, or the
+// receiver's refusal for a hook's layout longer than the field).
 //
 // The elements may lie in device memory instead: Dev (any memory kind) in
 // place of Buf, the first element's origin at byte Base of Dev. The sender
@@ -411,8 +412,14 @@ func (rt *Runtime) receiveTyped(in *inPeer, m *transport.AMMessage, it *inItem, 
 	var xfer *transport.TypedTransfer
 	var stage *transport.TypedStage // a device layout's staging memory
 	if hooked {
+		// The transfer accepts a message whose signature is a prefix of
+		// the receive's (a smaller one it fails as a mismatch): a layout
+		// of more packed bytes than announced has another signature too,
+		// refused as the packed path refuses it.
 		var err error
-		if err = checkTyped(dst); err == nil && dst.onDevice() {
+		if size, serr := dst.Type.PackedSize(dst.Count); serr == nil && size > int64(n) {
+			err = fmt.Errorf("type signature mismatch: %d packed bytes announced, PostReceiveTyped's layout holds %d", n, size)
+		} else if err = checkTyped(dst); err == nil && dst.onDevice() {
 			// Into pinned memory as the layout's packed twin, each chunk
 			// unpacked into the device as it lands.
 			if stage, err = rt.t.StageTyped(dst.Dev, dst.Type, dst.Base, dst.Count); err == nil {

@@ -404,3 +404,40 @@ func patterned(n, mul, add int) []byte {
 	}
 	return b
 }
+
+// A hook whose Typed holds more elements than came (the sender's
+// signature is a prefix of the hook's) is a signature mismatch on both
+// paths: the message is not delivered, the requester hears of it, and the
+// next message arrives intact. By the protocol it was delivered with the
+// hook's longer field, only its first half filled, and nobody told.
+func TestTypedFieldLongerHook(t *testing.T) {
+	for _, path := range typedPaths {
+		t.Run(path.name, func(t *testing.T) {
+			rts := startLocalWith(t, 2, Options{TypedDirectMin: path.min})
+			const rows = 512
+			sink := &faceSink{
+				dst:  Typed{Buf: make([]byte, 2*rows*8), Type: datatype.Float64, Count: 2 * rows},
+				seen: make(chan face, 2),
+			}
+			if _, err := rts[1].Root().SpawnNamed(rts[1].Props(func() pa.Actor { return sink }), "faces"); err != nil {
+				t.Fatal(err)
+			}
+			target := rts[0].PID(1, "faces")
+			src := patterned(rows*300*8, 7, 1)
+			msg := &face{Step: 1, Col: Typed{Buf: src, Type: gridColumn(t, rows, 300), Base: 5 * 8, Count: 1}}
+			if _, err := rts[0].Request(target, msg, 10*time.Second); err == nil {
+				f := <-sink.seen
+				t.Fatalf("a field of %d elements was delivered into a hook's of %d (Count %d)", rows, 2*rows, f.Col.Count)
+			}
+			// The next message, kept packed, arrives intact.
+			sink.dst = Typed{}
+			msg.Step = 2
+			if _, err := rts[0].Request(target, msg, 10*time.Second); err != nil {
+				t.Fatal(err)
+			}
+			if f := <-sink.seen; f.Step != 2 || len(f.Col.Buf) != rows*8 {
+				t.Fatalf("the next message: step %d, %d bytes", f.Step, len(f.Col.Buf))
+			}
+		})
+	}
+}
