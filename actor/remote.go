@@ -234,6 +234,13 @@ func (rt *Runtime) post(r int, target *pa.PID, msg any, sender *pa.PID, flags ui
 	if reused && unsafe.SliceData(b) == unsafe.SliceData(start) {
 		rt.stats.LargeReused.Add(1)
 	}
+	if direct != nil && rt.t.InHandler() {
+		// An actor running inline in the transport's handler could not
+		// run the transfer: refused before the message and its
+		// transfer's place go out, which would leave the receiver waiting
+		// for it and every later message from this rank behind it.
+		return nil, fmt.Errorf("actor: sending %s to %s: its Typed field: %w", ct.name, target, transport.ErrInHandler)
+	}
 	out := rt.out[r]
 	cost := rt.cost(len(body) + e.PayloadLen)
 	if dev != nil {

@@ -441,3 +441,44 @@ func TestTypedFieldLongerHook(t *testing.T) {
 		})
 	}
 }
+
+// An actor that runs inline on the progress goroutine (synchronized
+// dispatcher) and sends a Typed field that goes by the protocol cannot
+// wait for the transfer there: its Send fails, and the typed transfers to
+// that rank stay in step, so the next one arrives. Before, the message and
+// its transfer's number went out, the transfer never ran, and every later
+// message from that rank waited behind it for good.
+func TestTypedFieldSentInline(t *testing.T) {
+	rts := startLocalWith(t, 2, Options{TypedDirectMin: 1})
+	const rows = 512
+	sink := &faceSink{seen: make(chan face, 2)}
+	if _, err := rts[1].Root().SpawnNamed(rts[1].Props(func() pa.Actor { return sink }), "faces"); err != nil {
+		t.Fatal(err)
+	}
+	target := rts[0].PID(1, "faces")
+	src := patterned(rows*300*8, 7, 1)
+	msg := &face{Step: 1, Col: Typed{Buf: src, Type: gridColumn(t, rows, 300), Base: 5 * 8, Count: 1}}
+	sendErr := make(chan error, 1)
+	props := rts[0].PropsFromFunc(func(c pa.Context) {
+		if _, ok := c.Message().(*ping); ok {
+			sendErr <- rts[0].Send(target, msg)
+		}
+	}, pa.WithDispatcher(pa.NewSynchronizedDispatcher(300)))
+	if _, err := rts[0].Root().SpawnNamed(props, "inline"); err != nil {
+		t.Fatal(err)
+	}
+	// From rank 1, so that rank 0's progress goroutine delivers it.
+	if err := rts[1].Send(rts[1].PID(0, "inline"), &ping{N: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-sendErr; err == nil {
+		<-sink.seen // went after all
+	}
+	msg.Step = 2
+	if _, err := rts[0].Request(target, msg, 10*time.Second); err != nil {
+		t.Fatalf("the next Typed field: %v", err)
+	}
+	if f := <-sink.seen; f.Step != 2 || len(f.Col.Buf) != rows*8 {
+		t.Fatalf("the next message: step %d, %d bytes", f.Step, len(f.Col.Buf))
+	}
+}

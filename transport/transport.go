@@ -659,6 +659,11 @@ func (t *Transport) wake() {
 	}
 }
 
+// InHandler reports whether the caller runs inside an active-message
+// handler, where every wait fails with ErrInHandler: a runtime checks it
+// before it commits to an operation it would then have to wait for.
+func (t *Transport) InHandler() bool { return t.handling.Load() && onHandlerStack() }
+
 // waitInHandler refuses a wait made by an active-message handler (see
 // AMHandler): the goroutine running it is the one that would have to
 // progress the worker, and it holds the delivery lock that progress takes.
