@@ -197,12 +197,7 @@ func TestCUDAIPCReopenWhileClosing(t *testing.T) {
 }
 
 func TestCUDAIPCReopenWhileClosingChild(t *testing.T) {
-	s := fakeDriverSystem(t)
-	d := s.Devices()[0]
-	src, err := d.Alloc(1 << 16)
-	require.NoError(t, err)
-	h, err := s.IPCGetHandle(src)
-	require.NoError(t, err)
+	s, d, h := exportedAlloc(t)
 	m, err := d.IPCOpen(h)
 	require.NoError(t, err)
 
@@ -239,12 +234,7 @@ func TestCUDAIPCOpenConcurrent(t *testing.T) {
 }
 
 func TestCUDAIPCOpenConcurrentChild(t *testing.T) {
-	s := fakeDriverSystem(t)
-	d := s.Devices()[0]
-	src, err := d.Alloc(1 << 16)
-	require.NoError(t, err)
-	h, err := s.IPCGetHandle(src)
-	require.NoError(t, err)
+	s, d, h := exportedAlloc(t)
 	for i := range 200 {
 		var wg sync.WaitGroup
 		var bufs [4]Buffer
@@ -268,4 +258,17 @@ func TestCUDAIPCOpenConcurrentChild(t *testing.T) {
 		}
 		require.Zero(t, s.IPCStats().Open)
 	}
+}
+
+// exportedAlloc opens the fake driver's system and returns it, its first
+// device and the IPC handle of 64 KiB allocated there.
+func exportedAlloc(t *testing.T) (*System, *Device, IPCHandle) {
+	t.Helper()
+	s := fakeDriverSystem(t)
+	d := s.Devices()[0]
+	src, err := d.Alloc(1 << 16)
+	require.NoError(t, err)
+	h, err := s.IPCGetHandle(src)
+	require.NoError(t, err)
+	return s, d, h
 }
