@@ -146,12 +146,21 @@ func TestSendFailsAtOnce(t *testing.T) {
 // closes itself), all at once, as the ranks of a job do.
 func runtimesOn(ctx context.Context, t *testing.T, ts []*transport.Transport) []*Runtime {
 	t.Helper()
+	return runtimesWith(ctx, t, ts, func(int) Options { return Options{} })
+}
+
+// runtimesWith is runtimesOn with rank r's options opts(r) (its Transport
+// is set to ts[r]).
+func runtimesWith(ctx context.Context, t *testing.T, ts []*transport.Transport, opts func(r int) Options) []*Runtime {
+	t.Helper()
 	rts := make([]*Runtime, len(ts))
 	errs := make(chan error, len(ts))
 	for i := range ts {
 		go func() {
 			var err error
-			rts[i], err = Init(ctx, Options{Transport: ts[i]})
+			o := opts(i)
+			o.Transport = ts[i]
+			rts[i], err = Init(ctx, o)
 			errs <- err
 		}()
 	}

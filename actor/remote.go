@@ -242,9 +242,9 @@ func (rt *Runtime) post(r int, target *pa.PID, msg any, sender *pa.PID, flags ui
 		return nil, fmt.Errorf("actor: sending %s to %s: its Typed field: %w", ct.name, target, transport.ErrInHandler)
 	}
 	out := rt.out[r]
-	cost := rt.cost(len(body) + e.PayloadLen)
+	cost := creditCost(len(body)+e.PayloadLen, out.window)
 	if dev != nil {
-		cost = rt.cost(len(body) + len(data)) // the receiver's memory holds the descriptor at most
+		cost = creditCost(len(body)+len(data), out.window) // the receiver's memory holds the descriptor at most
 	}
 	if e.Flags&flagNoCredit == 0 {
 		if err := out.acquire(cost, &rt.stats); err != nil {
@@ -373,15 +373,20 @@ func putSendBuf(b *[]byte) {
 	sendBufs.Put(b)
 }
 
-// cost is a message's price in credit units: 1 plus 1 per CreditBytes,
-// capped so that any message fits in a quarter of the window.
-func (rt *Runtime) cost(n int) int {
-	return min(1+n/CreditBytes, rt.credits/4)
+// creditCost is the price in credit units of a message of n bytes to a rank
+// whose window is window: 1 plus 1 per CreditBytes, capped so that any
+// message fits in a quarter of the window. Sender and receiver compute it
+// with the receiver's window (Options.Credits of the receiving rank).
+func creditCost(n, window int) int {
+	return min(1+n/CreditBytes, window/4)
 }
 
 // outPeer holds the eager credits for sending to one rank.
 type outPeer struct {
 	orderMu sync.Mutex // orders messages with Typed transfers or pair channel sends (send)
+	// window is the receiving rank's Options.Credits, learnt at start
+	// (fixed after it): what the rank accepts from this one.
+	window  int
 	mu      sync.Mutex
 	avail   int
 	err     error         // set when sends to the rank can no longer succeed
@@ -409,8 +414,10 @@ func (o *outPeer) sparse(n, eagerMax int, now int64) bool {
 	return n <= eagerMax && now-last >= int64(EagerGap)
 }
 
-func newOutPeer(credits int) *outPeer {
-	return &outPeer{avail: credits, changed: make(chan struct{})}
+// newOutPeer returns the credits for sending to a rank whose window is
+// window.
+func newOutPeer(window int) *outPeer {
+	return &outPeer{window: window, avail: window, changed: make(chan struct{})}
 }
 
 // acquire takes n credits, blocking while the peer has not processed
@@ -478,7 +485,7 @@ func (o *outPeer) lostErr() error {
 func (rt *Runtime) onCredit(m *transport.AMMessage) {
 	r := &wireReader{b: m.Header}
 	src, n := r.uint(), r.uint()
-	if r.err != nil || src >= uint64(rt.size) || n > uint64(rt.credits) {
+	if r.err != nil || src >= uint64(rt.size) || n > uint64(rt.out[src].window) {
 		rt.stats.DecodeErrors.Add(1)
 		rt.log.Warn("malformed credit message", zap.Binary("header", m.Header))
 		return
@@ -638,9 +645,9 @@ func (rt *Runtime) onMessage(m *transport.AMMessage) {
 	if e.TargetReq == 0 {
 		it.target = rt.targets.last
 	}
-	it.cost = rt.cost(m.Size + len(e.Body))
+	it.cost = creditCost(m.Size+len(e.Body), rt.credits)
 	if e.Flags&flagTypedXfer != 0 {
-		it.cost = rt.cost(e.PayloadLen + len(e.Body))
+		it.cost = creditCost(e.PayloadLen+len(e.Body), rt.credits)
 	}
 	if e.Flags&flagNoCredit != 0 {
 		it.cost = 0

@@ -2,6 +2,7 @@ package actor
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -71,6 +72,8 @@ type Options struct {
 	// Credits is the per-peer eager credit window (default DefaultCredits).
 	// It bounds what a receiving rank holds for messages its actors have not
 	// processed yet: about Credits x CreditBytes bytes per sending rank.
+	// Ranks may use different windows: each sends to a rank within that
+	// rank's window (learnt at start). Values below 4 count as 4.
 	Credits int
 	// Log receives the runtime's logs and protoactor's (nil: TROUPE_LOG).
 	Log *zap.Logger
@@ -388,7 +391,7 @@ func start(ctx context.Context, t *transport.Transport, opts Options) (*Runtime,
 		rt.credits = DefaultCredits
 	}
 	_ = rt.SetTypedTransfer(opts.TypedDirectMin, opts.TypedScheme) // checked above
-	rt.credits = max(rt.credits, 4)
+	rt.credits = min(max(rt.credits, 4), math.MaxInt32)
 	rt.pairs.min = pairMin()
 	rt.amMode = transport.AMAuto | transport.AMPull
 	if opts.SenderDriven || os.Getenv(EnvActorPull) == "off" {
@@ -473,7 +476,13 @@ func start(ctx context.Context, t *transport.Transport, opts Options) (*Runtime,
 	lost := t.PeerLost()
 	rt.bg.Add(1)
 	go rt.watchPeers(lost)
-	if err := t.Bootstrap().Barrier(ctx, "troupe.actor.init"); err != nil {
+	// The ranks tell each other their credit windows (and wait for each
+	// other): a rank sends to another within the receiver's window.
+	windows, err := t.Bootstrap().AllGather(ctx, "troupe.actor.init", binary.LittleEndian.AppendUint64(nil, uint64(rt.credits)))
+	if err == nil {
+		err = rt.setWindows(windows)
+	}
+	if err != nil {
 		rt.abortStart()
 		return nil, fmt.Errorf("actor: waiting for the other ranks: %w", err)
 	}
@@ -485,6 +494,28 @@ func start(ctx context.Context, t *transport.Transport, opts Options) (*Runtime,
 	}
 	rt.log.Debug("actor runtime started", zap.Int("size", rt.size))
 	return rt, nil
+}
+
+// setWindows sets the credit window of sends to each rank from the
+// ranks' Options.Credits, as gathered at start (8 bytes each).
+func (rt *Runtime) setWindows(windows [][]byte) error {
+	if len(windows) != rt.size {
+		return fmt.Errorf("credit windows of %d ranks gathered, want %d", len(windows), rt.size)
+	}
+	for r, b := range windows {
+		if len(b) != 8 {
+			return fmt.Errorf("rank %d's credit window is %d bytes long, want 8", r, len(b))
+		}
+		w := binary.LittleEndian.Uint64(b)
+		if w < 4 || w > math.MaxInt32 {
+			return fmt.Errorf("rank %d's credit window %d is out of range", r, w)
+		}
+		o := rt.out[r]
+		o.mu.Lock()
+		o.window, o.avail = int(w), int(w) // nothing was sent yet
+		o.mu.Unlock()
+	}
+	return nil
 }
 
 // abortStart stops what start started, for a start that fails at its end.
