@@ -521,8 +521,9 @@ func startCMASend(t *Transport, r *Request) {
 	t.bundleFlush(r.peer) // posts before this send leave before it
 	encodeDesc(c.desc[:], uint64(uintptr(r.b.Ptr)), uint64(r.b.Len), c.id)
 	r.cma = c
-	ureq, err := t.w.TagSend(p.ep, ucx.Buffer{Ptr: unsafe.Pointer(&c.desc[0]), Len: cmaDescSize}, wire|cmaBit)
+	ureq, err := t.postUserSend(p, r, ucx.Buffer{Ptr: unsafe.Pointer(&c.desc[0]), Len: cmaDescSize}, wire|cmaBit)
 	if err != nil {
+		t.unsend(r, wire)
 		t.fail(r, fmt.Errorf("transport: send to rank %d tag %d: %w", r.peer, r.tag, err))
 		return
 	}

@@ -77,8 +77,22 @@ func startSend(t *Transport, r *Request) {
 	if !ok {
 		return
 	}
-	ureq, err := t.w.TagSend(p.ep, r.b, wire)
+	ureq, err := t.postUserSend(p, r, r.b, wire)
+	if err != nil {
+		t.unsend(r, wire)
+	}
 	t.settle(r, ureq, err)
+}
+
+// postUserSend posts a USER tagged send of b for r to p under wire; the
+// worker lock is held.
+func (t *Transport) postUserSend(p *peer, r *Request, b ucx.Buffer, wire uint64) (ucx.Request, error) {
+	if f := t.sendPostFault; f != nil {
+		if err := f(r.peer, r.tag); err != nil {
+			return ucx.Request{}, err
+		}
+	}
+	return t.w.TagSend(p.ep, b, wire)
 }
 
 // sendTo connects to r's peer and takes the next sequence number for r's
@@ -94,6 +108,20 @@ func (t *Transport) sendTo(r *Request) (*peer, uint64, bool) {
 	seq := t.sendSeq[key]
 	t.sendSeq[key] = (seq + 1) & userSeqMask
 	return p, MakeUserTag(uint32(t.rank), uint16(r.tag), seq), true
+}
+
+// unsend gives back the sequence number of wire, which a send of r took
+// from sendTo, when the send's post failed at once: nothing went out under
+// it, so the next send to r's (peer, tag) takes it and the peer's receives,
+// which match exact sequence numbers, see no gap. The number was taken and
+// the post failed under one hold of the worker lock, so no later number
+// has been handed out. The worker lock is held.
+func (t *Transport) unsend(r *Request, wire uint64) {
+	key := seqKey{r.peer, r.tag}
+	_, _, seq := SplitUserTag(wire)
+	if t.sendSeq[key] == (seq+1)&userSeqMask {
+		t.sendSeq[key] = seq
+	}
 }
 
 // Send sends buf to rank dst with a user tag and waits until buf may be reused.

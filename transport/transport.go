@@ -287,6 +287,10 @@ type Transport struct {
 	paceNaps  atomic.Int64 // naps taken pacing (tests)
 	loopDone  chan struct{}
 	closeDone chan struct{} // closed when the first Close returns
+	// sendPostFault, set by tests only (the lock guards it), is asked
+	// before a USER tagged send or CMA descriptor is posted; an error it
+	// returns stands for the post's own failure at that instant.
+	sendPostFault func(dst, tag int) error
 	// eventsLost: the shim reported an event lost for lack of memory
 	// (logged once); the lock guards it.
 	eventsLost bool
