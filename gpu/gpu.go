@@ -439,6 +439,21 @@ func (d *Device) MemInfo() (free, total uint64, err error) {
 	return d.sys.be.memInfo(d.ord)
 }
 
+// LiveAllocs returns the number of allocations of this device's memory
+// (Alloc, AllocManaged; not IPC mappings) not yet freed: a leak check for
+// code that allocates device memory on its users' behalf.
+func (d *Device) LiveAllocs() int {
+	d.sys.mu.Lock()
+	defer d.sys.mu.Unlock()
+	n := 0
+	for _, a := range d.sys.reg.allocs {
+		if a.dev == d && !a.ipc && (a.kind == KindDevice || a.kind == KindManaged) {
+			n++
+		}
+	}
+	return n
+}
+
 // Alloc allocates n bytes of device memory.
 func (d *Device) Alloc(n int) (Buffer, error) { return d.alloc(n, KindDevice) }
 

@@ -609,3 +609,23 @@ func TestHostPoolFailedAllocWakesGetWait(t *testing.T) {
 	}
 	require.NoError(t, <-closed)
 }
+
+// TestLiveAllocs: Device.LiveAllocs counts the device's Alloc and
+// AllocManaged allocations until they are freed, not pinned host memory.
+func TestLiveAllocs(t *testing.T) {
+	s := openHost(t)
+	d, err := s.Device(0)
+	require.NoError(t, err)
+	assert.Equal(t, 0, d.LiveAllocs())
+	a, err := d.Alloc(64)
+	require.NoError(t, err)
+	m, err := d.AllocManaged(64)
+	require.NoError(t, err)
+	h, err := s.AllocHost(64)
+	require.NoError(t, err)
+	assert.Equal(t, 2, d.LiveAllocs())
+	require.NoError(t, Free(a))
+	require.NoError(t, Free(m))
+	require.NoError(t, Free(h))
+	assert.Equal(t, 0, d.LiveAllocs())
+}
