@@ -173,16 +173,22 @@ func goroutineID() uint64 {
 	return id
 }
 
-// deferredMiddleware completes deferred messages before the actor's
-// receive (and any middleware of the user's) sees them.
+// deferredMiddleware completes deferred messages, and takes device
+// messages out of their landedDevice, before the actor's receive (and any
+// middleware of the user's) sees them.
 func deferredMiddleware(next pa.ReceiverFunc) pa.ReceiverFunc {
 	return func(c pa.ReceiverContext, env *pa.MessageEnvelope) {
-		d, ok := env.Message.(*deferredData)
-		if !ok {
+		var msg any
+		var ok bool
+		switch m := env.Message.(type) {
+		case *deferredData:
+			msg, ok = m.complete(env.Sender)
+		case *landedDevice:
+			msg, ok = m.take()
+		default:
 			next(c, env)
 			return
 		}
-		msg, ok := d.complete(env.Sender)
 		if !ok {
 			return
 		}

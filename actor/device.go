@@ -3,6 +3,7 @@ package actor
 import (
 	"fmt"
 	"reflect"
+	"sync/atomic"
 
 	"github.com/troupe-hpc/troupe/gpu"
 )
@@ -78,6 +79,36 @@ func (rt *Runtime) deviceLanding(it *inItem, size int) (gpu.Buffer, bool, error)
 	}
 	b, err := dev.Alloc(size)
 	return b, err == nil, err
+}
+
+// landedDevice is a message whose gpu.Buffer field landed in device memory
+// the runtime allocated, on its way through its actor's mailbox (the
+// runtime's Props). The receiver middleware hands the message to the actor,
+// which then owns the memory; a message the actor never takes (it stopped
+// first, and protoactor drops what is left in its mailbox) has that memory
+// freed by the mailbox's middleware, as deferred data is dropped.
+type landedDevice struct {
+	msg   any
+	buf   gpu.Buffer
+	taken atomic.Bool // the actor took it, or it was dropped
+}
+
+// take returns the message for the actor, or false if it was dropped.
+func (l *landedDevice) take() (any, bool) {
+	if l.taken.Swap(true) {
+		return nil, false
+	}
+	return l.msg, true
+}
+
+// drop frees the device memory of a message its actor never took; it
+// reports false if the actor had taken it.
+func (l *landedDevice) drop() bool {
+	if l.taken.Swap(true) {
+		return false
+	}
+	_ = gpu.Free(l.buf)
+	return true
 }
 
 // device returns the runtime's GPU device (Options.Device, else device 0 of

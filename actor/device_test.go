@@ -3,6 +3,7 @@ package actor
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -256,5 +257,112 @@ func TestDeviceMessageToNoActorFreed(t *testing.T) {
 			t.Fatalf("%d bytes: no dead letter on the receiving rank", n)
 		}
 		rts[1].System().EventStream.Unsubscribe(sub)
+	}
+}
+
+// gatedSink reports the first halo it takes and waits for release before
+// it returns; with dst set, faces land there (its PostReceiveDevice hook).
+type gatedSink struct {
+	dst     gpu.Buffer
+	got     chan halo
+	release chan struct{}
+}
+
+func (g *gatedSink) PostReceiveDevice(*Incoming) gpu.Buffer { return g.dst }
+
+func (g *gatedSink) Receive(c pa.Context) {
+	if h, ok := c.Message().(*halo); ok {
+		g.got <- *h
+		<-g.release
+	}
+}
+
+// TestDeviceMessageDroppedByStoppedActorFreed: a device message still in
+// the mailbox of an actor that stops is dropped, and the device memory the
+// runtime allocated for its bytes is freed (it was held for ever: nobody
+// owned it). Memory a PostReceiveDevice hook named is the hook's and is not
+// touched. Both paths: in the message, and on the pair channel.
+func TestDeviceMessageDroppedByStoppedActorFreed(t *testing.T) {
+	dev := hostDevice(t)
+	rts := startLocalWith(t, 2, Options{Device: dev})
+	for _, n := range []int{100, 256 << 10} { // in the message; pair channel
+		for _, hooked := range []bool{false, true} {
+			name := fmt.Sprintf("gated-%d-%v", n, hooked)
+			g := &gatedSink{got: make(chan halo, 2), release: make(chan struct{})}
+			if hooked {
+				var err error
+				if g.dst, err = dev.Alloc(n); err != nil {
+					t.Fatal(err)
+				}
+			}
+			pid, err := rts[1].Root().SpawnNamed(rts[1].Props(func() pa.Actor { return g }), name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var mbox *mailbox
+			waitFor(t, func() bool {
+				if v, ok := rts[1].local.Load(name); ok {
+					mbox = v.(*localActor).run.mbox.Load()
+				}
+				return mbox != nil
+			})
+			src, err := dev.Alloc(n)
+			if err != nil {
+				t.Fatal(err)
+			}
+			to := rts[0].PID(1, name)
+			if err := rts[0].Send(to, &halo{Iter: 1, Face: src}); err != nil {
+				t.Fatal(err)
+			}
+			var first halo
+			select {
+			case first = <-g.got:
+			case <-time.After(10 * time.Second):
+				t.Fatalf("%s: the first message did not arrive", name)
+			}
+			if !hooked {
+				// The actor's to free, as any message it takes.
+				if err := gpu.Free(first.Face); err != nil {
+					t.Fatal(err)
+				}
+			}
+			base := dev.LiveAllocs()
+			// The actor is busy with the first message: the device message
+			// waits in its mailbox, and a ping behind it.
+			if err := rts[0].Send(to, &halo{Iter: 2, Face: src}); err != nil {
+				t.Fatal(err)
+			}
+			if err := rts[0].Send(to, &ping{N: 3}); err != nil {
+				t.Fatal(err)
+			}
+			waitFor(t, func() bool { return mbox.userPending() == 2 })
+			want := base + 1 // its landing, allocated by the runtime
+			if hooked {
+				want = base
+			}
+			if got := dev.LiveAllocs(); got != want {
+				t.Fatalf("%s: %d live device allocations with the message queued, want %d", name, got, want)
+			}
+			// Stop overtakes the queued messages (a system message); the
+			// stopped actor drops them. The ping taken means the device
+			// message before it was dropped.
+			rts[1].Root().Stop(pid)
+			close(g.release)
+			waitFor(t, func() bool { return mbox.userPending() == 0 })
+			select {
+			case h := <-g.got:
+				t.Fatalf("%s: the stopped actor took message %d", name, h.Iter)
+			default:
+			}
+			if got := dev.LiveAllocs(); got != base {
+				t.Fatalf("%s: %d live device allocations after the actor dropped the message, want %d (its runtime-allocated device buffer is still held)", name, got, base)
+			}
+			if hooked && g.dst.Freed() {
+				t.Fatalf("%s: the hook's device buffer was freed", name)
+			}
+			if err := gpu.Free(src); err != nil {
+				t.Fatal(err)
+			}
+		}
 	}
 }

@@ -110,12 +110,11 @@ func (m *creditMiddleware) MailboxEmpty()     {}
 func (m *creditMiddleware) MessageReceived(msg any) {
 	env, ok := msg.(*pa.MessageEnvelope)
 	if !ok {
+		// A message posted without an envelope (no credits, no sender).
+		m.dropUntaken(msg)
 		return
 	}
-	if d, ok := env.Message.(*deferredData); ok && d.drop() {
-		// The actor stopped before it took the message.
-		m.rt.stats.DeadLetters.Add(1)
-	}
+	m.dropUntaken(env.Message)
 	if env.Header == nil {
 		return
 	}
@@ -139,4 +138,20 @@ func (m *creditMiddleware) MessageReceived(msg any) {
 		return
 	}
 	m.rt.in[r].credit(n)
+}
+
+// dropUntaken drops what the runtime holds for a message its actor stopped
+// before taking: the data of a deferred message, the device memory of a
+// landed device message.
+func (m *creditMiddleware) dropUntaken(msg any) {
+	switch d := msg.(type) {
+	case *deferredData:
+		if d.drop() {
+			m.rt.stats.DeadLetters.Add(1)
+		}
+	case *landedDevice:
+		if d.drop() {
+			m.rt.stats.DeadLetters.Add(1)
+		}
+	}
 }

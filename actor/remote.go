@@ -951,6 +951,11 @@ func (rt *Runtime) deliver(it *inItem) {
 		return
 	}
 	rt.answered(e.Target)
+	if tracked && !it.landed.IsZero() {
+		// The actor owns the memory once it takes the message; if it
+		// stops first, the mailbox frees it (landedDevice).
+		msg = &landedDevice{msg: msg, buf: it.landed}
+	}
 	var hdr map[string]string
 	if !tracked || it.cost == 0 {
 		in.credit(it.cost)
