@@ -71,16 +71,28 @@ func newMailbox(rt *Runtime, middlewares ...pa.MailboxMiddleware) pa.MailboxProd
 // PostUserMessage queues a user message and schedules the mailbox. As in
 // protoactor's mailbox, the messages of a MessageBatch are posted one by
 // one before the batch itself.
+//
+// Messages from other ranks come through deliver: an envelope posted here
+// that carries a credit header is a copy of one already delivered
+// (Context.Forward to an actor of this rank passes the envelope itself),
+// and is queued as a new envelope whose header keeps the source rank but
+// not the credits, which the delivered message's mailbox returns (before,
+// both mailboxes returned them, and the sender's window grew).
 func (m *mailbox) PostUserMessage(message any) {
 	if b, ok := message.(pa.MessageBatch); ok {
 		for _, msg := range b.GetMessages() {
 			m.PostUserMessage(msg)
 		}
 	}
-	if env, ok := message.(*pa.MessageEnvelope); ok {
+	if env, ok := message.(*pa.MessageEnvelope); ok && env != nil {
 		if b, ok := env.Message.(pa.MessageBatch); ok {
 			for _, msg := range b.GetMessages() {
 				m.PostUserMessage(msg)
+			}
+		}
+		if env.Header != nil && m.rt != nil {
+			if h, ok := m.rt.uncredited(env.Header); ok {
+				message = &pa.MessageEnvelope{Header: h, Message: env.Message, Sender: env.Sender}
 			}
 		}
 	}
@@ -93,6 +105,18 @@ func (m *mailbox) PostUserMessage(message any) {
 		return
 	}
 	m.post(message, false)
+}
+
+// deliver queues env, a message the runtime received from another rank
+// (Runtime.deliver): the only way in for a credit header, whose credits
+// creditMiddleware returns once the actor has processed the message.
+func (m *mailbox) deliver(env *pa.MessageEnvelope) {
+	if b, ok := env.Message.(pa.MessageBatch); ok {
+		for _, msg := range b.GetMessages() {
+			m.PostUserMessage(msg)
+		}
+	}
+	m.post(env, false)
 }
 
 // PostSystemMessage queues a system message and schedules the mailbox.
@@ -130,6 +154,9 @@ func (m *mailbox) RegisterHandlers(invoker pa.MessageInvoker, dispatcher pa.Disp
 	}
 	if v, ok := m.rt.local.Load(c.Self().Id); ok {
 		v.(*localActor).run.mbox.Store(m)
+		// A delivery may have cached the record without its mailbox
+		// (localTarget): it looks again, and posts here (deliver).
+		m.rt.localEpoch.Add(1)
 	}
 }
 

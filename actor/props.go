@@ -101,7 +101,10 @@ func (rt *Runtime) trackLocal(pid *pa.PID, a pa.Actor, run *actorRun) {
 	rt.localEpoch.Add(1) // a new instance, maybe with other hooks
 }
 
-// creditMiddleware returns credits after an actor processes a remote message.
+// creditMiddleware returns credits after an actor processes a remote
+// message. Only mailbox.deliver posts an envelope with a credit header:
+// a forwarded copy has none (mailbox.PostUserMessage), so a message's
+// credits come back once.
 type creditMiddleware struct{ rt *Runtime }
 
 func (m *creditMiddleware) MailboxStarted()   {}
@@ -154,4 +157,27 @@ func (m *creditMiddleware) dropUntaken(msg any) {
 			m.rt.stats.DeadLetters.Add(1)
 		}
 	}
+}
+
+// uncredited returns header h without its credits, and whether it had
+// any: the header of a copy of a delivered message, which must not return
+// the sender's credits a second time. A credit header from a rank becomes
+// that rank's srcHdr; any other header with a cost is copied without it.
+func (rt *Runtime) uncredited(h map[string]string) (map[string]string, bool) {
+	if in := rt.unitHdrs[reflect.ValueOf(h).UnsafePointer()]; in != nil {
+		return in.srcHdr, true
+	}
+	if _, ok := h[headerCost]; !ok {
+		return h, false
+	}
+	if r, err := strconv.Atoi(h[HeaderSourceRank]); err == nil && r >= 0 && r < rt.size && len(h) == 2 {
+		return rt.in[r].srcHdr, true
+	}
+	c := make(map[string]string, len(h))
+	for k, v := range h {
+		if k != headerCost {
+			c[k] = v
+		}
+	}
+	return c, true
 }

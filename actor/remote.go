@@ -505,6 +505,9 @@ type inPeer struct {
 	rank  int
 	hdr   map[string]string // the credit header of a one-unit message
 	batch int64             // credits returned in one message
+	// srcHdr is the header of a copy of a message from the rank: its
+	// source, no credits (mailbox.PostUserMessage).
+	srcHdr map[string]string
 	// costHdrs are the credit headers of messages of up to
 	// len(costHdrs)-1 units, made at first use (costHdr).
 	costHdrs [maxSharedCost + 1]atomic.Pointer[map[string]string]
@@ -522,7 +525,8 @@ type inPeer struct {
 func newInPeer(rt *Runtime, r int) *inPeer {
 	return &inPeer{
 		rt: rt, rank: r, batch: int64(rt.credits / 4),
-		hdr: map[string]string{HeaderSourceRank: strconv.Itoa(r), headerCost: "1"},
+		hdr:    map[string]string{HeaderSourceRank: strconv.Itoa(r), headerCost: "1"},
+		srcHdr: map[string]string{HeaderSourceRank: strconv.Itoa(r)},
 	}
 }
 
@@ -957,11 +961,20 @@ func (rt *Runtime) deliver(it *inItem) {
 		msg = &landedDevice{msg: msg, buf: it.landed}
 	}
 	var hdr map[string]string
-	if !tracked || it.cost == 0 {
+	switch {
+	case !tracked || it.cost == 0:
 		in.credit(it.cost)
-	} else {
+	case lt.mbox == nil:
+		// The runtime's actor, its mailbox not yet registered (the
+		// message came during its spawn): posted through its process,
+		// the message would lose its credit header (PostUserMessage
+		// strips it from copies), so its credits come back now.
+		in.credit(it.cost)
+		hdr = in.srcHdr
+	default:
 		// The target's mailbox returns the credits once the actor has
-		// processed the message (creditMiddleware).
+		// processed the message (creditMiddleware); only this delivery
+		// carries them (mailbox.deliver).
 		hdr = in.costHdr(it.cost)
 	}
 	if hdr == nil && sender == nil {
@@ -975,7 +988,7 @@ func (rt *Runtime) deliver(it *inItem) {
 	*env = pa.MessageEnvelope{Header: hdr, Message: msg, Sender: sender}
 	if lt.mbox != nil {
 		// What proc.SendUserMessage does, without reading proc.
-		lt.mbox.PostUserMessage(env)
+		lt.mbox.deliver(env)
 		return
 	}
 	proc.SendUserMessage(target, env)
