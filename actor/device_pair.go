@@ -204,8 +204,11 @@ func (rt *Runtime) receiveDevicePair(in *inPeer, m *transport.AMMessage, it *inI
 			return
 		}
 	}
-	in.await(it, func(ctx context.Context) (transport.Status, error) {
-		return transport.Status{}, cr.Wait(ctx)
+	// Not await's context: a channel transfer cannot be recalled, and its
+	// memory (freed below on failure) would stay in use; Shutdown waits
+	// for it without a bound.
+	in.await(it, func(context.Context) (transport.Status, error) {
+		return transport.Status{}, cr.Wait(context.Background())
 	}, func(_ transport.Status, werr error) {
 		it.ready = true
 		switch {

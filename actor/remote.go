@@ -761,7 +761,9 @@ func (rt *Runtime) receiveData(in *inPeer, m *transport.AMMessage, it *inItem, c
 
 // await queues it behind the messages before it and, in a goroutine, waits
 // for its data (wait), lands it (land, with in.mu held) and delivers what
-// is ready.
+// is ready. wait's context is the runtime's recvCtx: Shutdown cancels it
+// when its own context ends first, and a wait that ends so counts as
+// abandoned.
 func (in *inPeer) await(it *inItem, wait func(context.Context) (transport.Status, error), land func(transport.Status, error)) {
 	in.mu.Lock()
 	in.q = append(in.q, it)
@@ -769,7 +771,12 @@ func (in *inPeer) await(it *inItem, wait func(context.Context) (transport.Status
 	in.pending.Add(1)
 	go func() {
 		defer in.pending.Done()
-		st, err := wait(context.Background())
+		ctx := in.rt.recvCtx
+		st, err := wait(ctx)
+		if err != nil && ctx.Err() != nil && errors.Is(err, context.Canceled) {
+			in.rt.abandoned.Add(1)
+			err = fmt.Errorf("abandoned at Shutdown: %w", err)
+		}
 		in.mu.Lock()
 		defer in.mu.Unlock()
 		land(st, err)

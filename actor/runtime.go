@@ -30,6 +30,23 @@ import (
 // ErrClosed is returned by calls on a runtime that has shut down.
 var ErrClosed = errors.New("actor: runtime shut down")
 
+// ShutdownError is Shutdown's error when its context ended while the data
+// of messages already received was still on its way (a transfer a faulty
+// peer announced and never sent): Shutdown cancelled those receives, and
+// their messages went to the dead letters as undeliverable.
+type ShutdownError struct {
+	Abandoned int   // transfers given up
+	Err       error // the context's error
+}
+
+// Error says how many transfers were abandoned, and why.
+func (e *ShutdownError) Error() string {
+	return fmt.Sprintf("actor: shutdown: %d incoming transfer(s) abandoned: %v", e.Abandoned, e.Err)
+}
+
+// Unwrap returns the context's error.
+func (e *ShutdownError) Unwrap() error { return e.Err }
+
 // Active message ids the runtime uses on the transport.
 const (
 	amActor  uint16 = 0x41 // one actor message
@@ -220,6 +237,13 @@ type Runtime struct {
 	stats    Stats
 	metrics  *metrics.Server // Options.MetricsAddr's endpoint, or nil
 	shutOnce sync.Once
+	// recvCtx is the context of the goroutines receiving the data of
+	// messages already taken (inPeer.await); Shutdown cancels it
+	// (recvCancel) when its own context ends first, and abandoned counts
+	// the receives that cancellation ended.
+	recvCtx    context.Context
+	recvCancel context.CancelFunc
+	abandoned  atomic.Int64
 }
 
 // Stats are the runtime's counters.
@@ -387,6 +411,7 @@ func start(ctx context.Context, t *transport.Transport, opts Options) (*Runtime,
 		dev:     opts.Device,
 		reqs:    map[string]pendingRequest{},
 	}
+	rt.recvCtx, rt.recvCancel = context.WithCancel(context.Background())
 	if rt.credits <= 0 {
 		rt.credits = DefaultCredits
 	}
@@ -524,6 +549,7 @@ func (rt *Runtime) abortStart() {
 	close(rt.stop)
 	rt.dispatcher.close()
 	rt.bg.Wait()
+	rt.recvCancel()
 }
 
 // SetTypedTransfer changes Options.TypedDirectMin and Options.TypedScheme
@@ -588,7 +614,10 @@ func RankOf(pid *pa.PID) int {
 // after processing what their mailboxes hold, every rank waits for the
 // others' actors to have stopped (they may still read message data from
 // this rank until then) and, if the runtime owns its transport, UCX
-// resources are released.
+// resources are released. ctx bounds the waits for the other ranks and
+// for the data of messages already received: if it ends while such data
+// is still on its way, those receives are cancelled and Shutdown returns
+// a *ShutdownError (docs/actor.md).
 func (rt *Runtime) Shutdown(ctx context.Context) error {
 	var err error
 	rt.shutOnce.Do(func() { err = rt.shutdown(ctx) })
@@ -613,8 +642,8 @@ func (rt *Runtime) shutdown(ctx context.Context) error {
 	rt.dispatcher.close()
 	rt.bg.Wait()
 	rt.devResends.failRank(-1, ErrClosed) // landing goroutines waiting for bytes
-	for _, in := range rt.in {
-		in.wait()
+	if err := rt.awaitReceives(ctx); err != nil {
+		errs = append(errs, err)
 	}
 	rt.devSends.closeResends()
 	rt.devSends.failRank(-1, ErrClosed)
@@ -644,7 +673,37 @@ func (rt *Runtime) shutdown(ctx context.Context) error {
 		}
 		_ = rt.t.Bootstrap().Close()
 	}
+	rt.recvCancel()
 	return errors.Join(errs...)
+}
+
+// awaitReceives waits for the goroutines receiving the data of messages
+// already taken (rendezvous data, Typed fields), which deliver them in
+// their turn. If ctx ends first, it cancels their receives (a transfer a
+// faulty peer announced and never sent would hold Shutdown for good),
+// waits for the goroutines to end (their messages become undeliverable,
+// and those queued behind them are delivered), and returns a
+// *ShutdownError counting the receives abandoned.
+func (rt *Runtime) awaitReceives(ctx context.Context) error {
+	done := make(chan struct{})
+	go func() {
+		for _, in := range rt.in {
+			in.wait()
+		}
+		close(done)
+	}()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+	}
+	rt.recvCancel()
+	<-done
+	if n := rt.abandoned.Load(); n > 0 {
+		rt.log.Warn("shutdown abandoned incoming transfers", zap.Int64("transfers", n), zap.Error(ctx.Err()))
+		return &ShutdownError{Abandoned: int(n), Err: ctx.Err()}
+	}
+	return nil
 }
 
 // stopLocalActors stops the actors spawned through Props and waits for
