@@ -611,7 +611,8 @@ func RankOf(pid *pa.PID) int {
 // Shutdown leaves the job: new sends fail with ErrClosed, messages already
 // sent are flushed to their ranks, every rank waits for the others (so no
 // rank tears down a worker a peer still sends to), local actors are stopped
-// after processing what their mailboxes hold, every rank waits for the
+// after processing what their mailboxes hold (children before their
+// parents, which would drop what the children still hold), every rank waits for the
 // others' actors to have stopped (they may still read message data from
 // this rank until then) and, if the runtime owns its transport, UCX
 // resources are released. ctx bounds the waits for the other ranks and
@@ -712,12 +713,42 @@ func (rt *Runtime) awaitReceives(ctx context.Context) error {
 // system message that overtakes them, and protoactor drops what a stopped
 // actor still had queued without a dead letter); one that takes more than
 // protoactor's 10 s future timeout to get there is stopped.
+//
+// Leaves go first: a parent that takes its poison pill stops its children
+// with Stop, so an actor is poisoned only once its descendants among these
+// actors have stopped. protoactor names a child after its parent (the
+// parent's id, "/", the child's name), so the descendants of an actor are
+// the actors whose ids extend its own past a "/"; those ids are poisoned
+// in waves, deepest first.
 func (rt *Runtime) stopLocalActors() {
-	var pids []*pa.PID
+	pids := map[string]*pa.PID{}
 	rt.local.Range(func(k, v any) bool {
-		pids = append(pids, v.(*localActor).pid)
+		pids[k.(string)] = v.(*localActor).pid
 		return true
 	})
+	var waves [][]*pa.PID // by depth: how many of the actors are ancestors
+	for id, pid := range pids {
+		depth := 0
+		for i := range len(id) {
+			if id[i] == '/' {
+				if _, ok := pids[id[:i]]; ok {
+					depth++
+				}
+			}
+		}
+		for len(waves) <= depth {
+			waves = append(waves, nil)
+		}
+		waves[depth] = append(waves[depth], pid)
+	}
+	for d := len(waves) - 1; d >= 0; d-- {
+		rt.poison(waves[d])
+	}
+}
+
+// poison stops pids with a poison pill each, all at once, and waits for
+// them; one whose future fails (protoactor's 10 s timeout) is stopped.
+func (rt *Runtime) poison(pids []*pa.PID) {
 	fs := make([]*pa.Future, len(pids))
 	for i, pid := range pids {
 		fs[i] = rt.sys.Root.PoisonFuture(pid)

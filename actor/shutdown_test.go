@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"runtime"
+	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -111,5 +113,110 @@ func TestShutdownAbandonsTransferThatNeverComes(t *testing.T) {
 	}
 	if n := rts[0].Stats().DeadLetters.Load() - dead; n != 1 {
 		t.Fatalf("%d dead letters at shutdown, want 1 (the abandoned message)", n)
+	}
+}
+
+// mailboxOf returns the runtime's mailbox of local actor id, or nil.
+func mailboxOf(rt *Runtime, id string) *mailbox {
+	v, ok := rt.local.Load(id)
+	if !ok {
+		return nil
+	}
+	return v.(*localActor).run.mbox.Load()
+}
+
+// Shutdown poisoned every actor at once: a parent took its poison pill
+// and stopped its children (protoactor's Stop, a system message, which
+// overtakes their user messages), and the messages still queued in their
+// mailboxes were dropped without a dead letter. Shutdown now poisons
+// leaves first: the children process what their mailboxes hold and stop
+// before their parent gets its poison pill.
+func TestShutdownStopsChildrenFirst(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	rts, stop, err := StartLocal(ctx, 2, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gate := make(chan struct{})
+	var processed atomic.Int64
+	child := rts[0].PropsFromFunc(func(c pa.Context) {
+		if p, ok := c.Message().(*ping); ok {
+			if p.N == 0 {
+				<-gate // the rest queue up behind it
+			}
+			processed.Add(1)
+		}
+	})
+	const children = 4
+	spawned := make(chan error, children)
+	if _, err := rts[0].Root().SpawnNamed(rts[0].PropsFromFunc(func(c pa.Context) {
+		if _, ok := c.Message().(*pa.Started); ok {
+			for i := range children {
+				_, err := c.SpawnNamed(child, "child"+strconv.Itoa(i))
+				spawned <- err
+			}
+		}
+	}), "parent"); err != nil {
+		stop()
+		t.Fatal(err)
+	}
+	for range children {
+		if err := <-spawned; err != nil {
+			stop()
+			t.Fatal(err)
+		}
+	}
+	const n = 200 // per child
+	mbs := make([]*mailbox, children)
+	for i := range mbs {
+		id := "parent/child" + strconv.Itoa(i)
+		for j := range n {
+			if err := rts[1].Send(rts[1].PID(0, id), &ping{N: j}); err != nil {
+				stop()
+				t.Fatal(err)
+			}
+		}
+		if mbs[i] = mailboxOf(rts[0], id); mbs[i] == nil {
+			stop()
+			t.Fatalf("%s has no runtime mailbox", id)
+		}
+	}
+	// posted waits until each child's mailbox has had want user messages
+	// posted.
+	posted := func(want int64) bool {
+		for _, mb := range mbs {
+			for mb.posted.Load() < want {
+				if ctx.Err() != nil {
+					return false
+				}
+				runtime.Gosched()
+			}
+		}
+		return true
+	}
+	if !posted(n) { // every ping is in its child's mailbox
+		stop()
+		t.Fatal("the pings did not all reach the children's mailboxes")
+	}
+	done := make(chan error, len(rts))
+	for _, rt := range rts {
+		go func() { done <- rt.Shutdown(ctx) }()
+	}
+	// Each child's poison pill, queued behind its pings, lets them go on.
+	if !posted(n + 1) {
+		close(gate)
+		stop()
+		t.Fatal("the children never got their poison pills")
+	}
+	close(gate)
+	for range rts {
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}
+	stop()
+	if got := processed.Load(); got != children*n {
+		t.Fatalf("the children processed %d of the %d messages queued at Shutdown", got, children*n)
 	}
 }
