@@ -9,6 +9,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/troupe-hpc/troupe/gpu"
 	"github.com/troupe-hpc/troupe/internal/cudatest"
@@ -82,7 +83,8 @@ func TestGPUChannelIPC(t *testing.T) {
 					fmt.Sprintf("[%d] rank %d: ipc order ok", r, r),
 					fmt.Sprintf("[%d] rank %d: ipc mismatches reported on both ends", r, r),
 					fmt.Sprintf("[%d] rank %d: ipc cancelled wait lost nothing", r, r),
-					fmt.Sprintf("[%d] rank %d: ipc mappings closed", r, r))
+					fmt.Sprintf("[%d] rank %d: ipc mappings closed", r, r),
+					fmt.Sprintf("[%d] rank %d: ipc receive withdrawn by Close", r, r))
 			}
 			requireLines(t, res, "[1] rank 1: ipc cache: 4 sends of one buffer, 1 mapping opened")
 			if tc.name == "shm-agent" {
@@ -436,6 +438,74 @@ func gpuIPC(ctx context.Context, r *rank) error {
 	}
 	r.logf("ipc stats %+v", st)
 	r.logf("ipc mappings closed")
+	return ipcWithdrawnRecv(ctx, r, sys)
+}
+
+// ipcWithdrawnRecv: rank 1 posts a receive on channel 22 and closes the
+// channel before rank 0 sends; Close withdraws the receive, which waits
+// for its control message (it fails with ErrClosed). Rank 1 reopens the
+// id and posts a receive, then rank 0 sends: the new receive gets the
+// bytes, by IPC. The old receive used to stay posted and take the message.
+func ipcWithdrawnRecv(ctx context.Context, r *rank, sys *gpu.System) error {
+	want := pattern(70000, 43)
+	ch, err := r.t.Channel(22, 1-r.id())
+	if err != nil {
+		return err
+	}
+	var req *transport.ChannelRequest
+	var dst gpu.Buffer
+	if r.id() == 1 {
+		if dst, err = devWith(sys, make([]byte, len(want))); err != nil {
+			return err
+		}
+		defer gpu.Free(dst)
+		old, err := ch.Recv(dst)
+		if err != nil {
+			return err
+		}
+		if err := ch.Close(); err != nil {
+			return err
+		}
+		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		err = old.Wait(wctx)
+		cancel()
+		if !errors.Is(err, transport.ErrClosed) {
+			return fmt.Errorf("receive pending when its channel closed: %v, want ErrClosed", err)
+		}
+		if ch, err = r.t.Channel(22, 0); err != nil {
+			return fmt.Errorf("reopening channel 22: %w", err)
+		}
+		if req, err = ch.Recv(dst); err != nil {
+			return err
+		}
+	}
+	defer ch.Close()
+	if err := r.b.Barrier(ctx, "gpuipc.withdraw"); err != nil {
+		return err
+	}
+	if r.id() == 0 {
+		src, err := devWith(sys, want)
+		if err != nil {
+			return err
+		}
+		defer gpu.Free(src)
+		if req, err = ch.Send(src); err != nil {
+			return err
+		}
+	}
+	if err := req.Wait(ctx); err != nil {
+		return fmt.Errorf("after a withdrawn receive: %w", err)
+	}
+	if r.id() == 1 {
+		got := make([]byte, len(want))
+		if err := gpu.CopyToHost(got, dst); err != nil {
+			return err
+		}
+		if d := diff(got, want); d != "" || req.Path() != transport.PathIPC {
+			return fmt.Errorf("after a withdrawn receive (path %s): %s", req.Path(), d)
+		}
+	}
+	r.logf("ipc receive withdrawn by Close")
 	return nil
 }
 

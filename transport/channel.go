@@ -32,6 +32,10 @@ var ErrSizeMismatch = errors.New("transport: channel message size mismatch")
 // ErrChannelInUse: a channel with that id already exists on this rank.
 var ErrChannelInUse = errors.New("transport: channel id in use")
 
+// errRecvWithdrawn completes the receives that Channel.Close withdraws
+// because no message had matched them.
+var errRecvWithdrawn = fmt.Errorf("withdrawn by Close before a message matched it: %w", ErrClosed)
+
 // SizeMismatchError reports a channel transfer whose two buffers differ in
 // size. The receiver always detects it; on the same-process path the sender
 // is told too. Got is the other end's size when it is known exactly, -1
@@ -114,6 +118,12 @@ type Channel struct {
 	// posted before it were done with them.
 	streamsGone bool
 	ipcMaps     ipcCache // mappings kept open (channel_ipc.go)
+	// unmatched holds, for each receive posted over UCX, its chunk
+	// receives (the first one first), for Close to withdraw those that no
+	// message has matched (postedRecv); entries whose first chunk has
+	// completed are dropped once len reaches unmatchedCap.
+	unmatched    [][]*Request
+	unmatchedCap int
 }
 
 // streamKey names a channel's copy stream: one per device and direction, so
@@ -206,10 +216,13 @@ func (c *Channel) ID() uint32 { return c.id }
 func (c *Channel) Peer() int { return c.peer }
 
 // Close releases the channel id on this rank, the channel's streams and the
-// CUDA IPC mappings it keeps open. Transfers in flight complete (Close
-// waits for the staged ones, which use the streams: those posted before
-// it, even those still queued behind another, run and end as they would
-// have); later calls fail with ErrClosed.
+// CUDA IPC mappings it keeps open. Receives that no message has matched
+// yet are withdrawn: they fail with an error wrapping ErrClosed, and the
+// peer's messages they would have taken go to the channel next opened with
+// this id (its counters start again at zero). Other transfers in flight
+// complete (Close waits for the staged ones, which use the streams: those
+// posted before it, even those still queued behind another, run and end as
+// they would have); later calls fail with ErrClosed.
 func (c *Channel) Close() error {
 	c.mu.Lock()
 	if c.closed {
@@ -218,7 +231,13 @@ func (c *Channel) Close() error {
 	}
 	c.closed = true
 	last := c.lastStaged
+	unmatched := c.unmatched
+	c.unmatched = nil
 	c.mu.Unlock()
+	c.t.withdrawRecvs(unmatched, errRecvWithdrawn)
+	if c.local != nil {
+		c.withdrawLocal()
+	}
 	for _, ch := range last {
 		if ch != nil {
 			<-ch
@@ -367,8 +386,43 @@ func (c *Channel) start(send bool, e endBuf) (*ChannelRequest, error) {
 		if err := c.startPath(send, ctr, e, cr); err != nil {
 			return nil, err
 		}
+		if !send && cr.reqs != nil {
+			c.postedRecv(cr.reqs) // direct, or small staged
+		}
 	}
 	return cr, nil
+}
+
+// postedRecv records rs, the chunk receives of one message just posted over
+// UCX (the first one first), for Close to withdraw while no message has
+// matched them; on a channel closed meanwhile they are withdrawn at once.
+func (c *Channel) postedRecv(rs []*Request) {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		c.t.withdrawRecvs([][]*Request{rs}, errRecvWithdrawn)
+		return
+	}
+	if len(c.unmatched) >= c.unmatchedCap {
+		live := c.unmatched[:0]
+		for _, m := range c.unmatched {
+			if !m[0].fin.Load() {
+				live = append(live, m)
+			}
+		}
+		clear(c.unmatched[len(live):])
+		c.unmatched = live
+		c.unmatchedCap = max(16, 2*len(live))
+	}
+	c.unmatched = append(c.unmatched, rs)
+	c.mu.Unlock()
+}
+
+// isClosed reports whether Close has been called.
+func (c *Channel) isClosed() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.closed
 }
 
 // startPath starts a transfer between processes: direct, or staged.
@@ -394,7 +448,7 @@ func (c *Channel) startPath(send bool, ctr uint32, e endBuf, cr *ChannelRequest)
 		if send {
 			cr.finish(c.runStagedSend(ctr, e.g, cr.n))
 		} else {
-			cr.finish(c.runStagedRecv(ctr, e.g, cr))
+			cr.finish(c.runStagedRecv(ctr, e.g, cr, true))
 		}
 	}()
 	return nil

@@ -360,6 +360,7 @@ func (c *Channel) startIPCChannel(send bool, ctr uint32, e endBuf, cr *ChannelRe
 	}
 	hdr := make([]byte, ipcDescSize)
 	hreq := c.t.rawRecvCtl(c.peer, c.id, tag|chanCtlBit, hdr)
+	c.postedRecv([]*Request{hreq}) // Close may withdraw it until the control message matches
 	go func() {
 		err := c.runIPCRecv(ctr, e, cr, hreq, hdr, &prev)
 		endTurn(prev, mine)
@@ -429,7 +430,7 @@ func (c *Channel) runPlain(send bool, ctr uint32, e endBuf, cr *ChannelRequest, 
 		if send {
 			return c.runStagedSend(ctr, e.g, cr.n)
 		}
-		return c.runStagedRecv(ctr, e.g, cr)
+		return c.runStagedRecv(ctr, e.g, cr, false)
 	}
 	cr.setPath(PathDirect)
 	inner := &ChannelRequest{c: c, op: cr.op, n: cr.n, counter: ctr, path: PathDirect}

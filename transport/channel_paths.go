@@ -207,6 +207,62 @@ func (t *Transport) cancelAll(rs []*Request) {
 	t.wake()
 }
 
+// withdrawRecvs withdraws, for each message of msgs (its chunk receives,
+// the first one first), the receives that no message has matched: when the
+// first chunk's receive still waits, in UCX's expected queue or the overlap
+// engine's table of posted receives, all of the message's chunk receives
+// complete with err. A message whose first chunk has matched (in UCX, or in
+// the engine, which may hold it for the receiver to start) is left to
+// complete, since its sender is sending it; a message's chunks match their
+// receives in order, so none of the others has matched when the first has
+// not.
+func (t *Transport) withdrawRecvs(msgs [][]*Request, err error) {
+	if len(msgs) == 0 {
+		return
+	}
+	t.exec(func() {
+		if t.closed {
+			return // Close failed every receive
+		}
+		for _, rs := range msgs {
+			t.withdrawMessage(rs, err)
+		}
+	})
+	t.wake()
+}
+
+// withdrawMessage is withdrawRecvs for one message; the lock is held.
+func (t *Transport) withdrawMessage(rs []*Request, err error) {
+	r0 := rs[0]
+	switch {
+	case r0.fin.Load():
+		return
+	case r0.ov != nil && t.ov != nil:
+		if t.ov.posted[r0.ov.key()] != r0 {
+			return // matched
+		}
+	case r0.ureq.Pending():
+		prev := r0.failErr
+		r0.failErr = err
+		if !t.w.CancelNow(r0.ureq) {
+			r0.failErr = prev // matched
+			return
+		}
+	default:
+		return
+	}
+	for _, r := range rs {
+		switch {
+		case r == nil || r.fin.Load():
+		case r.ov != nil && t.ov != nil:
+			t.ovCancel(r, err)
+		case r != r0 && r.ureq.Pending():
+			r.failErr = err
+			t.w.Cancel(r.ureq)
+		}
+	}
+}
+
 // discardLeftovers: the receive of message counter on channel chanID (from
 // peer) failed with a size mismatch at the first of rs, and rs, its chunk
 // receives from there on, have all finished. A chunk the sender sent that
@@ -424,10 +480,24 @@ func (c *Channel) postLocal(send bool, ctr uint32, e endBuf, cr *ChannelRequest)
 		pe = &poEntry{}
 		postOffice.m[key] = pe
 	}
-	if send {
+	var err error
+	switch {
+	case !send && pe.send == nil && c.isClosed():
+		// Close ran since the counter was taken and found no receive
+		// to withdraw (withdrawLocal).
+		err = fmt.Errorf("transport: channel %d recv (message %d): %w", c.id, ctr, errRecvWithdrawn)
+	case send:
 		pe.send = me
-	} else {
+	default:
 		pe.recv = me
+	}
+	if err != nil {
+		if pe.send == nil && pe.recv == nil {
+			delete(postOffice.m, key)
+		}
+		postOffice.mu.Unlock()
+		cr.finish(err)
+		return
 	}
 	ready := pe.send != nil && pe.recv != nil
 	if ready {
@@ -473,6 +543,24 @@ func closeLocalChannels(t *Transport) {
 	postOffice.mu.Unlock()
 	for i, end := range failed {
 		end.cr.finish(errs[i])
+	}
+}
+
+// withdrawLocal withdraws c's same-process receives that no send has
+// matched; they fail with errRecvWithdrawn.
+func (c *Channel) withdrawLocal() {
+	var gone []*localEnd
+	postOffice.mu.Lock()
+	for key, pe := range postOffice.m {
+		if key.dst != c.t || key.id != c.id || pe.recv == nil || pe.recv.cr.c != c || pe.send != nil {
+			continue
+		}
+		gone = append(gone, pe.recv)
+		delete(postOffice.m, key)
+	}
+	postOffice.mu.Unlock()
+	for _, end := range gone {
+		end.cr.finish(fmt.Errorf("transport: channel %d recv (message %d): %w", c.id, end.cr.counter, errRecvWithdrawn))
 	}
 }
 
@@ -778,8 +866,9 @@ func (c *Channel) runStagedSend(ctr uint32, buf gpu.Buffer, n int) error {
 }
 
 // runStagedRecv: chunks arrive in pinned buffers and are copied host to
-// device while the next chunks arrive.
-func (c *Channel) runStagedRecv(ctr uint32, buf gpu.Buffer, cr *ChannelRequest) error {
+// device while the next chunks arrive. withdrawable: Close may withdraw the
+// receive while no chunk has matched (not after an IPC channel's header).
+func (c *Channel) runStagedRecv(ctr uint32, buf gpu.Buffer, cr *ChannelRequest, withdrawable bool) error {
 	n := cr.n
 	tag, err := MakeChannelTag(c.id, ctr)
 	if err != nil {
@@ -815,11 +904,18 @@ func (c *Channel) runStagedRecv(ctr uint32, buf gpu.Buffer, cr *ChannelRequest) 
 		}
 		_ = st.stream.Synchronize()
 		c.retireFailed(streamKey{dev: buf.Device(), send: false}, st.stream)
-		c.t.discardLeftovers(c.id, c.peer, ctr, recvs[i:])
+		if !errors.Is(err, errRecvWithdrawn) {
+			// (A withdrawn receive took nothing: the sender's message
+			// is for the channel next opened with this id.)
+			c.t.discardLeftovers(c.id, c.peer, ctr, recvs[i:])
+		}
 		return err
 	}
 	for i := 0; i < min(d, k); i++ {
 		post(i)
+	}
+	if withdrawable {
+		c.postedRecv(recvs[:min(d, k)])
 	}
 	rq := &ChannelRequest{c: c, op: "recv", n: n, counter: ctr, reqs: recvs}
 	for i := 0; i < k; i++ {

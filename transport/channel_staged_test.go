@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"sync"
 	"testing"
 	"time"
 
@@ -30,17 +31,22 @@ func waitCond(t *testing.T, what string, cond func() bool) {
 // Channel.Close both complete ("transfers in flight complete"), on either
 // end. The second waits for the first's turn and had not taken the
 // channel's stream when Close ran: it failed with ErrClosed without moving
-// a byte, and the peer's matching transfer never completed.
+// a byte, and the peer's matching transfer never completed. On the
+// receiving end the peer's messages have arrived before Close (a receive
+// that no message has matched is withdrawn by Close,
+// TestChannelCloseWithdrawsRecv): the first receive has matched its
+// message and is held up by its stream (a kernel waiting for the test),
+// the second's message waits in the overlap engine's table.
 func TestChannelCloseStagedQueued(t *testing.T) {
 	for _, closeSender := range []bool{false, true} {
 		t.Run(fmt.Sprintf("close-sender=%v", closeSender), func(t *testing.T) {
 			sys := hostSystem(t)
-			ts := channelJob(t, false, false, ProgressDirect)
+			ts := channelJob(t, false, !closeSender, ProgressDirect)
 			ctx := testCtx(t)
 			a, _ := ts[0].Channel(27, 1)
 			b, _ := ts[1].Channel(27, 0)
-			n := 2 * ChannelChunkSize
-			closing := b // the end whose staged transfers are queued
+			n := 2 * ChannelChunkSize // 3 chunks (the tail empty)
+			closing := b              // the end whose staged transfers are queued
 			if closeSender {
 				closing = a
 			} else {
@@ -48,6 +54,10 @@ func TestChannelCloseStagedQueued(t *testing.T) {
 			}
 			if closeSender {
 				defer b.Close()
+			}
+			release := func() {}
+			if !closeSender {
+				release = holdStream(t, sys, b, false)
 			}
 			var mine [2]*ChannelRequest
 			var dsts [2]gpu.Buffer
@@ -62,13 +72,35 @@ func TestChannelCloseStagedQueued(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				if i == 0 { // the first is running: it has its stream
+				if i > 0 {
+					continue
+				}
+				// The first is running: it has its stream, or has posted
+				// its chunk receives.
+				if closeSender {
 					waitCond(t, "the first staged transfer to start", func() bool {
 						closing.mu.Lock()
 						defer closing.mu.Unlock()
 						return len(closing.streams) > 0
 					})
+				} else {
+					waitCond(t, "the first staged receive to post its chunk receives", func() bool {
+						return ts[1].OverlapTable().Posted == 3
+					})
 				}
+			}
+			var peer [2]*ChannelRequest
+			got := [2][]byte{make([]byte, n), make([]byte, n)}
+			if !closeSender {
+				for i := range peer {
+					var err error
+					if peer[i], err = a.SendBytes(pattern(n, i)); err != nil {
+						t.Fatal(err)
+					}
+				}
+				// The second message's chunks, which no receive is
+				// posted for yet.
+				waitUnexpected(ctx, t, ts[1], 3)
 			}
 			closed := make(chan error, 1)
 			go func() { closed <- closing.Close() }()
@@ -77,18 +109,15 @@ func TestChannelCloseStagedQueued(t *testing.T) {
 				defer closing.mu.Unlock()
 				return closing.closed
 			})
-			var peer [2]*ChannelRequest
-			got := [2][]byte{make([]byte, n), make([]byte, n)}
-			for i := range peer {
-				var err error
-				if closeSender {
-					peer[i], err = b.RecvBytes(got[i])
-				} else {
-					peer[i], err = a.SendBytes(pattern(n, i))
+			if closeSender {
+				for i := range peer {
+					var err error
+					if peer[i], err = b.RecvBytes(got[i]); err != nil {
+						t.Fatal(err)
+					}
 				}
-				if err != nil {
-					t.Fatal(err)
-				}
+			} else {
+				release()
 			}
 			wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 			defer cancel()
@@ -106,6 +135,33 @@ func TestChannelCloseStagedQueued(t *testing.T) {
 			}
 		})
 	}
+}
+
+// holdStream puts a stream in c's place for one direction whose work waits
+// behind a kernel until the returned function is called (at the end of the
+// test at the latest).
+func holdStream(t *testing.T, sys *gpu.System, c *Channel, send bool) func() {
+	t.Helper()
+	dev := sys.Devices()[0]
+	st, err := dev.NewStream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	gate := make(chan struct{})
+	var once sync.Once
+	release := func() { once.Do(func() { close(gate) }) }
+	t.Cleanup(release)
+	scratch := devBuf(t, sys, 16, nil)
+	if err := gpu.LaunchHost(st, func([][]byte) error { <-gate; return nil }, scratch); err != nil {
+		t.Fatal(err)
+	}
+	c.mu.Lock()
+	if c.streams == nil {
+		c.streams = map[streamKey]*gpu.Stream{}
+	}
+	c.streams[streamKey{dev: dev, send: send}] = st
+	c.mu.Unlock()
+	return release
 }
 
 // TestChannelRefusedSendKeepsCounters: a Send refused with an error (here:
