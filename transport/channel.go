@@ -29,7 +29,8 @@ const stageDepth = 4
 // different sizes.
 var ErrSizeMismatch = errors.New("transport: channel message size mismatch")
 
-// ErrChannelInUse: a channel with that id already exists on this rank.
+// ErrChannelInUse: a channel with that id already exists on this rank, or,
+// in this process, another rank's end of it goes to the same peer.
 var ErrChannelInUse = errors.New("transport: channel id in use")
 
 // errRecvWithdrawn completes the receives that Channel.Close withdraws
@@ -142,6 +143,11 @@ type channelKey struct {
 // channels holds the open channels of every transport in the process.
 var channels sync.Map // channelKey -> *Channel
 
+// localEnds holds the open same-process channels by the transport their
+// sends go to (the peer's) and id: two ends there would share the
+// post office's slots (postLocal).
+var localEnds sync.Map // channelKey{peer's transport, id} -> *Channel
+
 // PairChannelBase is the first channel id reserved for pair channels
 // (PairChannel): Channel refuses ids from there on.
 const PairChannelBase = 1 << (ChannelBits - 1)
@@ -195,6 +201,13 @@ func (t *Transport) openChannel(id uint32, peer int) (*Channel, error) {
 	c.ipc = c.local == nil && t.gpuIPCPeer(peer)
 	if _, loaded := channels.LoadOrStore(channelKey{t, id}, c); loaded {
 		return nil, fmt.Errorf("%w: channel %d on rank %d", ErrChannelInUse, id, t.rank)
+	}
+	if c.local != nil {
+		if v, loaded := localEnds.LoadOrStore(channelKey{c.local, id}, c); loaded {
+			channels.Delete(channelKey{t, id})
+			return nil, fmt.Errorf("%w: channel %d towards rank %d: rank %d of this process has an end of it towards that rank already (ids must be unique in the job)",
+				ErrChannelInUse, id, peer, v.(*Channel).t.rank)
+		}
 	}
 	t.chanOpen.Add(1)
 	return c, nil
@@ -255,6 +268,9 @@ func (c *Channel) Close() error {
 	}
 	for _, s := range retired {
 		_ = s.Destroy() // its failure was reported to its transfers
+	}
+	if c.local != nil {
+		localEnds.CompareAndDelete(channelKey{c.local, c.id}, c)
 	}
 	channels.Delete(channelKey{c.t, c.id})
 	c.t.chanOpen.Add(-1)

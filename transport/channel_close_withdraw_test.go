@@ -107,3 +107,83 @@ func TestChannelCloseWithdrawsRecv(t *testing.T) {
 		})
 	}
 }
+
+// TestChannelDuplicateLocalEnd: two ranks of one process opening one id
+// towards the same peer (ids must be unique in the job) get
+// ErrChannelInUse for the second open, on the same-process path, where the
+// second end's transfers used to take the first one's place and leave its
+// request uncompleted; once the first end is closed the id may be opened
+// again.
+func TestChannelDuplicateLocalEnd(t *testing.T) {
+	ts := localJob(t, 3, ProgressDirect)
+	ctx := testCtx(t)
+	first, err := ts[0].Channel(12, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ts[2].Channel(12, 1); !errors.Is(err, ErrChannelInUse) {
+		t.Fatalf("rank 2 opening channel 12 towards rank 1, which rank 0 has open towards it: %v, want ErrChannelInUse", err)
+	}
+	if _, err := ts[1].Channel(12, 1); !errors.Is(err, ErrChannelInUse) {
+		t.Fatalf("rank 1 opening channel 12 towards itself, which rank 0 has open towards it: %v, want ErrChannelInUse", err)
+	}
+	peer, err := ts[1].Channel(12, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := first.Close(); err != nil {
+		t.Fatal(err)
+	}
+	second, err := ts[2].Channel(12, 1)
+	if err != nil {
+		t.Fatalf("reopening channel 12 on rank 2 after rank 0 closed its end: %v", err)
+	}
+	buf := make([]byte, 100)
+	rr, _ := peer.RecvBytes(buf)
+	sr, err := second.SendBytes(pattern(100, 3))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range []*ChannelRequest{sr, rr} {
+		if err := r.Wait(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !bytes.Equal(buf, pattern(100, 3)) {
+		t.Fatal("data differs")
+	}
+	_ = second.Close()
+	_ = peer.Close()
+
+	// A send of a closed end still waits for its receive: the reopened
+	// end's send of the same message is refused instead of displacing it.
+	old, _ := ts[0].Channel(13, 1)
+	pending, err := old.SendBytes(pattern(100, 4))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = old.Close()
+	again, err := ts[0].Channel(13, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	refused, err := again.SendBytes(pattern(100, 5))
+	if err == nil {
+		err = refused.Wait(ctx)
+	}
+	if !errors.Is(err, ErrChannelInUse) {
+		t.Fatalf("send of message 0 while a closed end's message 0 waits: %v, want ErrChannelInUse", err)
+	}
+	end, _ := ts[1].Channel(13, 0)
+	rr, _ = end.RecvBytes(buf)
+	for _, r := range []*ChannelRequest{pending, rr} {
+		if err := r.Wait(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !bytes.Equal(buf, pattern(100, 4)) {
+		t.Fatal("the closed end's message did not arrive")
+	}
+	_ = again.Close()
+	_ = end.Close()
+}

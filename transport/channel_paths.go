@@ -482,6 +482,12 @@ func (c *Channel) postLocal(send bool, ctr uint32, e endBuf, cr *ChannelRequest)
 	}
 	var err error
 	switch {
+	case send && pe.send != nil, !send && pe.recv != nil:
+		// Another end with this id and peer (ids must be unique in the
+		// job), or a closed one's send still waiting: taking its place
+		// would leave its request uncompleted.
+		err = fmt.Errorf("%w: channel %d %s (message %d) with rank %d: another end's %s of that message waits already",
+			ErrChannelInUse, c.id, cr.op, ctr, c.peer, cr.op)
 	case !send && pe.send == nil && c.isClosed():
 		// Close ran since the counter was taken and found no receive
 		// to withdraw (withdrawLocal).
