@@ -27,9 +27,10 @@ const (
 	DefaultTailLines = 20
 	DefaultGrace     = 5 * time.Second
 	// outputDrain bounds how long the launcher waits, after a rank exited,
-	// for the end of its output while none comes (a descendant that
-	// escaped the rank's process group may keep the pipe open). Output
-	// still being read or passed on (to a slow consumer) is waited for.
+	// for the end of its output once what its pipes held has been read (a
+	// descendant that escaped the rank's process group may keep the pipe
+	// open, and write to it). The rank's own output is passed on whole,
+	// however slowly it is consumed.
 	outputDrain = 2 * time.Second
 )
 
@@ -178,12 +179,9 @@ type rankProc struct {
 	cmd   *exec.Cmd
 	pipes []*os.File // read ends of stdout and stderr
 	outWG sync.WaitGroup
-	// progress counts the pumps' reads and writes; writing is how many
-	// pumps are passing a line on now. drain closes the pipes only after
-	// a period in which neither moved.
-	progress atomic.Uint64
-	writing  atomic.Int32
-	done     bool // exited and reaped (main loop only)
+	// read counts the bytes each pump has read from its pipe (drain).
+	read [2]atomic.Int64
+	done bool // exited and reaped (main loop only)
 
 	// tail is a ring of the last max output lines: once it is full, the
 	// oldest is at next, where the next line goes.
@@ -223,36 +221,71 @@ func (rp *rankProc) signalGroup(sig syscall.Signal) {
 	syscall.Kill(-rp.cmd.Process.Pid, sig)
 }
 
-// drain waits for the end of the rank's output, then closes the pipes. It
-// gives up waiting once a period of idle passed in which the pumps read
-// nothing and passed nothing on: the rank's own output is all in the
-// pipes when it has exited, and is passed on however slowly the
-// launcher's writers take it; only a pipe held open by a descendant that
-// escaped the process group is left after idle of silence.
+// drain waits for the end of the rank's output, then closes the pipes.
+// When the rank has exited, its own output is what its pipes hold now: once
+// the pumps have read that, it is theirs to pass on, however slowly the
+// launcher's writers take it (drain waits for them), and closing the pipes
+// loses none of it. A pipe still open after idle is held by a descendant
+// that escaped the process group, silent or writing: it is closed once
+// the pipe's content at the start has been read (seen empty since, or as
+// many bytes read as it held then, plus a read in flight).
 func (rp *rankProc) drain(idle time.Duration) {
 	done := make(chan struct{})
 	go func() { rp.outWG.Wait(); close(done) }()
-	t := time.NewTimer(idle)
-	defer t.Stop()
-	seen := rp.progress.Load()
+	var target [2]int64
+	var drained [2]bool
+	for i, p := range rp.pipes {
+		n, err := pipeBytes(p)
+		if err != nil {
+			drained[i] = true // cannot tell: bounded by idle, as without output
+			continue
+		}
+		// Read after the look: a read between them only raises the
+		// target; one in flight during the look took bytes the look did
+		// not see (at most a pump's buffer).
+		target[i] = rp.read[i].Load() + int64(n) + pumpBuffer
+	}
+	start := time.Now()
+	poll := time.NewTicker(drainPoll)
+	defer poll.Stop()
 	for waiting := true; waiting; {
 		select {
 		case <-done:
 			waiting = false
-		case <-t.C:
-			now := rp.progress.Load()
-			if now == seen && rp.writing.Load() == 0 {
-				waiting = false
-				break
+		case <-poll.C:
+			all := true
+			for i, p := range rp.pipes {
+				if !drained[i] {
+					n, err := pipeBytes(p)
+					drained[i] = err != nil || n == 0 || rp.read[i].Load() >= target[i]
+				}
+				all = all && drained[i]
 			}
-			seen = now
-			t.Reset(idle)
+			waiting = !all || time.Since(start) < idle
 		}
 	}
 	for _, p := range rp.pipes {
 		p.Close()
 	}
 	<-done
+}
+
+// drainPoll is how often drain looks at a rank's pipes.
+const drainPoll = 20 * time.Millisecond
+
+// pumpBuffer is the most a pump reads from its pipe at once.
+const pumpBuffer = 64 << 10
+
+// countingReader counts the bytes read from r into n.
+type countingReader struct {
+	r io.Reader
+	n *atomic.Int64
+}
+
+func (c countingReader) Read(p []byte) (int, error) {
+	k, err := c.r.Read(p)
+	c.n.Add(int64(k))
+	return k, err
 }
 
 // sink serialises prefixed lines from every rank onto the launcher's writers.
@@ -275,23 +308,17 @@ const maxOutputLine = 1 << 20
 func (s *sink) pump(rp *rankProc, r io.Reader, w io.Writer) {
 	defer rp.outWG.Done()
 	prefix := fmt.Sprintf("[%d] ", rp.rank)
-	br := bufio.NewReaderSize(r, 64<<10)
+	br := bufio.NewReaderSize(r, pumpBuffer)
 	var line, buf []byte
 	emit := func(text []byte) {
 		buf = append(buf[:0], prefix...)
 		buf = append(buf, text...)
 		buf = append(buf, '\n')
-		rp.writing.Add(1)
 		s.write(w, buf)
-		rp.writing.Add(-1)
-		rp.progress.Add(1)
 		rp.addTail(string(text))
 	}
 	for {
 		part, err := br.ReadSlice('\n')
-		if len(part) > 0 {
-			rp.progress.Add(1)
-		}
 		line = append(line, part...)
 		full := errors.Is(err, bufio.ErrBufferFull)
 		// A piece is cut only once the line is longer than maxOutputLine
@@ -562,8 +589,8 @@ func spawnAll(cfg LaunchConfig, path string, env []string, ranks []*rankProc, ou
 		}
 		ranks[r] = rp
 		rp.outWG.Add(2)
-		go out.pump(rp, rp.pipes[0], cfg.Stdout)
-		go out.pump(rp, rp.pipes[1], cfg.Stderr)
+		go out.pump(rp, countingReader{rp.pipes[0], &rp.read[0]}, cfg.Stdout)
+		go out.pump(rp, countingReader{rp.pipes[1], &rp.read[1]}, cfg.Stderr)
 		go func() {
 			err := cmd.Wait()
 			exits <- exitEvent{rank: r, state: cmd.ProcessState, err: ignoreExitError(err)}

@@ -317,3 +317,65 @@ func TestTailKeepsLastLines(t *testing.T) {
 		}
 	}
 }
+
+// A descendant that escaped the rank's process group and keeps writing to
+// its output pipe, slowly or as fast as it can, does not keep Launch
+// waiting either: the rank's own output is all read by then, and what
+// follows is the descendant's. drain waited while any output moved, so
+// Launch returned only once such a descendant stopped (and ignored its
+// context and signals meanwhile).
+func TestLaunchEscapedDescendantWriting(t *testing.T) {
+	// The descendant writes for 15 s (it outlives the pipe: a write to it
+	// once the launcher closed it fails, and it goes on).
+	for name, writer := range map[string]string{
+		"ticking":  `trap "" PIPE; (sleep 15; kill $$) & while :; do echo tick; sleep 0.1; done 2>/dev/null`,
+		"flooding": `trap "" PIPE; (sleep 15; kill $$) & while :; do echo tick; done 2>/dev/null`,
+	} {
+		t.Run(name, func(t *testing.T) {
+			pidFile := t.TempDir() + "/pid"
+			script := `setsid sh -c '` + writer + `' & p=$!
+until [ "$(cut -d' ' -f6 /proc/$p/stat)" = $p ]; do :; done
+echo $p > "$1"; echo "rank done"`
+			var out countingWriter
+			err := Launch(t.Context(), LaunchConfig{
+				N: 1, Program: "sh", Args: []string{"-c", script, "sh", pidFile},
+				Stdout: &out, Stderr: &out, Grace: time.Second,
+			})
+			require.NoError(t, err)
+			b, err := os.ReadFile(pidFile)
+			require.NoError(t, err)
+			pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+			require.NoError(t, err)
+			defer syscall.Kill(-pid, syscall.SIGKILL)
+			stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+			require.NoError(t, err, "the escaped descendant is gone: Launch waited for it")
+			state := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:]))[0]
+			assert.NotEqual(t, "Z", state, "the escaped descendant ended before Launch returned: %s", stat)
+			assert.True(t, out.saw("[0] rank done\n"), "the rank's own line was passed on")
+		})
+	}
+}
+
+// countingWriter keeps no output but whether a given line was written.
+type countingWriter struct {
+	mu    sync.Mutex
+	lines map[string]bool
+}
+
+func (w *countingWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.lines == nil {
+		w.lines = map[string]bool{}
+	}
+	if !bytes.HasSuffix(p, []byte("tick\n")) {
+		w.lines[string(p)] = true
+	}
+	return len(p), nil
+}
+
+func (w *countingWriter) saw(line string) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.lines[line]
+}
