@@ -37,6 +37,36 @@ var ErrChannelInUse = errors.New("transport: channel id in use")
 // because no message had matched them.
 var errRecvWithdrawn = fmt.Errorf("withdrawn by Close before a message matched it: %w", ErrClosed)
 
+// ErrChannelBroken: a channel's sends are broken (*ChannelBrokenError).
+var ErrChannelBroken = errors.New("transport: channel broken")
+
+// ChannelBrokenError reports a channel end whose sends are broken: the post
+// of message Message failed when its number could not be given back,
+// because part of it had gone out (Partial) or a later message had taken
+// the next number. The peer's receive of that message never completes, and
+// the later messages would not match the peer's receives: that message,
+// and every later send of this end, fail with this error. Cause is the
+// post's failure. errors.Is(err, ErrChannelBroken) is true.
+type ChannelBrokenError struct {
+	Channel uint32
+	Peer    int
+	Message uint32 // the counter of the message whose post failed
+	Partial bool   // part of that message had gone out
+	Cause   error
+}
+
+func (e *ChannelBrokenError) Error() string {
+	why := "a later message had taken the next number"
+	if e.Partial {
+		why = "part of it had gone out"
+	}
+	return fmt.Sprintf("transport: channel %d to rank %d broken: the post of message %d failed after %s, so the peer cannot receive it: %v", e.Channel, e.Peer, e.Message, why, e.Cause)
+}
+
+// Unwrap makes errors.Is(err, ErrChannelBroken) true, and true for the
+// post's failure too.
+func (e *ChannelBrokenError) Unwrap() []error { return []error{ErrChannelBroken, e.Cause} }
+
 // SizeMismatchError reports a channel transfer whose two buffers differ in
 // size. The receiver always detects it; on the same-process path the sender
 // is told too. Got is the other end's size when it is known exactly, -1
@@ -105,9 +135,12 @@ type Channel struct {
 	mu      sync.Mutex
 	sendCtr uint32
 	recvCtr uint32
-	closed  bool
-	streams map[streamKey]*gpu.Stream
-	retired []*gpu.Stream // streams whose work failed (retireFailed)
+	// sendBroken, once set (under mu), fails the sends after the message
+	// it names (dropSend).
+	sendBroken atomic.Pointer[ChannelBrokenError]
+	closed     bool
+	streams    map[streamKey]*gpu.Stream
+	retired    []*gpu.Stream // streams whose work failed (retireFailed)
 	// lastStaged[send] is closed when the latest staged transfer of that
 	// direction has finished: staged transfers of one direction run one at a
 	// time, in call order (a receive must not wait for a message whose
@@ -285,11 +318,35 @@ func (c *Channel) next(send bool) (uint32, error) {
 		return 0, fmt.Errorf("transport: channel %d: %w", c.id, ErrClosed)
 	}
 	if send {
+		if b := c.sendBroken.Load(); b != nil {
+			return 0, b
+		}
 		c.sendCtr++
 		return c.sendCtr - 1, nil
 	}
 	c.recvCtr++
 	return c.recvCtr - 1, nil
+}
+
+// dropSend: the post of send message ctr failed with err before it was
+// done; out says whether something of it went out. It returns the error to
+// fail the message with. When nothing went out and no later send has taken
+// a number, the number is given back, so that the next send takes it and
+// the peer's next receive matches it: err. Otherwise the peer's receive
+// of message ctr can never complete, and the channel's sends are broken
+// from ctr on: a *ChannelBrokenError.
+func (c *Channel) dropSend(ctr uint32, out bool, err error) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !out && c.sendBroken.Load() == nil && c.sendCtr == ctr+1 {
+		c.sendCtr = ctr
+		return err
+	}
+	b := &ChannelBrokenError{Channel: c.id, Peer: c.peer, Message: ctr, Partial: out, Cause: err}
+	if c.sendBroken.Load() == nil {
+		c.sendBroken.Store(b)
+	}
+	return b
 }
 
 // stream returns the channel's copy stream on dev for one direction,
@@ -396,10 +453,16 @@ func (c *Channel) start(send bool, e endBuf) (*ChannelRequest, error) {
 		c.postLocal(send, ctr, e, cr)
 	case c.ipc:
 		if err := c.startIPCChannel(send, ctr, e, cr); err != nil {
+			if send {
+				err = c.dropSend(ctr, true, err) // its header may have gone out
+			}
 			return nil, err
 		}
 	default:
 		if err := c.startPath(send, ctr, e, cr); err != nil {
+			if send { // refused before anything was posted
+				err = c.dropSend(ctr, false, err)
+			}
 			return nil, err
 		}
 		if !send && cr.reqs != nil {

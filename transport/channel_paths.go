@@ -111,6 +111,65 @@ func (t *Transport) rawSend(peer int, chanID uint32, tag uint64, p unsafe.Pointe
 	return r
 }
 
+// chanSend is one message of a channel being sent over UCX. Its chunks
+// are posted one by one (sendChunk), possibly as staging frees its pinned
+// buffers; the first whose post fails ends the message, and its later
+// chunks are failed without being posted. The worker lock guards out and
+// failed (they are set before the message's first post, or in its posts).
+type chanSend struct {
+	c   *Channel
+	ctr uint32 // the message's number
+	tag uint64
+	// out: something went out under the message's number (a chunk, or the
+	// header or CUDA IPC descriptor of an IPC channel).
+	out    bool
+	failed error // the message's error once one of its posts failed
+}
+
+// newChanSend starts the sending of message ctr of c over UCX. On an IPC
+// channel the message's header or descriptor has gone out already.
+func (c *Channel) newChanSend(ctr uint32, tag uint64) *chanSend {
+	return &chanSend{c: c, ctr: ctr, tag: tag, out: c.ipc}
+}
+
+// sendChunk posts chunk i of the message, n bytes at p. A message of a
+// channel broken before it (Channel.sendBroken), or one whose earlier post
+// failed, posts nothing more: the chunk fails with that error.
+func (m *chanSend) sendChunk(i int, p unsafe.Pointer, n int) *Request {
+	c, t := m.c, m.c.t
+	r := t.newRequest("channel send", c.peer, int(c.id), n)
+	r.b = ucx.Buffer{Ptr: p, Len: n}
+	t.exec(func() {
+		if m.failed == nil {
+			if b := c.sendBroken.Load(); b != nil && int32(m.ctr-b.Message) > 0 {
+				m.failed = b
+			}
+		}
+		if m.failed != nil {
+			t.fail(r, m.failed)
+			return
+		}
+		ep, err := t.peerLocked(c.peer, r.op)
+		var ureq ucx.Request
+		if err == nil {
+			if f := t.chanPostFault; f != nil {
+				err = f(c.id, m.ctr, i)
+			}
+		}
+		if err == nil {
+			ureq, err = t.w.TagSend(ep.ep, r.b, m.tag)
+		}
+		if err != nil {
+			m.failed = c.dropSend(m.ctr, m.out, fmt.Errorf("transport: %s rank %d: %w", r.op, r.peer, err))
+			t.fail(r, m.failed)
+			return
+		}
+		m.out = true
+		t.settle(r, ureq, nil)
+	})
+	return r
+}
+
 // rawChunk is the memory of one chunk receive: n bytes at p, and dev, the
 // same memory as a gpu.Buffer when UCX writes device memory directly (else
 // the zero Buffer).
@@ -401,6 +460,10 @@ func (c *Channel) startDirect(send bool, ctr uint32, e endBuf, cr *ChannelReques
 	k := chunkCount(cr.n)
 	cr.reqs = make([]*Request, k)
 	chunks := make([]rawChunk, k)
+	var m *chanSend
+	if send {
+		m = c.newChanSend(ctr, tag)
+	}
 	off := 0
 	var unready error // e.ready failed: the chunks from there go empty
 	for i := 0; i < k; i++ {
@@ -424,7 +487,7 @@ func (c *Channel) startDirect(send bool, ctr uint32, e endBuf, cr *ChannelReques
 			ch.p = unsafe.Add(base, off)
 		}
 		if send {
-			cr.reqs[i] = c.t.rawSend(c.peer, c.id, tag, ch.p, n)
+			cr.reqs[i] = m.sendChunk(i, ch.p, n)
 		}
 		chunks[i] = ch
 		off += n
@@ -746,7 +809,7 @@ func (c *Channel) startEagerStaged(send bool, ctr uint32, buf gpu.Buffer, cr *Ch
 		p = nil
 	}
 	if send {
-		cr.reqs = []*Request{c.t.rawSend(c.peer, c.id, tag, p, cr.n)}
+		cr.reqs = []*Request{c.newChanSend(ctr, tag).sendChunk(0, p, cr.n)}
 		cr.post = func(err error) error {
 			_ = pool.Put(whole)
 			return err
@@ -777,10 +840,13 @@ func (c *Channel) runStagedSend(ctr uint32, buf gpu.Buffer, n int) error {
 	k := chunkCount(n)
 	st, err := c.newStage(buf, k, true)
 	if err != nil {
-		return fmt.Errorf("transport: channel %d send: %w", c.id, err)
+		// Nothing of the message went out (on an IPC channel its header
+		// did).
+		return c.dropSend(ctr, c.ipc, fmt.Errorf("transport: channel %d send (message %d): %w", c.id, ctr, err))
 	}
 	defer st.release()
 	d := len(st.slots)
+	m := c.newChanSend(ctr, tag)
 	sends := make([]*Request, k)
 	var firstErr error
 	keep := func(err error) {
@@ -835,7 +901,7 @@ func (c *Channel) runStagedSend(ctr uint32, buf gpu.Buffer, n int) error {
 		if l > 0 {
 			p = unsafe.Pointer(unsafe.SliceData(st.bytes[i%d]))
 		}
-		sends[i] = c.t.rawSend(c.peer, c.id, tag, p, l)
+		sends[i] = m.sendChunk(i, p, l)
 		posted = i + 1
 		// Chunk i+d-1 reuses the slot of chunk i-1, whose send was posted
 		// one step ago.
@@ -855,7 +921,7 @@ func (c *Channel) runStagedSend(ctr uint32, buf gpu.Buffer, n int) error {
 		// it reports as a size mismatch (and drains), as a typed send
 		// whose piece failed does. The stream is retired if it failed.
 		for j := posted; j < k; j++ {
-			sends[j] = c.t.rawSend(c.peer, c.id, tag, nil, 0)
+			sends[j] = m.sendChunk(j, nil, 0)
 		}
 		c.retireFailed(streamKey{dev: buf.Device(), send: true}, st.stream)
 	}

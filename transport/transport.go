@@ -291,6 +291,10 @@ type Transport struct {
 	// before a USER tagged send or CMA descriptor is posted; an error it
 	// returns stands for the post's own failure at that instant.
 	sendPostFault func(dst, tag int) error
+	// chanPostFault, set by tests only (the lock guards it), is asked
+	// before chunk chunk of message msg of channel chanID is posted; an
+	// error it returns stands for the post's own failure at that instant.
+	chanPostFault func(chanID, msg uint32, chunk int) error
 	// eventsLost: the shim reported an event lost for lack of memory
 	// (logged once); the lock guards it.
 	eventsLost bool
