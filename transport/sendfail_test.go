@@ -27,6 +27,22 @@ func failSendPosts(tr *Transport, dst, tag int, err error) (stop func()) {
 	}
 }
 
+// waitResult is what a Wait returned.
+type waitResult struct {
+	st  Status
+	err error
+}
+
+// waitAsync waits for r in a goroutine of its own.
+func waitAsync(ctx context.Context, r *Request) <-chan waitResult {
+	ch := make(chan waitResult, 1)
+	go func() {
+		st, err := r.Wait(ctx)
+		ch <- waitResult{st, err}
+	}()
+	return ch
+}
+
 // A send whose post fails at once (an endpoint error or out of memory at
 // that instant) gives its (destination, tag) sequence number back: the
 // next send to that pair is received by an ordinary receive. Before the
@@ -78,11 +94,16 @@ func TestSendPostFailureKeepsSequence(t *testing.T) {
 						if err != nil {
 							t.Fatal(err)
 						}
+						// The receiving rank waits in the library while the
+						// sender sends, as a rank of a job would: with the
+						// engine on, a rendezvous transfer it onloads waits
+						// for the receiver's next call (docs/overlap.md).
+						recvd := waitAsync(ctx, rr)
 						if err := f.send(ctx, ts[0], tag, first); err != nil {
 							t.Fatalf("%s %d B: first send: %v", f.name, n, err)
 						}
-						if st, err := rr.Wait(ctx); err != nil || st.Size != n || !bytes.Equal(got, first) {
-							t.Fatalf("%s %d B: first receive: %+v %v", f.name, n, st, err)
+						if res := <-recvd; res.err != nil || res.st.Size != n || !bytes.Equal(got, first) {
+							t.Fatalf("%s %d B: first receive: %+v %v", f.name, n, res.st, res.err)
 						}
 
 						stop := failSendPosts(ts[0], 1, tag, injected)
@@ -100,12 +121,14 @@ func TestSendPostFailureKeepsSequence(t *testing.T) {
 						// The guard against a message that is never matched
 						// (a rendezvous send waits for its receiver).
 						wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+						recvd = waitAsync(wctx, rr)
 						if err := f.send(wctx, ts[0], tag, want); err != nil {
 							cancel()
 							t.Fatalf("%s %d B: send after the failed one: %v", f.name, n, err)
 						}
-						st, err := rr.Wait(wctx)
+						res := <-recvd
 						cancel()
+						st, err := res.st, res.err
 						if err != nil {
 							t.Fatalf("%s %d B: receive after the failed send: %v", f.name, n, err)
 						}
