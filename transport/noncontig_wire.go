@@ -195,11 +195,14 @@ func (m *cts) decode(b []byte) error {
 	m.rbytes = int64(le.Uint64(b[32:]))
 	m.rsig.Elements = int64(le.Uint64(b[40:]))
 	m.rsig.Hash = [2]uint64{le.Uint64(b[48:]), le.Uint64(b[56:])}
+	if m.status > stFailed {
+		return fmt.Errorf("%w: typed CTS with status %d", ErrInvalid, m.status)
+	}
 	if m.status == stOK && (m.scheme < datatype.SchemePack || m.scheme > datatype.SchemeZCopy) {
 		return fmt.Errorf("%w: typed CTS chose scheme %d", ErrInvalid, m.scheme)
 	}
-	if m.keysLen < 0 || m.keysLen > 1<<34 || m.chunk < 0 {
-		return fmt.Errorf("%w: typed CTS with keys length %d, chunk %d", ErrInvalid, m.keysLen, m.chunk)
+	if m.keysLen < 0 || m.keysLen > 1<<34 || m.chunk < 0 || m.rbytes < 0 {
+		return fmt.Errorf("%w: typed CTS with keys length %d, chunk %d, receive size %d", ErrInvalid, m.keysLen, m.chunk, m.rbytes)
 	}
 	return nil
 }
