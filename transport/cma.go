@@ -273,13 +273,18 @@ type peerHost struct {
 }
 
 // parseHostInfo reads a hostInfo entry, or reports false for one too
-// short for its own lengths.
+// short for its own lengths or whose process id no process can have (0,
+// or above the 2^31-1 a pid_t holds: process_vm_readv would take its low
+// 32 bits, another process's id).
 func parseHostInfo(b []byte) (peerHost, bool) {
 	if len(b) < 27 {
 		return peerHost{}, false
 	}
 	n := int(binary.LittleEndian.Uint16(b[25:]))
 	if len(b) < 27+n {
+		return peerHost{}, false
+	}
+	if pid := binary.LittleEndian.Uint64(b[1:]); pid == 0 || pid > math.MaxInt32 {
 		return peerHost{}, false
 	}
 	return peerHost{
