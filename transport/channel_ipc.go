@@ -38,6 +38,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -223,9 +224,13 @@ func (d *ipcDesc) encode() []byte {
 	return b
 }
 
+// decodeIPCDesc reads a control message encode wrote. Every failure wraps
+// ErrProtocol: a message of the wrong size or magic, an unknown kind, a
+// length of 2^63 bytes or more (an int could not hold it), an IPC
+// descriptor reaching past its allocation.
 func decodeIPCDesc(b []byte) (ipcDesc, error) {
 	if len(b) != ipcDescSize || string(b[:8]) != ipcMagic {
-		return ipcDesc{}, fmt.Errorf("malformed channel control message (%d bytes)", len(b))
+		return ipcDesc{}, fmt.Errorf("%w: malformed channel control message (%d bytes)", ErrProtocol, len(b))
 	}
 	d := ipcDesc{kind: binary.LittleEndian.Uint64(b[8:]), length: binary.LittleEndian.Uint64(b[16:]), base: binary.LittleEndian.Uint64(b[104:])}
 	copy(d.h.Handle[:], b[24:88])
@@ -233,10 +238,13 @@ func decodeIPCDesc(b []byte) (ipcDesc, error) {
 	d.h.Length = d.length
 	d.h.Size = binary.LittleEndian.Uint64(b[96:])
 	if d.kind != ctlHeader && d.kind != ctlIPC {
-		return ipcDesc{}, fmt.Errorf("channel control message of unknown kind %d", d.kind)
+		return ipcDesc{}, fmt.Errorf("%w: channel control message of unknown kind %d", ErrProtocol, d.kind)
+	}
+	if d.length > math.MaxInt64 {
+		return ipcDesc{}, fmt.Errorf("%w: channel control message for %d bytes", ErrProtocol, d.length)
 	}
 	if d.kind == ctlIPC && (d.h.Size == 0 || d.h.Offset > d.h.Size || d.length > d.h.Size-d.h.Offset) {
-		return ipcDesc{}, fmt.Errorf("CUDA IPC descriptor of %d bytes at offset %d of a %d-byte allocation", d.length, d.h.Offset, d.h.Size)
+		return ipcDesc{}, fmt.Errorf("%w: CUDA IPC descriptor of %d bytes at offset %d of a %d-byte allocation", ErrProtocol, d.length, d.h.Offset, d.h.Size)
 	}
 	return d, nil
 }
@@ -457,7 +465,7 @@ func (c *Channel) runIPCRecv(ctr uint32, e endBuf, cr *ChannelRequest, hreq *Req
 	d, err := decodeIPCDesc(hdr[:st.Size])
 	if err != nil {
 		c.sendCtl(ackTag, encodeAck(ackFailed, cr.n, err.Error())) // in case the sender waits
-		return fmt.Errorf("%w: channel %d recv (message %d) from rank %d: %v", ErrProtocol, c.id, ctr, c.peer, err)
+		return fmt.Errorf("transport: channel %d recv (message %d) from rank %d: %w", c.id, ctr, c.peer, err)
 	}
 	if d.kind == ctlIPC {
 		if int(d.length) != cr.n {

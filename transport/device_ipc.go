@@ -64,11 +64,12 @@ func (t *Transport) ExportDevice(b gpu.Buffer) ([]byte, error) {
 }
 
 // DeviceDescLength returns the length of the buffer desc (from
-// ExportDevice) describes, after checking that desc is well formed.
+// ExportDevice) describes, after checking that desc is well formed: a
+// malformed one fails with an error wrapping ErrProtocol.
 func DeviceDescLength(desc []byte) (int, error) {
 	d, err := decodeIPCDesc(desc)
 	if err == nil && d.kind != ctlIPC {
-		err = fmt.Errorf("descriptor of kind %d, not an IPC handle", d.kind)
+		err = fmt.Errorf("%w: descriptor of kind %d, not an IPC handle", ErrProtocol, d.kind)
 	}
 	if err != nil {
 		return 0, fmt.Errorf("transport: device descriptor: %w", err)
@@ -163,7 +164,7 @@ func (t *Transport) importTarget(peer int, desc []byte, dst gpu.Buffer) (ipcDesc
 	case err != nil:
 		return d, nil, fmt.Errorf("transport: device import from rank %d: %w", peer, err)
 	case d.kind != ctlIPC:
-		return d, nil, fmt.Errorf("transport: device import from rank %d: descriptor of kind %d, not an IPC handle", peer, d.kind)
+		return d, nil, fmt.Errorf("transport: device import from rank %d: %w: descriptor of kind %d, not an IPC handle", peer, ErrProtocol, d.kind)
 	case peer < 0 || peer >= t.size:
 		return d, nil, fmt.Errorf("transport: device import from rank %d: %w", peer, ErrInvalid)
 	case uint64(dst.Len()) != d.length:
