@@ -45,6 +45,10 @@ type frame struct {
 
 var errFrameTooLarge = errors.New("frame too large")
 
+// errMalformedFrame is the error of a frame whose payload is not a JSON
+// frame object.
+var errMalformedFrame = errors.New("malformed frame")
+
 func encodeFrame(f *frame) ([]byte, error) {
 	b, err := json.Marshal(f)
 	if err != nil {
@@ -67,7 +71,9 @@ const maxJoinFrame = 4 << 10
 
 func readFrame(r io.Reader) (*frame, error) { return readFrameMax(r, MaxFrameSize) }
 
-// readFrameMax reads a frame of at most max bytes.
+// readFrameMax reads a frame of at most max bytes. It fails with the
+// reader's error (io.ErrUnexpectedEOF for a frame cut short), or an error
+// wrapping errFrameTooLarge or errMalformedFrame.
 func readFrameMax(r io.Reader, max uint32) (*frame, error) {
 	var hdr [4]byte
 	if _, err := io.ReadFull(r, hdr[:]); err != nil {
@@ -86,7 +92,7 @@ func readFrameMax(r io.Reader, max uint32) (*frame, error) {
 	}
 	f := new(frame)
 	if err := json.Unmarshal(buf, f); err != nil {
-		return nil, fmt.Errorf("bootstrap: malformed frame: %w", err)
+		return nil, fmt.Errorf("bootstrap: %w: %w", errMalformedFrame, err)
 	}
 	return f, nil
 }
