@@ -141,20 +141,17 @@ func (rt *Runtime) fetchDeclined(r int, seq uint64, dst gpu.Buffer, why error) e
 
 // onDeviceResend (sender) sends the bytes of a declined IPC device message.
 func (rt *Runtime) onDeviceResend(m *transport.AMMessage) {
-	r := &wireReader{b: m.Header}
-	src, seq := r.uint(), r.uint()
-	why := r.string()
-	r.end()
+	src, seq, why, err := decodeDeviceReply(m.Header, rt.size)
 	var buf gpu.Buffer
-	if r.err == nil && src < uint64(rt.size) {
-		buf = rt.devSends.buffer(seq, int(src))
+	if err == nil {
+		buf = rt.devSends.buffer(seq, src)
 	}
 	if buf.IsZero() {
 		rt.stats.DecodeErrors.Add(1)
 		rt.log.Warn("request for the bytes of no device message", zap.Binary("header", m.Header))
 		return
 	}
-	rank := int(src)
+	rank := src
 	rt.log.Debug("the receiver declined CUDA IPC; sending the bytes", zap.Int("peer", rank), zap.Uint64("seq", seq), zap.String("why", why))
 	// The copy to host memory waits for the device: not on the progress
 	// goroutine.
@@ -194,13 +191,10 @@ func (rt *Runtime) resendBytes(rank int, seq uint64, buf gpu.Buffer) {
 // onDeviceBytes (receiver) hands the bytes of a declined IPC device
 // message to its landing goroutine.
 func (rt *Runtime) onDeviceBytes(m *transport.AMMessage) {
-	r := &wireReader{b: m.Header}
-	src, seq := r.uint(), r.uint()
-	failed := r.string()
-	r.end()
+	src, seq, failed, err := decodeDeviceReply(m.Header, rt.size)
 	var w resendWait
-	if r.err == nil && src < uint64(rt.size) {
-		w = rt.devResends.take(int(src), seq)
+	if err == nil {
+		w = rt.devResends.take(src, seq)
 	}
 	switch {
 	case w.ch == nil:

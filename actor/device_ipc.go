@@ -380,22 +380,18 @@ func (rt *Runtime) ackDevice(r int, seq uint64, reason string) {
 
 // onDeviceAck completes the Completion of an IPC device message.
 func (rt *Runtime) onDeviceAck(m *transport.AMMessage) {
-	r := &wireReader{b: m.Header}
-	src, seq := r.uint(), r.uint()
-	reason := r.string()
-	r.end()
-	if r.err != nil || src >= uint64(rt.size) {
+	src, seq, reason, err := decodeDeviceReply(m.Header, rt.size)
+	if err != nil {
 		rt.stats.DecodeErrors.Add(1)
-		rt.log.Warn("malformed device acknowledgement", zap.Binary("header", m.Header))
+		rt.log.Warn("malformed device acknowledgement", zap.Binary("header", m.Header), zap.Error(err))
 		return
 	}
-	var err error
 	if reason != "" {
-		err = &DeviceIPCError{Rank: int(src), Reason: reason}
+		err = &DeviceIPCError{Rank: src, Reason: reason}
 	}
-	if !rt.devSends.finish(seq, int(src), err) {
+	if !rt.devSends.finish(seq, src, err) {
 		rt.stats.DecodeErrors.Add(1)
-		rt.log.Warn("device acknowledgement for no message", zap.Uint64("src", src), zap.Uint64("seq", seq))
+		rt.log.Warn("device acknowledgement for no message", zap.Int("src", src), zap.Uint64("seq", seq))
 	}
 }
 

@@ -38,16 +38,13 @@ func (rt *Runtime) rejectDevice(r int, target *pa.PID, reason string) {
 
 // onDeviceRejected (sending rank) takes a receiver's rejection.
 func (rt *Runtime) onDeviceRejected(m *transport.AMMessage) {
-	r := &wireReader{b: m.Header}
-	src := r.uint()
-	target, reason := r.string(), r.string()
-	r.end()
-	if r.err != nil || src >= uint64(rt.size) {
+	src, target, reason, err := decodeDeviceRejected(m.Header, rt.size)
+	if err != nil {
 		rt.stats.DecodeErrors.Add(1)
-		rt.log.Warn("malformed device rejection", zap.Binary("header", m.Header))
+		rt.log.Warn("malformed device rejection", zap.Binary("header", m.Header), zap.Error(err))
 		return
 	}
-	rt.deviceRejected(rt.PID(int(src), target), reason)
+	rt.deviceRejected(rt.PID(src, target), reason)
 }
 
 // deviceRejected records that a device message to target could not land.

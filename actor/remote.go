@@ -483,11 +483,13 @@ func (o *outPeer) lostErr() error {
 
 // onCredit takes credits a receiver returns.
 func (rt *Runtime) onCredit(m *transport.AMMessage) {
-	r := &wireReader{b: m.Header}
-	src, n := r.uint(), r.uint()
-	if r.err != nil || src >= uint64(rt.size) || n > uint64(rt.out[src].window) {
+	src, n, err := decodeCredit(m.Header, rt.size)
+	if err == nil && n > uint64(rt.out[src].window) {
+		err = &DecodeError{Reason: fmt.Sprintf("%d credits returned, window %d", n, rt.out[src].window)}
+	}
+	if err != nil {
 		rt.stats.DecodeErrors.Add(1)
-		rt.log.Warn("malformed credit message", zap.Binary("header", m.Header))
+		rt.log.Warn("malformed credit message", zap.Binary("header", m.Header), zap.Error(err))
 		return
 	}
 	rt.out[src].release(int(n))
