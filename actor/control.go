@@ -13,6 +13,7 @@ import "fmt"
 func decodeCredit(b []byte, size int) (src int, n uint64, err error) {
 	r := &wireReader{b: b}
 	s, n := r.uint(), r.uint()
+	r.end()
 	if err := checkRank(r, s, size); err != nil {
 		return 0, 0, err
 	}
