@@ -38,8 +38,10 @@ run: build
 # at full size (1,000,000 messages) without the race detector, where it judges
 # the receiving rank's RSS, Jacobi3D's one-block timing check without it too
 # (under the race detector the scheduler hides what it checks), and a short
-# run of each fuzz target on top of its committed seed corpus
-# (actor/testdata/fuzz). The fuzz runs are bounded by an
+# run of each fuzz target on top of its committed seed corpus (testdata/fuzz
+# of actor, transport and transport/bootstrap; FuzzCMADesc, FuzzRemoteKey and
+# FuzzDeviceRejectedHeader only run their seeds, in the race run). The fuzz
+# runs are bounded by an
 # execution count, not a duration: a duration races Go's fuzz coordinator on a
 # loaded machine and fails with "context deadline exceeded" and no crasher
 # (golang/go#75804).
@@ -50,7 +52,15 @@ test: deps test-deps
 	$(GO) test -run '^$$' -fuzz '^FuzzValidateMsgpack$$' -fuzztime 30000x ./actor/
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeBody$$' -fuzztime 20000x ./actor/
 	$(GO) test -run '^$$' -fuzz '^FuzzFastDecode$$' -fuzztime 20000x ./actor/
+	$(GO) test -run '^$$' -fuzz '^FuzzCreditHeader$$' -fuzztime 5000x ./actor/
+	$(GO) test -run '^$$' -fuzz '^FuzzDeviceReplyHeader$$' -fuzztime 5000x ./actor/
 	$(GO) test -run '^$$' -fuzz '^FuzzBundleFrames$$' -fuzztime 50000x ./transport/
+	$(GO) test -run '^$$' -fuzz '^FuzzRTSDecode$$' -fuzztime 5000x ./transport/
+	$(GO) test -run '^$$' -fuzz '^FuzzCTSDecode$$' -fuzztime 5000x ./transport/
+	$(GO) test -run '^$$' -fuzz '^FuzzKeyBlob$$' -fuzztime 5000x ./transport/
+	$(GO) test -run '^$$' -fuzz '^FuzzIPCDesc$$' -fuzztime 5000x ./transport/
+	$(GO) test -run '^$$' -fuzz '^FuzzHostInfo$$' -fuzztime 5000x ./transport/
+	$(GO) test -run '^$$' -fuzz '^FuzzReadFrame$$' -fuzztime 5000x ./transport/bootstrap/
 	UCX_LOG_LEVEL=error $(GO) test -count=1 -run '^TestActorFlood$$' ./integration/
 	$(GO) test -count=1 -run '^TestOneBlockOneProcessor$$' ./samples/jacobi3d/jacobi/
 	UCX_LOG_LEVEL=error $(GO) test -race -count=1 -timeout 20m $(RACE_PKGS)
