@@ -142,7 +142,8 @@ func (rt *Runtime) RequestFuture(pid *pa.PID, msg any, timeout time.Duration) (*
 // Request sends msg to pid and waits up to timeout for the response. A
 // message the target rank could not deliver comes back as an
 // *UndeliverableError; a request to an actor that does not exist fails at
-// once with ErrNoActor; a request to a rank that is lost fails at once.
+// once with ErrNoActor; a request to a rank that is lost fails at once. An
+// answer from another rank taken for it just as it timed out is returned.
 // While it waits, the calling goroutine progresses the transport itself for
 // a moment (as a blocking Recv does), so a quick answer costs no wake-up.
 func (rt *Runtime) Request(pid *pa.PID, msg any, timeout time.Duration) (any, error) {
@@ -154,7 +155,8 @@ func (rt *Runtime) Request(pid *pa.PID, msg any, timeout time.Duration) (any, er
 	}
 	rp := &replyProcess{done: make(chan struct{})}
 	var self *pa.PID
-	if r, ok := rt.remote(pid); ok {
+	r, remote := rt.remote(pid)
+	if remote {
 		// The reply comes back through the runtime, which finds rp in its
 		// request table (takeReply).
 		self = pa.NewPID(rt.addrs[rt.rank], requestPrefix+strconv.FormatUint(rt.reqSeq.Add(1), 36))
@@ -172,8 +174,17 @@ func (rt *Runtime) Request(pid *pa.PID, msg any, timeout time.Duration) (any, er
 		rt.sys.Root.RequestWithCustomSender(pid, msg, self)
 	}
 	if !rt.t.AwaitFor(rp.done, timeout) {
-		rt.answered(self.Id) // a no-op for a local request
-		return nil, fmt.Errorf("actor: request to %s: %w", pid, pa.ErrTimeout)
+		if f := rt.requestTimedOut; f != nil && remote {
+			f(rp)
+		}
+		if !remote || rt.answered(self.Id).reply != nil {
+			return nil, fmt.Errorf("actor: request to %s: %w", pid, pa.ErrTimeout)
+		}
+		// Its answer was taken from the request table as it timed out,
+		// and is being handed to rp (whoever takes a reply hands it one
+		// at once): returned, for the caller to own (a device message's
+		// runtime-allocated memory would otherwise be held for ever).
+		<-rp.done
 	}
 	switch res := rp.result.(type) {
 	case *pa.DeadLetterResponse:

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math/bits"
+	"reflect"
 	"strconv"
 	"strings"
 	"sync"
@@ -964,6 +965,11 @@ func (rt *Runtime) deliver(it *inItem) {
 		return
 	}
 	rt.answered(e.Target)
+	if !tracked && !it.landed.IsZero() {
+		if f := rt.answerHeld.Load(); f != nil {
+			(*f)(target)
+		}
+	}
 	if tracked && !it.landed.IsZero() {
 		// The actor owns the memory once it takes the message; if it
 		// stops first, the mailbox frees it (landedDevice).
@@ -988,6 +994,9 @@ func (rt *Runtime) deliver(it *inItem) {
 	}
 	if hdr == nil && sender == nil {
 		proc.SendUserMessage(target, msg)
+		if !tracked && !it.landed.IsZero() {
+			rt.dropUnclaimed(proc, target, msg, it.landed)
+		}
 		return
 	}
 	env := it.env
@@ -1001,6 +1010,41 @@ func (rt *Runtime) deliver(it *inItem) {
 		return
 	}
 	proc.SendUserMessage(target, env)
+	if !tracked && !it.landed.IsZero() {
+		rt.dropUnclaimed(proc, target, msg, it.landed)
+	}
+}
+
+// futureResult is what a protoactor future's process offers: the result
+// it settled with.
+type futureResult interface{ Result() (any, error) }
+
+// dropUnclaimed frees landed, the device memory the runtime allocated for
+// msg, a message just handed to proc, a process that is not one of the
+// runtime's actors, if proc is a future that settled without it (it timed
+// out, or was stopped, as the answer came): no one else would free it. A
+// future settles on any message, so its Result does not wait here.
+func (rt *Runtime) dropUnclaimed(proc pa.Process, target *pa.PID, msg any, landed gpu.Buffer) {
+	f, ok := proc.(futureResult)
+	if !ok || !strings.HasPrefix(target.Id, "future") {
+		return
+	}
+	res, err := f.Result()
+	if err == nil && sameMessage(res, msg) {
+		return // the future's taker owns it
+	}
+	_ = gpu.Free(landed)
+	rt.stats.DeadLetters.Add(1)
+}
+
+// sameMessage reports whether a and b are the same message; a message of
+// a type that cannot be compared counts as the same.
+func sameMessage(a, b any) bool {
+	ta := reflect.TypeOf(a)
+	if ta == nil || ta != reflect.TypeOf(b) {
+		return false
+	}
+	return !ta.Comparable() || a == b
 }
 
 // localTarget finds what a delivery needs to know about the local process

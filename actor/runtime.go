@@ -214,6 +214,13 @@ type Runtime struct {
 	reqs   map[string]pendingRequest // pending remote requests by reply id
 	nreqs  atomic.Int64
 	reqSeq atomic.Uint64 // numbers Request's reply ids
+	// Set by tests only, before any request: requestTimedOut runs when a
+	// Request to another rank has timed out, before it withdraws from the
+	// request table; answerHeld runs when a device message answering a
+	// future (a process not the runtime's) was found, before it is handed
+	// over.
+	requestTimedOut func(rp *replyProcess)
+	answerHeld      atomic.Pointer[func(target *pa.PID)]
 
 	watchMu sync.Mutex
 	watches []map[watchKey]*pa.PID // per rank: remote watchee + local watcher
