@@ -260,7 +260,7 @@ func (nc *noncontig) run(ctx context.Context, c typedCall, seq uint32, p sendPla
 	}
 	rr := t.ncRecv(c.peer, ncXferTag(dirReply, uint32(c.peer), h.xid, replyIdx), bufOf(reply), nil)
 	sent := time.Now()
-	sr := t.ncSend(c.peer, ncRTSTag(c.space, me, uint16(c.tag), seq), bufOf(p.msg), nil)
+	sr := t.ncSendRTS(c.peer, c.tag, ncRTSTag(c.space, me, uint16(c.tag), seq), bufOf(p.msg), rr)
 	if c.space == KindTyped {
 		nc.endRTSTurn(c.seqKey(), seq)
 	}
@@ -270,6 +270,7 @@ func (nc *noncontig) run(ctx context.Context, c typedCall, seq uint32, p sendPla
 			nc.c.eager.Add(1)
 		} else {
 			ps := nc.newPackSender(c, h.xid)
+			ps.rts = sr // its chunks follow the RTS unless that failed at its post
 			if err := ps.run(ctx); errors.Is(err, errPaused) {
 				xd := x
 				return Status{}, detach(func() error {
@@ -423,8 +424,9 @@ type packSender struct {
 	nc    *noncontig
 	c     typedCall
 	xid   uint32
-	n, k  int64 // chunks in all; the next to pack
-	w     int   // pack workers
+	rts   *Request // the RTS the chunks follow unmatched (ncSendAfter); nil after a CTS
+	n, k  int64    // chunks in all; the next to pack
+	w     int      // pack workers
 	q     []packFlight
 	first error
 	// withdrawn: a chunk failed to pack and the rest went empty; the
@@ -480,7 +482,7 @@ func (ps *packSender) run(ctx context.Context) error {
 			}
 			nc.countParallel(ps.w, len(b))
 		}
-		r := nc.t.ncSend(c.peer, ncXferTag(dirData, uint32(nc.t.rank), ps.xid, uint32(ps.k)), bufOf(b), nil)
+		r := nc.t.ncSendAfter(ps.rts, c.peer, ncXferTag(dirData, uint32(nc.t.rank), ps.xid, uint32(ps.k)), bufOf(b), nil)
 		ps.q = append(ps.q, packFlight{r, b})
 		ps.k++
 		if err := drain(nc.opts.PackDepth - 1); err != nil {
@@ -510,7 +512,7 @@ func (ps *packSender) withdraw(err error) {
 	ps.first = fmt.Errorf("transport: typed send rank %d tag %d: packing chunk %d of %d: %w", c.peer, c.tag, ps.k, ps.n, err)
 	ps.withdrawn = true
 	for ; ps.k < ps.n; ps.k++ {
-		r := ps.nc.t.ncSend(c.peer, ncXferTag(dirData, uint32(ps.nc.t.rank), ps.xid, uint32(ps.k)), ucx.Buffer{}, nil)
+		r := ps.nc.t.ncSendAfter(ps.rts, c.peer, ncXferTag(dirData, uint32(ps.nc.t.rank), ps.xid, uint32(ps.k)), ucx.Buffer{}, nil)
 		ps.q = append(ps.q, packFlight{r: r})
 	}
 }

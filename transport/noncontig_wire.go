@@ -228,6 +228,78 @@ func (t *Transport) ncSend(peer int, tag uint64, b ucx.Buffer, pins []unsafe.Poi
 	return r
 }
 
+// ncSendRTS starts the send of a typed send's RTS, msg, to peer under wire
+// (user tag tag), as ncSend does; rtsPostFault (tests) is asked before
+// the post. reply is the receive the send posted before for the
+// receiver's answer (CTS or acknowledgement): if the RTS fails at its
+// post, no answer will come, and reply is withdrawn and fails with the
+// RTS's error (it stayed posted for good before).
+func (t *Transport) ncSendRTS(peer, tag int, wire uint64, msg ucx.Buffer, reply *Request) *Request {
+	r := t.newRequest("typed send", peer, -1, msg.Len)
+	r.b = msg
+	t.exec(func() {
+		defer func() {
+			if r.fin.Load() && r.err != nil {
+				t.withdrawReply(reply, r.err)
+			}
+		}()
+		p, err := t.peerLocked(peer, r.op)
+		if err != nil {
+			t.fail(r, err)
+			return
+		}
+		var ureq ucx.Request
+		if f := t.rtsPostFault; f != nil {
+			err = f(peer, tag)
+		}
+		if err == nil {
+			ureq, err = t.w.TagSend(p.ep, r.b, wire)
+		}
+		t.settle(r, ureq, err)
+	})
+	return r
+}
+
+// withdrawReply takes rr, a typed send's receive of its receiver's answer,
+// out of UCX (the receive was posted before the RTS, which failed with
+// err) and fails it with err; the worker lock is held. A receive that
+// failed already, or matched meanwhile, is left to finish.
+func (t *Transport) withdrawReply(rr *Request, err error) {
+	if rr.fin.Load() || !rr.ureq.Pending() || t.ops[rr.ureq] != rr {
+		return
+	}
+	if t.cancelInUCX(rr) {
+		t.fail(rr, err)
+	}
+}
+
+// ncSendAfter is ncSend for a message that follows rts, a typed send's
+// RTS, without waiting for it: if rts failed at its post (its send ran
+// first, under the worker lock), the message is not posted and fails with
+// rts's error (its receiver, which never heard of the transfer, would
+// never take it). A nil rts is ncSend.
+func (t *Transport) ncSendAfter(rts *Request, peer int, tag uint64, b ucx.Buffer, pins []unsafe.Pointer) *Request {
+	if rts == nil {
+		return t.ncSend(peer, tag, b, pins)
+	}
+	r := t.newRequest("typed send", peer, -1, b.Len)
+	r.b, r.pins, r.iov = b, pins, b.IOV
+	t.exec(func() {
+		if rts.fin.Load() && rts.err != nil {
+			t.fail(r, fmt.Errorf("transport: typed send rank %d: its RTS failed: %w", peer, rts.err))
+			return
+		}
+		p, err := t.peerLocked(peer, r.op)
+		if err != nil {
+			t.fail(r, err)
+			return
+		}
+		ureq, err := t.w.TagSend(p.ep, r.b, tag)
+		t.settle(r, ureq, err)
+	})
+	return r
+}
+
 // ncRecv posts a tagged receive of exactly tag into b.
 func (t *Transport) ncRecv(peer int, tag uint64, b ucx.Buffer, pins []unsafe.Pointer) *Request {
 	return t.ncRecvThen(peer, tag, b, pins, nil)

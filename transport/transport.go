@@ -295,6 +295,10 @@ type Transport struct {
 	// before chunk chunk of message msg of channel chanID is posted; an
 	// error it returns stands for the post's own failure at that instant.
 	chanPostFault func(chanID, msg uint32, chunk int) error
+	// rtsPostFault, set by tests only (the lock guards it), is asked
+	// before a typed send's RTS to (dst, user tag tag) is posted; an error
+	// it returns stands for the post's own failure at that instant.
+	rtsPostFault func(dst, tag int) error
 	// eventsLost: the shim reported an event lost for lack of memory
 	// (logged once); the lock guards it.
 	eventsLost bool
