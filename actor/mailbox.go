@@ -152,7 +152,12 @@ func (m *mailbox) RegisterHandlers(invoker pa.MessageInvoker, dispatcher pa.Disp
 	if m.rt == nil || !ok || c.Self() == nil {
 		return
 	}
-	if v, ok := m.rt.local.Load(c.Self().Id); ok {
+	// Found again by its actor's PID when the actor stops (trackMiddleware),
+	// whatever then holds the name's record.
+	m.rt.mailboxes.Store(c.Self(), m)
+	// Only its own actor's record: never that of another actor of the same
+	// name.
+	if v, ok := m.rt.local.Load(c.Self().Id); ok && v.(*localActor).pid == c.Self() {
 		v.(*localActor).run.mbox.Store(m)
 		// A delivery may have cached the record without its mailbox
 		// (localTarget): it looks again, and posts here (deliver).

@@ -69,7 +69,7 @@ func (rt *Runtime) trackMiddleware(next pa.ReceiverFunc) pa.ReceiverFunc {
 		switch env.Message.(type) {
 		case *pa.Started: // again after a restart: a new actor instance
 			run := &actorRun{}
-			if la, ok := rt.local.Load(c.Self().Id); ok {
+			if la, ok := rt.local.Load(c.Self().Id); ok && la.(*localActor).pid == c.Self() {
 				run = la.(*localActor).run
 			}
 			run.started()
@@ -79,12 +79,21 @@ func (rt *Runtime) trackMiddleware(next pa.ReceiverFunc) pa.ReceiverFunc {
 			// deliveries look it up again.
 			rt.localEpoch.Add(1)
 		case *pa.Stopped:
+			if h := rt.stoppedHook; h != nil {
+				h(c.Self())
+			}
+			// Its own mailbox, found by its PID: protoactor frees the name
+			// just before Stopped, and a new actor of the same name may
+			// already hold the name's record (before 2026-12-08 the
+			// mailbox was looked up through that record, and one a
+			// failure suspended stayed suspended with its remote messages
+			// and their senders' credits,
+			// TestCreditsComeBackFromStoppedFailedActorRespawned).
+			if m, ok := rt.mailboxes.LoadAndDelete(c.Self()); ok {
+				m.(*mailbox).actorStopped()
+			}
 			if v, ok := rt.local.Load(c.Self().Id); ok && v.(*localActor).pid == c.Self() {
-				// Not a new actor of the same name (protoactor frees the
-				// name before Stopped): this one's mailbox and record.
-				if m := v.(*localActor).run.mbox.Load(); m != nil {
-					m.actorStopped()
-				}
+				// Not a new actor of the same name: this one's record.
 				rt.local.CompareAndDelete(c.Self().Id, v)
 			}
 			rt.localEpoch.Add(1)

@@ -1,6 +1,7 @@
 package actor
 
 import (
+	"sync"
 	"testing"
 	"time"
 
@@ -76,5 +77,128 @@ func TestCreditsComeBackFromStoppedFailedActor(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("the sink got nothing")
+	}
+}
+
+// A failed actor that its supervisor stops still gives back the credits
+// of the remote messages left in its mailbox when a new actor of the same
+// name is spawned before it has finished stopping (protoactor frees the
+// name just before the actor's Stopped): the stopping actor's mailbox was
+// looked up through the name's record, which the new actor already held,
+// so it stayed suspended and the sending rank's window stayed taken.
+func TestCreditsComeBackFromStoppedFailedActorRespawned(t *testing.T) {
+	const credits = 8 // small pings cost one unit each
+	rts := startLocalWith(t, 2, Options{Credits: credits})
+	release := make(chan struct{})
+	stopOnFailure := pa.NewOneForOneStrategy(0, time.Second, func(any) pa.Directive { return pa.StopDirective })
+	parent := rts[1].PropsFromFunc(func(c pa.Context) {
+		if _, ok := c.Message().(*pa.Started); ok {
+			c.SpawnNamed(rts[1].PropsFromFunc(func(c pa.Context) {
+				if p, ok := c.Message().(*ping); ok && p.N == 0 {
+					<-release
+					panic("boom")
+				}
+			}), "child")
+		}
+	}, pa.WithSupervisor(stopOnFailure))
+	gotNew := make(chan int, 1)
+	type respawn struct {
+		old, pid *pa.PID
+		err      error
+	}
+	respawned := make(chan respawn, 1)
+	var once sync.Once
+	// In the window between protoactor freeing the failed child's name and
+	// its Stopped, an actor of the same id is spawned.
+	rts[1].stoppedHook = func(pid *pa.PID) {
+		if pid.Id != "parent/child" {
+			return
+		}
+		once.Do(func() {
+			p, err := rts[1].Root().SpawnNamed(rts[1].PropsFromFunc(func(c pa.Context) {
+				if p, ok := c.Message().(*ping); ok {
+					gotNew <- p.N
+				}
+			}), "parent/child")
+			respawned <- respawn{old: pid, pid: p, err: err}
+		})
+	}
+	if _, err := rts[1].Root().SpawnNamed(parent, "parent"); err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan int, 1)
+	if _, err := rts[1].Root().SpawnNamed(rts[1].PropsFromFunc(func(c pa.Context) {
+		if p, ok := c.Message().(*ping); ok {
+			got <- p.N
+		}
+	}), "sink"); err != nil {
+		t.Fatal(err)
+	}
+	var oldMbox *mailbox
+	waitFor(t, func() bool {
+		if v, ok := rts[1].local.Load("parent/child"); ok {
+			oldMbox = v.(*localActor).run.mbox.Load()
+		}
+		return oldMbox != nil
+	})
+	child := rts[0].PID(1, "parent/child")
+	for i := range credits {
+		if err := rts[0].Send(child, &ping{N: i}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, func() bool { return oldMbox.userPending() == credits-1 }) // the first is running
+	close(release)
+	var r respawn
+	select {
+	case r = <-respawned:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the failed child did not stop")
+	}
+	if r.err != nil {
+		t.Fatalf("spawning a new actor of the freed name: %v", r.err)
+	}
+
+	sent := make(chan error, 1)
+	go func() { sent <- rts[0].Send(rts[0].PID(1, "sink"), &ping{N: 42}) }()
+	select {
+	case err := <-sent:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("a send to another actor of the rank still blocked 10 s after the failed actor stopped (old mailbox: %d messages left, suspended %v; credit waits %d, credits back %d)",
+			oldMbox.userPending(), oldMbox.suspended.Load(), rts[0].Stats().CreditWaits.Load(), rts[1].Stats().CreditsBack.Load())
+	}
+	select {
+	case n := <-got:
+		if n != 42 {
+			t.Fatalf("sink got %d", n)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the sink got nothing")
+	}
+	waitFor(t, func() bool { return oldMbox.userPending() == 0 })
+	if _, ok := rts[1].mailboxes.Load(r.old); ok {
+		t.Error("the stopped actor's mailbox is still recorded")
+	}
+	// The new actor keeps its own record and mailbox, and gets messages.
+	v, ok := rts[1].local.Load("parent/child")
+	if !ok || v.(*localActor).pid != r.pid {
+		t.Fatal("the new actor's record is gone")
+	}
+	if m := v.(*localActor).run.mbox.Load(); m == nil || m == oldMbox {
+		t.Fatalf("the new actor's record has mailbox %p (the old one is %p)", m, oldMbox)
+	}
+	if err := rts[0].Send(child, &ping{N: 7}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case n := <-gotNew:
+		if n != 7 {
+			t.Fatalf("the new actor got %d", n)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the new actor got nothing")
 	}
 }

@@ -194,6 +194,16 @@ type Runtime struct {
 	in       []*inPeer
 	unitHdrs map[unsafe.Pointer]*inPeer // each in[r].hdr, by the map's identity (creditMiddleware)
 	local    sync.Map                   // actor id -> *localActor, for actors spawned with Props
+	// mailboxes holds the mailbox of each actor spawned with Props, by the
+	// actor's own *pa.PID, from its registration (mailbox.RegisterHandlers)
+	// until it stops: a stopping actor finds its own mailbox here even when
+	// a new actor of the same name already holds the name's record in local
+	// (trackMiddleware).
+	mailboxes sync.Map
+	// stoppedHook, when set (by tests, before any actor is spawned), runs
+	// on a stopping actor's goroutine after protoactor has freed its name
+	// and before the runtime handles its Stopped.
+	stoppedHook func(pid *pa.PID)
 
 	// The delivering goroutine writes these per message: they keep to
 	// cache lines of their own, away from the fields actors' goroutines
