@@ -243,6 +243,13 @@ func (t *Transport) openChannel(id uint32, peer int) (*Channel, error) {
 		}
 	}
 	t.chanOpen.Add(1)
+	if t.ov != nil {
+		// Chunks of the id taken before are the peer's: they go if it is
+		// lost, even once the channel is closed (ovPeerLost).
+		t.mu.Lock()
+		t.ovChannelOpened(id, peer)
+		t.mu.Unlock()
+	}
 	return c, nil
 }
 

@@ -103,8 +103,9 @@ type ovState struct {
 	// receive was posted, by wire tag; a matched one stays until delivered.
 	unexp map[ovKey]*ovMsg
 	// chunks counts the chunks probed so far of each channel message whose
-	// last (short) chunk has not been probed yet.
-	chunks map[uint64]uint32
+	// last (short) chunk has not been probed yet, with the rank sending
+	// them (ovChunks).
+	chunks map[uint64]ovChunks
 	// held: expected messages the policy onloaded; the receiver's next call
 	// into the transport starts them.
 	held []*Request
@@ -123,6 +124,18 @@ type ovState struct {
 	// the engine may wait for the receiver's next activity to sample how
 	// late an onload of it would have started (ovPoll).
 	startedSince bool
+}
+
+// ovChunks is what the engine knows of a channel message of which it has
+// taken some chunks off UCX's queue, and not the last one yet: how many,
+// and the rank sending them, known from the channel of the message's id
+// open on this rank when one chunk was taken or since (openChannel), else
+// overlap.AnyPeer. The rank is kept with the count because the channel may
+// be closed before the rank is lost: a channel tag does not name its
+// sender, and the count must then still go (ovPeerLost).
+type ovChunks struct {
+	n    uint32
+	peer int
 }
 
 // ovRecv is the overlap state of a receive (or of an internal prefetch).
@@ -183,7 +196,7 @@ func newOvState(pol RendezvousPolicy) *ovState {
 		start:    time.Now(),
 		posted:   map[ovKey]*Request{},
 		unexp:    map[ovKey]*ovMsg{},
-		chunks:   map[uint64]uint32{},
+		chunks:   map[uint64]ovChunks{},
 		discard:  map[uint64]int{},
 	}
 }
@@ -319,14 +332,23 @@ func (t *Transport) ovProbe() {
 		}
 		// The chunks of one message share its tag and arrive in order;
 		// the last one is shorter than a full chunk.
-		k := ovKey{wire: info.Tag, chunk: t.ov.chunks[info.Tag]}
+		id, _ := SplitChannelTag(info.Tag)
+		src := t.channelPeer(id)
+		c, ok := t.ov.chunks[info.Tag]
+		if !ok {
+			c.peer = overlap.AnyPeer
+		}
+		k := ovKey{wire: info.Tag, chunk: c.n}
 		if info.Length < ChannelChunkSize {
 			delete(t.ov.chunks, info.Tag)
 		} else {
-			t.ov.chunks[info.Tag]++
+			c.n++
+			if src != overlap.AnyPeer {
+				c.peer = src
+			}
+			t.ov.chunks[info.Tag] = c
 		}
-		id, _ := SplitChannelTag(info.Tag)
-		t.ovTaken(msg, k, t.channelPeer(id), int(id), info.Length)
+		t.ovTaken(msg, k, src, int(id), info.Length)
 	}
 }
 
@@ -816,6 +838,19 @@ func (t *Transport) noteForeign(src int, wire uint64) {
 // at warn level).
 func (t *Transport) ForeignDropped() uint64 { return t.foreign.Load() }
 
+// ovChannelOpened records peer, to which channel id was just opened on
+// this rank, as the sender of the chunks of that id the engine counts
+// without knowing their sender (taken before the channel was open); the
+// lock is held.
+func (t *Transport) ovChannelOpened(id uint32, peer int) {
+	for w, c := range t.ov.chunks {
+		if cid, _ := SplitChannelTag(w); cid == id && c.peer == overlap.AnyPeer {
+			c.peer = peer
+			t.ov.chunks[w] = c
+		}
+	}
+}
+
 // ovPeerLost fails the engine's receives waiting for rank's messages; the
 // lock is held.
 func (t *Transport) ovPeerLost(rank int, reason string) {
@@ -825,9 +860,15 @@ func (t *Transport) ovPeerLost(rank int, reason string) {
 			delete(ov.discard, w)
 		}
 	}
-	for w := range ov.chunks {
-		if id, _ := SplitChannelTag(w); t.channelPeer(id) == rank {
-			delete(ov.chunks, w) // nor will the rest of this message's
+	for w, c := range ov.chunks {
+		// Nor will the rest of this message's: the rank recorded with its
+		// count (its channel may be closed by now; before 2026-12-08 only
+		// the counts of channels still open went, and the others stayed
+		// for good, TestOverlapPeerLostDropsChunkCounts), or the one its
+		// channel goes to.
+		id, _ := SplitChannelTag(w)
+		if c.peer == rank || (c.peer == overlap.AnyPeer && t.channelPeer(id) == rank) {
+			delete(ov.chunks, w)
 		}
 	}
 	for k, r := range ov.posted {
