@@ -429,3 +429,47 @@ func TestZCopyFailedCompletion(t *testing.T) {
 		t.Fatalf("zero-copy receive after a failed completion: %v, want ErrWithdrawn", err)
 	}
 }
+
+// A CTS announcing window keys far larger than any set of keys for the
+// transfer could be fails the zero-copy send as invalid at once. The
+// sender allocated what it announced (up to 16 GiB) and waited for it.
+func TestHostileCTSHugeKeys(t *testing.T) {
+	ts := localJob(t, 2, ProgressDirect)
+	ctx := testCtx(t)
+	vec, err := datatype.Vector(64, 128, 256, datatype.Float64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	span := int(vec.Extent())
+	sent := make(chan error, 1)
+	go func() {
+		sent <- ts[0].SendTypedWith(ctx, 1, 9, pattern(span, 1), vec, 1, TypedOptions{Scheme: datatype.SchemeZCopy})
+	}()
+	hb := make([]byte, rtsHdrLen)
+	if _, err := ts[1].ncRecv(0, ncRTSTag(KindTyped, 0, 9, 0), bufOf(hb), nil).Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var h rts
+	if err := h.decode(hb); err != nil {
+		t.Fatal(err)
+	}
+	m := cts{status: stOK, scheme: datatype.SchemeZCopy, nwin: 1, chunk: 64 << 10, setID: 5, rbytes: int64(span),
+		flags: ctsKeys, keysLen: 1 << 33}
+	msg := make([]byte, ctsLen)
+	m.encode(msg)
+	if _, err := ts[1].ncSend(0, ncXferTag(dirReply, 1, h.xid, idxCTS), bufOf(msg), nil).Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-sent:
+		if !errors.Is(err, ErrInvalid) {
+			t.Fatalf("zero-copy send after a CTS announcing 8 GiB of keys: %v, want ErrInvalid", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the zero-copy send still waits for 8 GiB of window keys 10 s after the CTS")
+	}
+	fin := make([]byte, finLen)
+	if _, err := ts[1].ncRecv(0, ncXferTag(dirData, 0, h.xid, idxFin), bufOf(fin), nil).Wait(ctx); err != nil || fin[0] != finFailed {
+		t.Fatalf("completion of the failed transfer: % x %v, want it marked failed", fin, err)
+	}
+}

@@ -742,6 +742,18 @@ func (ws *windowSet) keyBlob(iovs []datatype.IOV) []byte {
 	return b
 }
 
+// maxKeyBlob bounds the window keys (keyBlob) of a receive layout of
+// rbytes bytes: the header, a registration key (64 KiB at most), and per
+// window a piece count and per piece an address and a length, every
+// window and piece at least a byte long.
+func maxKeyBlob(rbytes int64) int64 {
+	const slack = 16 + 64<<10
+	if rbytes > (math.MaxInt64-slack)/20 {
+		return math.MaxInt64
+	}
+	return slack + 20*rbytes
+}
+
 func decodeKeyBlob(b []byte, wantID uint64) (*remoteSet, error) {
 	le := binary.LittleEndian
 	bad := func(what string) (*remoteSet, error) {

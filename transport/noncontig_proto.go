@@ -740,6 +740,12 @@ func (nc *noncontig) zcopySend(ctx context.Context, c typedCall, ls *layoutState
 			_, _ = t.ncSend(c.peer, ncXferTag(dirData, uint32(t.rank), xid, idxFin), bufOf(fin), nil).Wait(ctx)
 		}
 	}()
+	if m.flags&ctsKeys != 0 && m.keysLen > maxKeyBlob(m.rbytes) {
+		// Not allocated: the CTS is inconsistent (it made the sender
+		// allocate up to 16 GiB and wait for it).
+		return fmt.Errorf("%w: typed send rank %d tag %d: CTS announces %d bytes of window keys for a %d-byte receive layout (at most %d)",
+			ErrInvalid, c.peer, c.tag, m.keysLen, m.rbytes, maxKeyBlob(m.rbytes))
+	}
 	e := nc.remoteEntry(c.peer, m.setID, m.flags&ctsKeys != 0)
 	if m.flags&ctsKeys != 0 {
 		blob := make([]byte, m.keysLen)
