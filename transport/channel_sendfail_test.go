@@ -15,8 +15,7 @@ import (
 // channel chanID fail at once with err until the returned function is
 // called. also, when not nil, runs first (under the worker lock).
 func failChannelPosts(tr *Transport, chanID uint32, chunk int, err error, also func()) (stop func()) {
-	tr.mu.Lock()
-	tr.chanPostFault = func(id, _ uint32, k int) error {
+	return setFault(tr, &tr.chanPostFault, func(id, _ uint32, k int) error {
 		if id == chanID && k == chunk {
 			if also != nil {
 				also()
@@ -24,13 +23,7 @@ func failChannelPosts(tr *Transport, chanID uint32, chunk int, err error, also f
 			return err
 		}
 		return nil
-	}
-	tr.mu.Unlock()
-	return func() {
-		tr.mu.Lock()
-		tr.chanPostFault = nil
-		tr.mu.Unlock()
-	}
+	})
 }
 
 // chanSendCase is one kind of channel send: Go memory (the direct path) or

@@ -12,17 +12,24 @@ import (
 // failSendPosts makes rank tr's posts of USER sends to (dst, tag) fail at
 // once with err until the returned function is called.
 func failSendPosts(tr *Transport, dst, tag int, err error) (stop func()) {
-	tr.mu.Lock()
-	tr.sendPostFault = func(d, tg int) error {
+	return setFault(tr, &tr.sendPostFault, func(d, tg int) error {
 		if d == dst && tg == tag {
 			return err
 		}
 		return nil
-	}
+	})
+}
+
+// setFault sets one of tr's fault hooks, *hook, to f under the lock that
+// guards it, until the returned function is called.
+func setFault[F any](tr *Transport, hook *F, f F) (stop func()) {
+	tr.mu.Lock()
+	*hook = f
 	tr.mu.Unlock()
 	return func() {
+		var none F
 		tr.mu.Lock()
-		tr.sendPostFault = nil
+		*hook = none
 		tr.mu.Unlock()
 	}
 }

@@ -13,19 +13,12 @@ import (
 // failRTSPosts makes rank tr's posts of typed sends' RTSs to (dst, tag)
 // fail at once with err until the returned function is called.
 func failRTSPosts(tr *Transport, dst, tag int, err error) (stop func()) {
-	tr.mu.Lock()
-	tr.rtsPostFault = func(d, tg int) error {
+	return setFault(tr, &tr.rtsPostFault, func(d, tg int) error {
 		if d == dst && tg == tag {
 			return err
 		}
 		return nil
-	}
-	tr.mu.Unlock()
-	return func() {
-		tr.mu.Lock()
-		tr.rtsPostFault = nil
-		tr.mu.Unlock()
-	}
+	})
 }
 
 // typedRecvsPosted counts rank tr's typed protocol receives from peer in
