@@ -17,13 +17,34 @@ import (
 func TestCreditsComeBackFromStoppedFailedActor(t *testing.T) {
 	const credits = 8 // small pings cost one unit each
 	rts := startLocalWith(t, 2, Options{Credits: credits})
-	release := make(chan struct{})
+	f := fillFailingChild(t, rts, credits)
+	close(f.release)
+	waitFor(t, func() bool { _, ok := rts[1].local.Load("parent/child"); return !ok })
+	f.sinkNotBlocked(t, rts)
+}
+
+// failingChild is rank 1 of rts with an actor "parent/child" that fails on
+// its first message once release is closed (its supervisor then stops it),
+// the sending rank's whole credit window in its mailbox, and an actor
+// "sink" that reports the pings it gets.
+type failingChild struct {
+	release chan struct{}
+	mbox    *mailbox // the child's
+	got     chan int // the sink's pings
+	child   *pa.PID  // the child, as rank 0 names it
+}
+
+// fillFailingChild sets up a failingChild: the child runs its first
+// message (blocked until release) with credits-1 behind it.
+func fillFailingChild(t *testing.T, rts []*Runtime, credits int) *failingChild {
+	t.Helper()
+	f := &failingChild{release: make(chan struct{}), got: make(chan int, 1), child: rts[0].PID(1, "parent/child")}
 	stopOnFailure := pa.NewOneForOneStrategy(0, time.Second, func(any) pa.Directive { return pa.StopDirective })
 	parent := rts[1].PropsFromFunc(func(c pa.Context) {
 		if _, ok := c.Message().(*pa.Started); ok {
 			c.SpawnNamed(rts[1].PropsFromFunc(func(c pa.Context) {
 				if p, ok := c.Message().(*ping); ok && p.N == 0 {
-					<-release
+					<-f.release
 					panic("boom")
 				}
 			}), "child")
@@ -32,33 +53,34 @@ func TestCreditsComeBackFromStoppedFailedActor(t *testing.T) {
 	if _, err := rts[1].Root().SpawnNamed(parent, "parent"); err != nil {
 		t.Fatal(err)
 	}
-	got := make(chan int, 1)
 	if _, err := rts[1].Root().SpawnNamed(rts[1].PropsFromFunc(func(c pa.Context) {
 		if p, ok := c.Message().(*ping); ok {
-			got <- p.N
+			f.got <- p.N
 		}
 	}), "sink"); err != nil {
 		t.Fatal(err)
 	}
-	var mbox *mailbox
 	waitFor(t, func() bool {
 		if v, ok := rts[1].local.Load("parent/child"); ok {
-			mbox = v.(*localActor).run.mbox.Load()
+			f.mbox = v.(*localActor).run.mbox.Load()
 		}
-		return mbox != nil
+		return f.mbox != nil
 	})
 	// The whole window goes to the child: one message it fails on, the
 	// others behind it in its mailbox.
-	child := rts[0].PID(1, "parent/child")
 	for i := range credits {
-		if err := rts[0].Send(child, &ping{N: i}); err != nil {
+		if err := rts[0].Send(f.child, &ping{N: i}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, func() bool { return mbox.userPending() == credits-1 }) // the first is running
-	close(release)
-	waitFor(t, func() bool { _, ok := rts[1].local.Load("parent/child"); return !ok })
+	waitFor(t, func() bool { return f.mbox.userPending() == int64(credits-1) }) // the first is running
+	return f
+}
 
+// sinkNotBlocked checks that a send from rank 0 to the sink does not wait
+// for credits, and arrives.
+func (f *failingChild) sinkNotBlocked(t *testing.T, rts []*Runtime) {
+	t.Helper()
 	sent := make(chan error, 1)
 	go func() { sent <- rts[0].Send(rts[0].PID(1, "sink"), &ping{N: 42}) }()
 	select {
@@ -67,11 +89,11 @@ func TestCreditsComeBackFromStoppedFailedActor(t *testing.T) {
 			t.Fatal(err)
 		}
 	case <-time.After(10 * time.Second):
-		t.Fatalf("a send to another actor of the rank still blocked 10 s after the failed actor stopped (credit waits %d, credits back %d)",
-			rts[0].Stats().CreditWaits.Load(), rts[1].Stats().CreditsBack.Load())
+		t.Fatalf("a send to another actor of the rank still blocked 10 s after the failed actor stopped (its mailbox: %d messages left, suspended %v; credit waits %d, credits back %d)",
+			f.mbox.userPending(), f.mbox.suspended.Load(), rts[0].Stats().CreditWaits.Load(), rts[1].Stats().CreditsBack.Load())
 	}
 	select {
-	case n := <-got:
+	case n := <-f.got:
 		if n != 42 {
 			t.Fatalf("sink got %d", n)
 		}
@@ -89,18 +111,8 @@ func TestCreditsComeBackFromStoppedFailedActor(t *testing.T) {
 func TestCreditsComeBackFromStoppedFailedActorRespawned(t *testing.T) {
 	const credits = 8 // small pings cost one unit each
 	rts := startLocalWith(t, 2, Options{Credits: credits})
-	release := make(chan struct{})
-	stopOnFailure := pa.NewOneForOneStrategy(0, time.Second, func(any) pa.Directive { return pa.StopDirective })
-	parent := rts[1].PropsFromFunc(func(c pa.Context) {
-		if _, ok := c.Message().(*pa.Started); ok {
-			c.SpawnNamed(rts[1].PropsFromFunc(func(c pa.Context) {
-				if p, ok := c.Message().(*ping); ok && p.N == 0 {
-					<-release
-					panic("boom")
-				}
-			}), "child")
-		}
-	}, pa.WithSupervisor(stopOnFailure))
+	f := fillFailingChild(t, rts, credits)
+	oldMbox, child := f.mbox, f.child
 	gotNew := make(chan int, 1)
 	type respawn struct {
 		old, pid *pa.PID
@@ -123,32 +135,7 @@ func TestCreditsComeBackFromStoppedFailedActorRespawned(t *testing.T) {
 			respawned <- respawn{old: pid, pid: p, err: err}
 		})
 	}
-	if _, err := rts[1].Root().SpawnNamed(parent, "parent"); err != nil {
-		t.Fatal(err)
-	}
-	got := make(chan int, 1)
-	if _, err := rts[1].Root().SpawnNamed(rts[1].PropsFromFunc(func(c pa.Context) {
-		if p, ok := c.Message().(*ping); ok {
-			got <- p.N
-		}
-	}), "sink"); err != nil {
-		t.Fatal(err)
-	}
-	var oldMbox *mailbox
-	waitFor(t, func() bool {
-		if v, ok := rts[1].local.Load("parent/child"); ok {
-			oldMbox = v.(*localActor).run.mbox.Load()
-		}
-		return oldMbox != nil
-	})
-	child := rts[0].PID(1, "parent/child")
-	for i := range credits {
-		if err := rts[0].Send(child, &ping{N: i}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	waitFor(t, func() bool { return oldMbox.userPending() == credits-1 }) // the first is running
-	close(release)
+	close(f.release)
 	var r respawn
 	select {
 	case r = <-respawned:
@@ -159,25 +146,7 @@ func TestCreditsComeBackFromStoppedFailedActorRespawned(t *testing.T) {
 		t.Fatalf("spawning a new actor of the freed name: %v", r.err)
 	}
 
-	sent := make(chan error, 1)
-	go func() { sent <- rts[0].Send(rts[0].PID(1, "sink"), &ping{N: 42}) }()
-	select {
-	case err := <-sent:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatalf("a send to another actor of the rank still blocked 10 s after the failed actor stopped (old mailbox: %d messages left, suspended %v; credit waits %d, credits back %d)",
-			oldMbox.userPending(), oldMbox.suspended.Load(), rts[0].Stats().CreditWaits.Load(), rts[1].Stats().CreditsBack.Load())
-	}
-	select {
-	case n := <-got:
-		if n != 42 {
-			t.Fatalf("sink got %d", n)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("the sink got nothing")
-	}
+	f.sinkNotBlocked(t, rts)
 	waitFor(t, func() bool { return oldMbox.userPending() == 0 })
 	if _, ok := rts[1].mailboxes.Load(r.old); ok {
 		t.Error("the stopped actor's mailbox is still recorded")
