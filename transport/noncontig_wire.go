@@ -214,15 +214,31 @@ func (m *cts) decode(b []byte) error {
 // ncSend starts a tagged send of b (a contiguous buffer or an IOV list whose
 // pointers are pins).
 func (t *Transport) ncSend(peer int, tag uint64, b ucx.Buffer, pins []unsafe.Pointer) *Request {
+	return t.ncSendChecked(peer, tag, b, pins, nil, nil)
+}
+
+// ncSendChecked is ncSend with two hooks, run under the worker lock: check
+// (if not nil) is asked before the post, and an error it returns fails the
+// send in its place; done (if not nil) runs once the post is settled.
+func (t *Transport) ncSendChecked(peer int, tag uint64, b ucx.Buffer, pins []unsafe.Pointer, check func() error, done func(*Request)) *Request {
 	r := t.newRequest("typed send", peer, -1, b.Len)
 	r.b, r.pins, r.iov = b, pins, b.IOV
 	t.exec(func() {
+		if done != nil {
+			defer done(r)
+		}
 		p, err := t.peerLocked(peer, r.op)
 		if err != nil {
 			t.fail(r, err)
 			return
 		}
-		ureq, err := t.w.TagSend(p.ep, r.b, tag)
+		var ureq ucx.Request
+		if check != nil {
+			err = check()
+		}
+		if err == nil {
+			ureq, err = t.w.TagSend(p.ep, r.b, tag)
+		}
 		t.settle(r, ureq, err)
 	})
 	return r
@@ -235,29 +251,17 @@ func (t *Transport) ncSend(peer int, tag uint64, b ucx.Buffer, pins []unsafe.Poi
 // post, no answer will come, and reply is withdrawn and fails with the
 // RTS's error (it stayed posted for good before).
 func (t *Transport) ncSendRTS(peer, tag int, wire uint64, msg ucx.Buffer, reply *Request) *Request {
-	r := t.newRequest("typed send", peer, -1, msg.Len)
-	r.b = msg
-	t.exec(func() {
-		defer func() {
-			if r.fin.Load() && r.err != nil {
-				t.withdrawReply(reply, r.err)
-			}
-		}()
-		p, err := t.peerLocked(peer, r.op)
-		if err != nil {
-			t.fail(r, err)
-			return
-		}
-		var ureq ucx.Request
+	fault := func() error {
 		if f := t.rtsPostFault; f != nil {
-			err = f(peer, tag)
+			return f(peer, tag)
 		}
-		if err == nil {
-			ureq, err = t.w.TagSend(p.ep, r.b, wire)
+		return nil
+	}
+	return t.ncSendChecked(peer, wire, msg, nil, fault, func(r *Request) {
+		if r.fin.Load() && r.err != nil {
+			t.withdrawReply(reply, r.err)
 		}
-		t.settle(r, ureq, err)
 	})
-	return r
 }
 
 // withdrawReply takes rr, a typed send's receive of its receiver's answer,
@@ -282,22 +286,12 @@ func (t *Transport) ncSendAfter(rts *Request, peer int, tag uint64, b ucx.Buffer
 	if rts == nil {
 		return t.ncSend(peer, tag, b, pins)
 	}
-	r := t.newRequest("typed send", peer, -1, b.Len)
-	r.b, r.pins, r.iov = b, pins, b.IOV
-	t.exec(func() {
+	return t.ncSendChecked(peer, tag, b, pins, func() error {
 		if rts.fin.Load() && rts.err != nil {
-			t.fail(r, fmt.Errorf("transport: typed send rank %d: its RTS failed: %w", peer, rts.err))
-			return
+			return fmt.Errorf("its RTS failed: %w", rts.err)
 		}
-		p, err := t.peerLocked(peer, r.op)
-		if err != nil {
-			t.fail(r, err)
-			return
-		}
-		ureq, err := t.w.TagSend(p.ep, r.b, tag)
-		t.settle(r, ureq, err)
-	})
-	return r
+		return nil
+	}, nil)
 }
 
 // ncRecv posts a tagged receive of exactly tag into b.
