@@ -48,6 +48,13 @@ type Config struct {
 	// as a good part of the transfer can be hidden. 0 offloads whenever
 	// any delay is expected.
 	OffloadRatio float64
+	// MinRevisit is the shortest Decision.Revisit delay the engine asks
+	// for when it onloads an expected transfer. The delay is the time left
+	// until the receiver's absence reaches OffloadRatio * K (the point at
+	// which the rule would have offloaded), at least MinRevisit: a revisit
+	// costs the transport a timer and, when it sleeps, a wake-up of tens
+	// of microseconds, so asking sooner gains nothing. Must be > 0.
+	MinRevisit time.Duration
 
 	// CancelRateThreshold is the fraction of offloaded receives cancelled
 	// within a period above which offloading stops until the next period.
@@ -90,6 +97,7 @@ func DefaultConfig() Config {
 		RendezvousThreshold: 8 << 10,
 		DeltaWeight:         0.25,
 		OffloadRatio:        0.5,
+		MinRevisit:          20 * time.Microsecond,
 		Period:              10 * time.Millisecond,
 		CancelRateThreshold: 0.5,
 		CancelMinOffloads:   4,
@@ -128,6 +136,8 @@ func (c Config) Validate() error {
 		return bad("DeltaWeight %v must be in (0, 1]", c.DeltaWeight)
 	case math.IsNaN(c.OffloadRatio) || math.IsInf(c.OffloadRatio, 0) || c.OffloadRatio < 0:
 		return bad("OffloadRatio %v must be a finite number >= 0", c.OffloadRatio)
+	case c.MinRevisit <= 0:
+		return bad("MinRevisit %v must be > 0", c.MinRevisit)
 	case c.Period <= 0:
 		return bad("Period %v must be > 0", c.Period)
 	case !(c.CancelRateThreshold >= 0 && c.CancelRateThreshold <= 1):

@@ -31,6 +31,13 @@ type transfer struct {
 	complete bool
 	slot     int
 	inPlace  bool // unexpected, and a prefetch lands in its destination
+	// revisit: an expected transfer onloaded at its header with a
+	// Decision.Revisit; its mode is not final (not counted yet) until it
+	// starts, is cancelled, or a Revisit offloads it. seenAt is the time
+	// from which the receiver's activity says it is back: the header's
+	// arrival, or the last Revisit that found it back.
+	revisit bool
+	seenAt  time.Duration
 }
 
 // peerState is what the engine learns about one sending peer.
@@ -93,6 +100,8 @@ type Engine struct {
 	// outstanding rendezvous transfers (for K)
 	outstanding      int
 	outstandingBytes int64
+	// pending: expected transfers onloaded with a revisit, not yet counted
+	pending int
 
 	// shadows are offloaded expected transfers whose onload delay is
 	// still unknown: it is sampled at the receiver's next activity.
@@ -156,6 +165,7 @@ func (e *Engine) Stats() Stats {
 	s.PoolInUse = e.pool.inUse
 	s.PoolHighWater = e.pool.highWater
 	s.Outstanding = e.outstanding
+	s.OnloadPending = e.pending
 	s.K = e.k()
 	s.Tracked = len(e.transfers)
 	return s
@@ -189,6 +199,8 @@ func (e *Engine) Step(ev Event) (Decision, error) {
 		err = e.prefetchDropped(ev)
 	case OnloadDropped:
 		err = e.onloadDropped(ev)
+	case Revisit:
+		d, err = e.revisit(ev)
 	default:
 		return none(ev.ID), fmt.Errorf("%w: %d", ErrUnknownEvent, ev.Kind)
 	}
@@ -333,6 +345,10 @@ func (e *Engine) offload(t *transfer) {
 
 func (e *Engine) onload(t *transfer, r Reason) {
 	t.mode = Onload
+	e.countOnload(r)
+}
+
+func (e *Engine) countOnload(r Reason) {
 	e.stats.Onloaded++
 	switch r {
 	case ReasonDisabled:
@@ -495,8 +511,79 @@ func (e *Engine) expectedHeader(ev Event) (Decision, error) {
 		e.offload(t)
 		return decide(ev.ID, Offload, ReasonDelayAboveK), nil
 	}
-	e.onload(t, ReasonDelayBelowK)
-	return decide(ev.ID, Onload, ReasonDelayBelowK), nil
+	// Onloaded, but not for good: if the receiver stays away longer than
+	// predicted, a Revisit offloads it (counted when its mode is final).
+	t.mode, t.revisit, t.seenAt = Onload, true, e.now
+	e.pending++
+	return e.heldOnload(ev.ID, ReasonDelayBelowK, e.revisitAfter()), nil
+}
+
+// heldOnload is an Onload decision that asks for a Revisit after d.
+func (e *Engine) heldOnload(id TransferID, r Reason, d time.Duration) Decision {
+	dec := decide(id, Onload, r)
+	dec.Revisit = d
+	return dec
+}
+
+// maxRevisit bounds a revisit delay so that a huge K (sizes from a corrupt
+// header) cannot overflow a Duration.
+const maxRevisit = time.Duration(1<<62 - 1)
+
+// revisitAfter is the revisit delay of a transfer onloaded now: the time
+// left until the receiver's absence reaches OffloadRatio * K, the point at
+// which the offload rule would have offloaded it, at least MinRevisit.
+func (e *Engine) revisitAfter() time.Duration {
+	d := e.cfg.OffloadRatio * e.k()
+	if e.hasActivity {
+		d -= float64(e.now - e.lastActivity)
+	}
+	if d >= float64(maxRevisit) {
+		return maxRevisit
+	}
+	return max(time.Duration(d), e.cfg.MinRevisit)
+}
+
+// settle counts a transfer onloaded with a revisit once its mode is final
+// (it starts, completes or is cancelled while still onloaded).
+func (e *Engine) settle(t *transfer) {
+	if t.revisit {
+		t.revisit = false
+		e.pending--
+		e.countOnload(ReasonDelayBelowK)
+	}
+}
+
+// revisit handles a Revisit event: offload the held transfer unless the
+// receiver was active since its header (or its last revisit), or offloads
+// are throttled; in both cases it stays onloaded and is revisited again.
+func (e *Engine) revisit(ev Event) (Decision, error) {
+	t, ok := e.transfers[ev.ID]
+	if !ok {
+		return Decision{}, ErrUnknownTransfer
+	}
+	if !t.revisit {
+		// Not an expected transfer onloaded with a revisit, or already
+		// started, cancelled or offloaded.
+		return Decision{}, ErrOrder
+	}
+	if e.hasActivity && e.lastActivity > t.seenAt {
+		// The receiver is back and starts held transfers at its calls; if
+		// it left again meanwhile, ask again when this absence reaches the
+		// threshold.
+		t.seenAt = e.now
+		return e.heldOnload(ev.ID, ReasonDelayBelowK, e.revisitAfter()), nil
+	}
+	if e.throttled {
+		// Offloads are being cancelled: leave the throttle alone and ask
+		// again in the next period.
+		next := time.Duration(e.period+1)*e.cfg.Period - e.now
+		return e.heldOnload(ev.ID, ReasonThrottled, max(next, e.cfg.MinRevisit)), nil
+	}
+	t.revisit = false
+	e.pending--
+	e.offload(t)
+	e.stats.Revisited++
+	return decide(ev.ID, Offload, ReasonRevisited), nil
 }
 
 func (e *Engine) transferStarted(ev Event) error {
@@ -511,6 +598,7 @@ func (e *Engine) transferStarted(ev Event) error {
 		return nil
 	}
 	t.started = true
+	e.settle(t)
 	if !t.expected {
 		return nil
 	}
@@ -551,6 +639,7 @@ func (e *Engine) transferCompleted(ev Event) error {
 		return nil
 	}
 	t.complete = true
+	e.settle(t)
 	e.removeOutstanding(t)
 	if t.mode != Prefetch {
 		delete(e.transfers, ev.ID)
@@ -569,6 +658,7 @@ func (e *Engine) recvCancelled(ev Event) error {
 		return ErrOrder
 	}
 	e.stats.Cancelled++
+	e.settle(t)
 	if t.mode == Offload {
 		e.stats.OffloadCancelled++
 		e.periodCancels++

@@ -30,6 +30,7 @@ func testConfig() Config {
 	c.PrefetchWindow = 4
 	c.PrefetchMinSamples = 2
 	c.PrefetchUsefulRatio = 0.5
+	c.MinRevisit = 1 * us
 	return c
 }
 
@@ -66,6 +67,9 @@ func dropped(at time.Duration, id TransferID) Event {
 func onloadDropped(at time.Duration, id TransferID) Event {
 	return Event{Kind: OnloadDropped, At: at, ID: id}
 }
+func revisit(at time.Duration, id TransferID) Event {
+	return Event{Kind: Revisit, At: at, ID: id}
+}
 
 // Decision shorthands (the ID is filled in from the event).
 var (
@@ -73,6 +77,11 @@ var (
 )
 
 func dec(a Action, r Reason) Decision { return Decision{Action: a, Slot: NoSlot, Reason: r} }
+
+// hold is an Onload (delay<=K) of an expected transfer, revisited after d.
+func hold(d time.Duration) Decision {
+	return Decision{Action: Onload, Slot: NoSlot, Reason: ReasonDelayBelowK, Revisit: d}
+}
 func pf(slot int, r Reason) Decision  { return Decision{Action: Prefetch, Slot: slot, Reason: r} }
 
 type step struct {
@@ -132,7 +141,8 @@ func TestEngineTable(t *testing.T) {
 			steps: []step{
 				{post(0, 1, 1, MB), dec(Onload, ReasonDelayBelowK)},
 				{progress(5 * us), wait},
-				{exp(6*us, 1, 1, MB), dec(Onload, ReasonDelayBelowK)},
+				// K = 11485.76ns, away 1us: revisit after 10485ns.
+				{exp(6*us, 1, 1, MB), hold(10485)},
 				{start(7*us, 1), wait},
 				{done(19*us, 1), wait},
 			},
@@ -164,7 +174,8 @@ func TestEngineTable(t *testing.T) {
 				{unexp(1*us, 7, 2, MB), dec(Onload, ReasonPoolFull)},
 				{unexp(1*us, 8, 2, MB), dec(Onload, ReasonPoolFull)},
 				// 9 outstanding 1 MiB: K ~ 103.4us > 100us away.
-				{exp(100*us, 100, 1, MB), dec(Onload, ReasonDelayBelowK)},
+				// Revisit when the absence reaches K: 103371ns - 100us.
+				{exp(100*us, 100, 1, MB), hold(3371)},
 				// A second receive, away 150us > K (10 outstanding ~ 114.9us).
 				{post(100*us, 101, 1, MB), dec(Onload, ReasonDelayBelowK)},
 				{exp(250*us, 101, 1, MB), dec(Offload, ReasonDelayAboveK)},
@@ -401,7 +412,7 @@ func TestEngineTable(t *testing.T) {
 				{post(0, 1, 1, MB), dec(Onload, ReasonDelayBelowK)},
 				{exp(8*us, 1, 1, MB), dec(Offload, ReasonDelayAboveK)},
 				{post(20*us, 2, 1, MB), dec(Onload, ReasonDelayBelowK)},
-				{exp(24*us, 2, 1, MB), dec(Onload, ReasonDelayBelowK)},
+				{exp(24*us, 2, 1, MB), hold(7485)}, // 0.5 x K (two outstanding) - 4us
 			},
 		},
 		{
@@ -437,11 +448,98 @@ func TestEngineTable(t *testing.T) {
 			}),
 		},
 		{
+			name: "a held transfer whose receiver stays away is offloaded at its revisit, and teaches offload",
+			cfg:  func(c *Config) { c.DeltaWeight = 1 },
+			steps: []step{
+				{post(0, 1, 1, MB), dec(Onload, ReasonDelayBelowK)},
+				// K = 11485ns, away 5us: revisit when the absence reaches K.
+				{exp(5*us, 1, 1, MB), hold(6485)},
+				{revisit(12*us, 1), dec(Offload, ReasonRevisited)},
+				{start(12*us, 1), wait},
+				{done(24*us, 1), wait},
+				// The receiver comes back at 100us: that is the delta an
+				// onload would have had, so the next receive is armed.
+				{progress(100 * us), wait},
+				{post(200*us, 2, 1, MB), dec(Offload, ReasonDelayAboveK)},
+			},
+			stats: func(t *testing.T, s Stats) {
+				require.EqualValues(t, 2, s.Offloaded)
+				require.EqualValues(t, 1, s.Revisited)
+				require.Zero(t, s.Onloaded)
+				require.Zero(t, s.OnloadDelayBelowK)
+				require.Zero(t, s.OnloadPending)
+				require.EqualValues(t, 1, s.ShadowDeltas)
+			},
+		},
+		{
+			name: "a receiver back since the header keeps the transfer onloaded until it leaves for long enough",
+			steps: []step{
+				{post(0, 1, 1, MB), dec(Onload, ReasonDelayBelowK)},
+				{exp(5*us, 1, 1, MB), hold(6485)},
+				{progress(8 * us), wait},
+				// Back at 8us: asked again when that absence reaches K.
+				{revisit(12*us, 1), hold(7485)},
+				{revisit(20*us, 1), dec(Offload, ReasonRevisited)},
+			},
+			stats: func(t *testing.T, s Stats) {
+				require.EqualValues(t, 1, s.Revisited)
+				require.EqualValues(t, 1, s.Offloaded)
+				require.Zero(t, s.OnloadPending)
+			},
+		},
+		{
+			name: "held transfers the receiver starts or cancels count as onloaded then",
+			steps: []step{
+				{post(0, 1, 1, MB), dec(Onload, ReasonDelayBelowK)},
+				{post(0, 2, 1, MB), dec(Onload, ReasonDelayBelowK)},
+				{post(0, 3, 1, MB), dec(Onload, ReasonDelayBelowK)},
+				{exp(1*us, 1, 1, MB), hold(10485)},
+				{exp(1*us, 2, 1, MB), hold(21971)},
+				{exp(1*us, 3, 1, MB), hold(33457)},
+				{start(3*us, 1), wait},
+				{cancel(3*us, 2), wait},
+				{done(4*us, 3), wait}, // completed without a reported start
+			},
+			stats: func(t *testing.T, s Stats) {
+				require.EqualValues(t, 3, s.Onloaded)
+				require.EqualValues(t, 3, s.OnloadDelayBelowK)
+				require.EqualValues(t, 1, s.Cancelled)
+				require.Zero(t, s.OnloadPending)
+				require.Zero(t, s.Offloaded+s.Revisited)
+				require.Equal(t, 1, s.Tracked) // id 1, started
+			},
+		},
+		{
+			name: "a revisit while offloads are throttled waits for the next period",
+			steps: []step{
+				{post(0, 10, 1, MB), dec(Onload, ReasonDelayBelowK)},
+				{exp(1*us, 10, 1, MB), hold(10485)},
+				// Two offloads of peer 2, both cancelled: throttled.
+				{post(2*us, 1, 2, MB), dec(Onload, ReasonDelayBelowK)},
+				{exp(100*us, 1, 2, MB), dec(Offload, ReasonDelayAboveK)},
+				{cancel(101*us, 1), wait},
+				{post(102*us, 2, 2, MB), dec(Onload, ReasonDelayBelowK)},
+				{exp(200*us, 2, 2, MB), dec(Offload, ReasonDelayAboveK)},
+				{cancel(201*us, 2), wait},
+				// Active since the header (posts at 2 and 102us), away 198us
+				// already: the floor.
+				{revisit(300*us, 10), hold(1 * us)},
+				{revisit(400*us, 10), Decision{Action: Onload, Slot: NoSlot, Reason: ReasonThrottled, Revisit: 600 * us}},
+				{revisit(1000*us, 10), dec(Offload, ReasonRevisited)},
+			},
+			stats: func(t *testing.T, s Stats) {
+				require.EqualValues(t, 1, s.ThrottledPeriods)
+				require.EqualValues(t, 3, s.Offloaded)
+				require.EqualValues(t, 1, s.Revisited)
+				require.Zero(t, s.Onloaded)
+			},
+		},
+		{
 			name: "time never goes backwards",
 			steps: []step{
 				{progress(100 * us), wait},
 				{post(50*us, 1, 1, MB), dec(Onload, ReasonDelayBelowK)},
-				{exp(60*us, 1, 1, MB), dec(Onload, ReasonDelayBelowK)},
+				{exp(60*us, 1, 1, MB), hold(11485)},
 			},
 		},
 	}
@@ -494,6 +592,13 @@ func TestEngineErrors(t *testing.T) {
 		{"onload-drop unknown id", nil, onloadDropped(2, 1), ErrUnknownTransfer},
 		{"cancel a receive matched to an unexpected message", []Event{unexp(0, 1, 1, MB), post(1, 1, 1, MB)}, cancel(2, 1), ErrOrder},
 		{"cancel an unexpected header", []Event{unexp(0, 1, 1, MB)}, cancel(2, 1), ErrOrder},
+		{"revisit unknown id", nil, revisit(0, 7), ErrUnknownTransfer},
+		{"revisit a receive without header", []Event{post(0, 1, 1, MB)}, revisit(50*us, 1), ErrOrder},
+		{"revisit an offloaded transfer", []Event{post(0, 1, 1, MB), exp(100*us, 1, 1, MB)}, revisit(200*us, 1), ErrOrder},
+		{"revisit a started transfer", []Event{post(0, 1, 1, MB), exp(1*us, 1, 1, MB), start(2*us, 1)}, revisit(50*us, 1), ErrOrder},
+		{"revisit twice after the offload", []Event{post(0, 1, 1, MB), exp(1*us, 1, 1, MB), revisit(50*us, 1)}, revisit(60*us, 1), ErrOrder},
+		{"revisit an unexpected onload", []Event{unexp(0, 1, 1, 3*MB)}, revisit(50*us, 1), ErrOrder},
+		{"revisit an eager message", []Event{post(0, 1, 1, MB), exp(1*us, 1, 1, 100)}, revisit(50*us, 1), ErrUnknownTransfer},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -529,6 +634,7 @@ func TestConfigValidate(t *testing.T) {
 		func(c *Config) { c.PrefetchWindow = 0 },
 		func(c *Config) { c.PrefetchMinSamples = c.PrefetchWindow + 1 },
 		func(c *Config) { c.PrefetchUsefulRatio = -0.1 },
+		func(c *Config) { c.MinRevisit = 0 },
 	}
 	for i, f := range bad {
 		c := DefaultConfig()
@@ -552,6 +658,9 @@ func TestStringers(t *testing.T) {
 	require.Equal(t, "delay>K", ReasonDelayAboveK.String())
 	require.Equal(t, "Prefetch(id=3 slot=1 prefetch)", Decision{Action: Prefetch, ID: 3, Slot: 1, Reason: ReasonPrefetch}.String())
 	require.Equal(t, "Onload(id=3 pool-full)", Decision{Action: Onload, ID: 3, Slot: NoSlot, Reason: ReasonPoolFull}.String())
+	require.Equal(t, "Onload(id=3 delay<=K revisit=20µs)", Decision{Action: Onload, ID: 3, Slot: NoSlot, Reason: ReasonDelayBelowK, Revisit: 20 * us}.String())
+	require.Equal(t, "Revisit", Revisit.String())
+	require.Equal(t, "revisited", ReasonRevisited.String())
 }
 
 func TestSetCost(t *testing.T) {

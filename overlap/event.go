@@ -57,6 +57,12 @@ const (
 	// its transfer started: its consumer went away (an actor stopped with
 	// the message in its mailbox). The engine forgets it.
 	OnloadDropped
+	// Revisit: the expected transfer ID, onloaded with a Decision.Revisit
+	// delay, is still held (not started, not cancelled) that long after the
+	// decision. The engine offloads it if the receiver has not been active
+	// since its header arrived (or since the previous Revisit that kept it
+	// onloaded), else keeps it onloaded with a new delay.
+	Revisit
 )
 
 var eventNames = [...]string{
@@ -70,6 +76,7 @@ var eventNames = [...]string{
 	PrefetchConsumed:  "PrefetchConsumed",
 	PrefetchDropped:   "PrefetchDropped",
 	OnloadDropped:     "OnloadDropped",
+	Revisit:           "Revisit",
 }
 
 func (k EventKind) String() string {
@@ -168,6 +175,9 @@ const (
 	// ReasonPrefetched: a receive matched a prefetched message: copy from
 	// its slot.
 	ReasonPrefetched
+	// ReasonRevisited: an onloaded expected transfer whose receiver stayed
+	// away until its revisit time: offload it now.
+	ReasonRevisited
 )
 
 var reasonNames = [...]string{
@@ -184,6 +194,7 @@ var reasonNames = [...]string{
 	ReasonPoolFull:    "pool-full",
 	ReasonMatched:     "matched",
 	ReasonPrefetched:  "prefetched",
+	ReasonRevisited:   "revisited",
 }
 
 func (r Reason) String() string {
@@ -200,11 +211,19 @@ type Decision struct {
 	// Slot is the prefetch pool slot for Action == Prefetch, else NoSlot.
 	Slot   int
 	Reason Reason
+	// Revisit, when > 0, comes with an Onload of an expected transfer
+	// (reason delay<=K, or a Revisit event's answer): if the transfer is
+	// still held that long after this decision (the receiver has not
+	// started it), send a Revisit event for it. 0: no revisit.
+	Revisit time.Duration
 }
 
 func (d Decision) String() string {
-	if d.Action == Prefetch {
+	switch {
+	case d.Action == Prefetch:
 		return fmt.Sprintf("%v(id=%d slot=%d %v)", d.Action, d.ID, d.Slot, d.Reason)
+	case d.Revisit > 0:
+		return fmt.Sprintf("%v(id=%d %v revisit=%v)", d.Action, d.ID, d.Reason, d.Revisit)
 	}
 	return fmt.Sprintf("%v(id=%d %v)", d.Action, d.ID, d.Reason)
 }

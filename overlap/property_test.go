@@ -50,7 +50,7 @@ func genEvent(t *rapid.T, label string, at *time.Duration) Event {
 	}
 	sizes := []int64{100, 64 << 10, 1 << 20, 3 << 20}
 	return Event{
-		Kind:     EventKind(rapid.IntRange(1, int(OnloadDropped)).Draw(t, label+"-kind")),
+		Kind:     EventKind(rapid.IntRange(1, int(Revisit)).Draw(t, label+"-kind")),
 		At:       *at,
 		ID:       TransferID(rapid.IntRange(1, 10).Draw(t, label+"-id")),
 		Peer:     rapid.IntRange(-1, 3).Draw(t, label+"-peer"),
@@ -58,6 +58,24 @@ func genEvent(t *rapid.T, label string, at *time.Duration) Event {
 		Expected: rapid.Bool().Draw(t, label+"-exp"),
 		InPlace:  rapid.Bool().Draw(t, label+"-inplace"),
 	}
+}
+
+// genEvents draws one arbitrary event, or now and then the lifecycle of a
+// held expected transfer (receive, header, revisit, with arbitrary gaps),
+// which arbitrary events alone rarely produce.
+func genEvents(t *rapid.T, label string, at *time.Duration) []Event {
+	if rapid.IntRange(0, 5).Draw(t, label+"-lifecycle") > 0 {
+		return []Event{genEvent(t, label, at)}
+	}
+	evs := make([]Event, 3)
+	for i, k := range []EventKind{RecvPosted, HeaderArrived, Revisit} {
+		evs[i] = genEvent(t, label, at)
+		evs[i].Kind, evs[i].Expected = k, true
+		if i > 0 {
+			evs[i].ID, evs[i].Peer, evs[i].Size = evs[0].ID, evs[0].Peer, evs[0].Size
+		}
+	}
+	return evs
 }
 
 func genConfig(t *rapid.T) Config {
@@ -81,9 +99,11 @@ func TestEngineSlotProperty(t *testing.T) {
 		held := map[int]TransferID{}   // slot -> id
 		slotOf := map[TransferID]int{} // id -> slot
 		var at time.Duration
-		n := rapid.IntRange(1, 150).Draw(t, "n")
-		for i := 0; i < n; i++ {
-			ev := genEvent(t, "ev", &at)
+		var evs []Event
+		for n := rapid.IntRange(1, 150).Draw(t, "n"); len(evs) < n; {
+			evs = append(evs, genEvents(t, "ev", &at)...)
+		}
+		for _, ev := range evs {
 			d, err := e.Step(ev)
 			if err != nil {
 				if d.Action != None {
@@ -124,12 +144,25 @@ func TestEngineSlotProperty(t *testing.T) {
 			if !cfg.Enabled && (d.Action == Offload || d.Action == Prefetch) {
 				t.Fatalf("disabled engine decided %v", d)
 			}
+			// Only an expected onload with reason delay<=K, or the answer
+			// to a Revisit that keeps it onloaded, asks for a revisit.
+			heldAtHeader := ev.Kind == HeaderArrived && ev.Expected && d.Action == Onload && d.Reason == ReasonDelayBelowK
+			heldAgain := ev.Kind == Revisit && d.Action == Onload
+			if (d.Revisit > 0) != (heldAtHeader || heldAgain) || (d.Revisit > 0 && d.Revisit < cfg.MinRevisit) {
+				t.Fatalf("%v gave %v (revisit %v)", ev.Kind, d, d.Revisit)
+			}
+			if ev.Kind == Revisit && d.Action == Offload && d.Reason != ReasonRevisited {
+				t.Fatalf("revisit offloaded with reason %v", d.Reason)
+			}
 			s := e.Stats()
 			if s.PoolInUse != len(held) || s.PoolInUse > cfg.PoolSlots || s.PoolHighWater > cfg.PoolSlots {
 				t.Fatalf("pool in use %d high %d, model %d, slots %d", s.PoolInUse, s.PoolHighWater, len(held), cfg.PoolSlots)
 			}
 			if s.Outstanding < 0 || s.K < 0 || s.Outstanding > s.Tracked {
 				t.Fatalf("outstanding %d K %v tracked %d", s.Outstanding, s.K, s.Tracked)
+			}
+			if s.OnloadPending < 0 || s.OnloadPending > s.Tracked || s.Revisited > s.Offloaded {
+				t.Fatalf("pending %d tracked %d revisited %d offloaded %d", s.OnloadPending, s.Tracked, s.Revisited, s.Offloaded)
 			}
 			if s.OffloadCancelled > s.Cancelled || s.PrefetchDropped > s.Prefetched ||
 				s.PrefetchUseful+s.PrefetchUseless > s.Prefetched {
@@ -149,9 +182,9 @@ func TestEngineDeterminism(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		cfg := genConfig(t)
 		var at time.Duration
-		evs := make([]Event, rapid.IntRange(1, 150).Draw(t, "n"))
-		for i := range evs {
-			evs[i] = genEvent(t, "ev", &at)
+		var evs []Event
+		for n := rapid.IntRange(1, 150).Draw(t, "n"); len(evs) < n; {
+			evs = append(evs, genEvents(t, "ev", &at)...)
 		}
 		run := func() ([]Decision, []string, Stats) {
 			e, err := New(cfg)

@@ -2,7 +2,11 @@ package overlap
 
 // Stats is a snapshot of the engine's counters. Every rendezvous transfer
 // is counted once in exactly one of Offloaded, Onloaded and Prefetched,
-// when its mode becomes final; eager messages are counted in Eager. One
+// when its mode becomes final; eager messages are counted in Eager. An
+// expected transfer onloaded with a revisit (reason delay<=K) is final
+// when it starts, completes or is cancelled (then Onloaded) or when a
+// Revisit offloads it (then Offloaded and Revisited); until then it is
+// counted in OnloadPending only. One
 // exception: a receive armed at its post (Offload before any header) counts
 // in Offloaded then, so one whose message proves eager counts in Eager as
 // well, and one cancelled before its header stays counted (the
@@ -12,6 +16,7 @@ type Stats struct {
 	Onloaded   uint64 // rendezvous transfers left to the receiver
 	Prefetched uint64 // unexpected transfers pulled into a pool slot
 	Eager      uint64 // headers below the rendezvous threshold
+	Revisited  uint64 // of Offloaded, onloaded transfers a Revisit offloaded
 
 	// Onloaded broken down by reason (the six add up to Onloaded).
 	OnloadDisabled    uint64
@@ -44,7 +49,8 @@ type Stats struct {
 	PoolInUse     int `metric:",gauge"` // slots held now
 	PoolHighWater int `metric:",gauge"` // most slots ever held at once
 
-	Outstanding int     `metric:",gauge"`              // rendezvous transfers with a header, not finished
-	K           float64 `metric:"k_nanoseconds,gauge"` // current K in nanoseconds
-	Tracked     int     `metric:",gauge"`              // transfer records held (for leak checks)
+	Outstanding   int     `metric:",gauge"`              // rendezvous transfers with a header, not finished
+	OnloadPending int     `metric:",gauge"`              // expected transfers onloaded with a revisit, mode not final yet
+	K             float64 `metric:"k_nanoseconds,gauge"` // current K in nanoseconds
+	Tracked       int     `metric:",gauge"`              // transfer records held (for leak checks)
 }
