@@ -53,11 +53,11 @@ func newEventWait(efd int) *eventWait {
 // poller when viaPoller is set and the fd is in it, else in poll(2).
 func (e *eventWait) wait(timeout time.Duration, viaPoller bool) {
 	if !viaPoller || e.conn == nil {
-		_, _ = unix.Poll(e.fds, int(timeout/time.Millisecond))
+		e.poll(timeout)
 		return
 	}
 	if e.file.SetReadDeadline(time.Now().Add(timeout)) != nil {
-		_, _ = unix.Poll(e.fds, int(timeout/time.Millisecond))
+		e.poll(timeout)
 		return
 	}
 	first := true
@@ -73,6 +73,14 @@ func (e *eventWait) wait(timeout time.Duration, viaPoller bool) {
 		n, _ := unix.Poll(e.fds, 0)
 		return n > 0
 	})
+}
+
+// poll waits in ppoll(2), whose timeout has nanosecond precision: poll(2)
+// takes whole milliseconds, and a wait bounded by a revisit of the overlap
+// engine less than a millisecond away would not sleep at all.
+func (e *eventWait) poll(timeout time.Duration) {
+	ts := unix.NsecToTimespec(int64(timeout))
+	_, _ = unix.Ppoll(e.fds, &ts, nil)
 }
 
 // close releases the duplicate fd (never UCX's own).

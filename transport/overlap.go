@@ -107,8 +107,15 @@ type ovState struct {
 	// them (ovChunks).
 	chunks map[uint64]ovChunks
 	// held: expected messages the policy onloaded; the receiver's next call
-	// into the transport starts them.
+	// into the transport starts them, or ovRevisit once their revisit time
+	// has come and the policy offloads them. Entries started or cancelled
+	// otherwise stay until the next ovStartHeld or ovRevisit (their
+	// r.ov.held is false).
 	held []*Request
+	// revisitAt: the earliest revisit time of a held transfer (on the
+	// engine's clock, time since start), 0 when none; it may be early
+	// (that transfer started or was cancelled since), never late.
+	revisitAt time.Duration
 	// copies: receives matched to a prefetched message, waiting for a
 	// goroutine outside the lock to copy the slot into their buffer.
 	copies []*Request
@@ -146,10 +153,11 @@ type ovRecv struct {
 	msg     ucx.Message // onloaded: the probed header, received when started
 	size    int         // message size, once its header was probed
 	held    bool
-	started bool     // a UCX receive runs for it
-	m       *ovMsg   // matched message (unexpected path)
-	fetch   *ovMsg   // set on the internal request that fills m
-	cma     *cmaDesc // a CMA message's descriptor, until its read starts
+	revisit time.Duration // held: when to send the policy Revisit (engine clock), 0: never
+	started bool          // a UCX receive runs for it
+	m       *ovMsg        // matched message (unexpected path)
+	fetch   *ovMsg        // set on the internal request that fills m
+	cma     *cmaDesc      // a CMA message's descriptor, until its read starts
 }
 
 // ovMsg is a message taken off UCX's unexpected queue before its receive
@@ -239,7 +247,8 @@ func (t *Transport) receiverIn() bool {
 // that a waiter spinning for small messages pays no probe. It also reports
 // the waiting receiver's activity and starts onloaded transfers when the
 // receiver is in the transport, or (queue mode) called Test since the last
-// pass.
+// pass, and revisits the onloaded transfers whose revisit time has come
+// (ovRevisit).
 func (t *Transport) ovPoll(active bool) {
 	ov := t.ov
 	if active {
@@ -264,6 +273,7 @@ func (t *Transport) ovPoll(active bool) {
 		}
 		t.ovStartHeld()
 	}
+	t.ovRevisit()
 }
 
 // ovEnter records that the application entered the transport (a receive,
@@ -368,8 +378,76 @@ func (t *Transport) ovTaken(msg ucx.Message, k ovKey, src, tag, length int) {
 		t.ovStart(r)
 		return
 	}
-	r.ov.held = true
-	t.ov.held = append(t.ov.held, r)
+	t.ovHold(r, d.Revisit)
+}
+
+// ovHold keeps r's probed header (or CMA descriptor) for the receiver's
+// next call, to be revisited after rev if it is still held then (0:
+// never); the lock is held.
+func (t *Transport) ovHold(r *Request, rev time.Duration) {
+	ov := t.ov
+	r.ov.held, r.ov.revisit = true, 0
+	if rev > 0 {
+		r.ov.revisit = time.Since(ov.start) + rev
+		if ov.revisitAt == 0 || r.ov.revisit < ov.revisitAt {
+			ov.revisitAt = r.ov.revisit
+		}
+	}
+	ov.held = append(ov.held, r)
+}
+
+// ovRevisit reports Revisit to the policy for the held transfers whose
+// revisit time has come (the receiver has not called in since their
+// header arrived) and starts those it now offloads; the others wait for
+// their next revisit time, if the policy gave one, or for the receiver.
+// ovPoll calls it on every progress pass; the lock is held.
+func (t *Transport) ovRevisit() {
+	ov := t.ov
+	if ov.revisitAt == 0 {
+		return
+	}
+	now := time.Since(ov.start)
+	if now < ov.revisitAt {
+		return
+	}
+	var start []*Request
+	kept := ov.held[:0]
+	ov.revisitAt = 0
+	for _, r := range ov.held {
+		if !r.ov.held {
+			continue // started or cancelled since
+		}
+		if r.ov.revisit != 0 && now >= r.ov.revisit {
+			d := t.step(overlap.Event{Kind: overlap.Revisit, ID: r.ov.id})
+			if d.Action == overlap.Offload {
+				start = append(start, r)
+				continue
+			}
+			r.ov.revisit = 0
+			if d.Revisit > 0 {
+				r.ov.revisit = now + d.Revisit
+			}
+		}
+		if r.ov.revisit != 0 && (ov.revisitAt == 0 || r.ov.revisit < ov.revisitAt) {
+			ov.revisitAt = r.ov.revisit
+		}
+		kept = append(kept, r)
+	}
+	clear(ov.held[len(kept):])
+	ov.held = kept
+	for _, r := range start {
+		t.ovStart(r)
+	}
+}
+
+// ovRevisitIn returns how long until the earliest revisit of a held
+// transfer, and false when none is due; the lock is held. The progress
+// goroutine sleeps no longer than that.
+func (t *Transport) ovRevisitIn() (time.Duration, bool) {
+	if t.ov == nil || t.ov.revisitAt == 0 {
+		return 0, false
+	}
+	return t.ov.revisitAt - time.Since(t.ov.start), true
 }
 
 // ovUnexpected handles a message that arrived before its receive; the lock
@@ -466,7 +544,7 @@ func (t *Transport) ovStartHeld() {
 		return
 	}
 	held := t.ov.held
-	t.ov.held = nil
+	t.ov.held, t.ov.revisitAt = nil, 0
 	for _, r := range held {
 		if r.ov.held {
 			t.ovStart(r)
@@ -904,7 +982,7 @@ func (t *Transport) ovClose() {
 			t.fail(r, closed(r))
 		}
 	}
-	ov.held = nil
+	ov.held, ov.revisitAt = nil, 0
 	for _, m := range ov.unexp {
 		if m.r != nil && !m.r.fin.Load() && !m.copying { // a copy in flight completes its receive
 			t.fail(m.r, closed(m.r))

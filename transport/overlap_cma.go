@@ -13,7 +13,8 @@ package transport
 //
 //   - Offload (expected): the progress goroutine reads into the receive's
 //     buffer at once, while the application computes.
-//   - Onload (expected): the read waits for the receiver's next call.
+//   - Onload (expected): the read waits for the receiver's next call, or
+//     for the policy to offload it at its revisit time (ovRevisit).
 //   - Prefetch (unexpected): the progress goroutine reads into a pool slot
 //     and acknowledges, which releases the sender before the receive is
 //     posted; the slot is copied out when it is.
@@ -93,8 +94,7 @@ func (t *Transport) ovCMADesc(m *ovMsg, st ucx.Status, length int, b []byte) {
 		t.ovCMAStart(r)
 		return
 	}
-	r.ov.held = true
-	ov.held = append(ov.held, r)
+	t.ovHold(r, dec.Revisit)
 }
 
 // ovCMAUnexpected decides for a CMA message whose descriptor arrived before

@@ -974,6 +974,9 @@ func (t *Transport) loop() {
 		err := t.w.Arm()
 		pending := len(t.submit) > 0
 		busy := ucx.StatusOf(err) == ucx.StatusBusy
+		// The overlap engine's held transfers: sleep no longer than until
+		// the first one is to be revisited (ovPoll does that).
+		revisitIn, revisit := t.ovRevisitIn()
 		if busy && !pending && t.eagerSendPending() {
 			// UCX has work it will not wake us for with an eager send
 			// still pending: queue mode's posts (requests, which slowPeer
@@ -984,12 +987,16 @@ func (t *Transport) loop() {
 			pacing = true
 		}
 		t.mu.Unlock()
-		if pending || busy {
+		if pending || busy || (revisit && revisitIn <= 0) {
 			continue
 		}
 		if err != nil {
 			t.log.Warn("ucp_worker_arm failed; polling instead", zap.Error(err))
 			continue
+		}
+		sleep := time.Duration(idleWaitMax.Load())
+		if revisit {
+			sleep = min(sleep, revisitIn)
 		}
 		t.sleeping.Store(true)
 		t.flushDeferred(nil, 0) // nothing made before sleeping stays behind (startTyped)
@@ -1010,7 +1017,7 @@ func (t *Transport) loop() {
 			// The timeout lets UCX run its keepalive while endpoints exist.
 			// With one P, in the network poller, so that the P stays
 			// free for the rest of the process (eventwait.go).
-			ew.wait(time.Duration(idleWaitMax.Load()), oneP)
+			ew.wait(sleep, oneP)
 		}
 		t.sleeping.Store(false)
 		pacing = false
