@@ -82,7 +82,7 @@ func dec(a Action, r Reason) Decision { return Decision{Action: a, Slot: NoSlot,
 func hold(d time.Duration) Decision {
 	return Decision{Action: Onload, Slot: NoSlot, Reason: ReasonDelayBelowK, Revisit: d}
 }
-func pf(slot int, r Reason) Decision  { return Decision{Action: Prefetch, Slot: slot, Reason: r} }
+func pf(slot int, r Reason) Decision { return Decision{Action: Prefetch, Slot: slot, Reason: r} }
 
 type step struct {
 	ev   Event
