@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"path/filepath"
 	"regexp"
 	"runtime"
 	"strconv"
@@ -460,9 +461,21 @@ func TestLaunchBadConfig(t *testing.T) {
 
 func TestLaunchRankNotJoining(t *testing.T) {
 	// A program that is not a troupe rank: Launch still reports its failure.
+	// Rank 1 fails once rank 0 has written its line (a file says so), so
+	// that the line is there to be passed on when rank 0 is stopped (on a
+	// loaded machine rank 1 failed first, and rank 0 was stopped before
+	// its echo ran).
+	ready := filepath.Join(t.TempDir(), "ready")
 	stderr := &lockedBuffer{}
-	err := Launch(t.Context(), LaunchConfig{N: 2, Program: "sh", Args: []string{"-c", `echo "hello from $TROUPE_RANK/$TROUPE_SIZE"; [ "$TROUPE_RANK" = 1 ] && exit 7; exec sleep 1000`},
-		Stdout: stderr, Stderr: stderr, Grace: time.Second})
+	script := `echo "hello from $TROUPE_RANK/$TROUPE_SIZE"
+if [ "$TROUPE_RANK" = 1 ]; then
+	while [ ! -e "$READY" ]; do sleep 0.01; done
+	exit 7
+fi
+touch "$READY"
+exec sleep 1000`
+	err := Launch(t.Context(), LaunchConfig{N: 2, Program: "sh", Args: []string{"-c", script},
+		Env: []string{"READY=" + ready}, Stdout: stderr, Stderr: stderr, Grace: time.Second})
 	var rf *RankFailure
 	require.ErrorAs(t, err, &rf)
 	assert.Equal(t, 1, rf.Rank)
