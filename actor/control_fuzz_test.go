@@ -65,20 +65,29 @@ func FuzzDeviceReplyHeader(f *testing.F) {
 			wantDecodeError(t, err)
 			return
 		}
-		if src < 0 || src >= fuzzRanks || len(reason) > maxAckReason {
-			t.Fatalf("accepted rank %d of %d, reason of %d bytes", src, fuzzRanks, len(reason))
-		}
 		r := &wireReader{b: b}
 		r.uint()
 		r.uint()
 		full := r.string()
-		if reason != clipReason(full) {
-			t.Fatalf("reason %q read for %q", reason, full)
-		}
-		if again := appendString(appendUint(appendUint(nil, uint64(src)), seq), full); !bytes.Equal(again, b) {
-			t.Fatalf("accepted %x, which re-encodes as %x", b, again)
-		}
+		checkAcceptedReply(t, b, src, reason, full, appendString(appendUint(appendUint(nil, uint64(src)), seq), full))
 	})
+}
+
+// checkAcceptedReply checks a device reply or rejection header b that
+// decoded to rank src and reason: the rank is one of the job's, the reason
+// is full (the reason on the wire) clipped to maxAckReason, and again (the
+// header encoded anew from what was read) is b.
+func checkAcceptedReply(t *testing.T, b []byte, src int, reason, full string, again []byte) {
+	t.Helper()
+	if src < 0 || src >= fuzzRanks || len(reason) > maxAckReason {
+		t.Fatalf("accepted rank %d of %d, reason of %d bytes", src, fuzzRanks, len(reason))
+	}
+	if reason != clipReason(full) {
+		t.Fatalf("reason %q read for %q", reason, full)
+	}
+	if !bytes.Equal(again, b) {
+		t.Fatalf("accepted %x, which re-encodes as %x", b, again)
+	}
 }
 
 // FuzzDeviceRejectedHeader: the device rejection rejectDevice sends.
@@ -100,18 +109,10 @@ func FuzzDeviceRejectedHeader(f *testing.F) {
 			wantDecodeError(t, err)
 			return
 		}
-		if src < 0 || src >= fuzzRanks || len(reason) > maxAckReason {
-			t.Fatalf("accepted rank %d of %d, reason of %d bytes", src, fuzzRanks, len(reason))
-		}
 		r := &wireReader{b: b}
 		r.uint()
 		r.string()
 		full := r.string()
-		if reason != clipReason(full) {
-			t.Fatalf("reason %q read for %q", reason, full)
-		}
-		if again := appendString(appendString(appendUint(nil, uint64(src)), target), full); !bytes.Equal(again, b) {
-			t.Fatalf("accepted %x, which re-encodes as %x", b, again)
-		}
+		checkAcceptedReply(t, b, src, reason, full, appendString(appendString(appendUint(nil, uint64(src)), target), full))
 	})
 }

@@ -25,6 +25,21 @@ func (l *lateResponder) Receive(c pa.Context) {
 	}
 }
 
+// spawnLateResponder spawns on rt, as name, a lateResponder answering with
+// a device buffer of n bytes (face, for the test to free).
+func spawnLateResponder(t *testing.T, dev *gpu.Device, rt *Runtime, name string, n int) (*lateResponder, gpu.Buffer) {
+	t.Helper()
+	face, err := dev.Alloc(n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := &lateResponder{face: face, release: make(chan struct{})}
+	if _, err := rt.Root().SpawnNamed(rt.Props(func() pa.Actor { return l }), name); err != nil {
+		t.Fatal(err)
+	}
+	return l, face
+}
+
 // TestLateDeviceReplyFreed: a device message answering a request across
 // ranks (Runtime.Request, Runtime.RequestFuture) that comes after the
 // request timed out reaches no one: the device memory the runtime
@@ -35,14 +50,7 @@ func TestLateDeviceReplyFreed(t *testing.T) {
 	for _, n := range []int{100, 256 << 10} { // in the message; pair channel
 		for _, future := range []bool{false, true} {
 			name := fmt.Sprintf("late-%d-%v", n, future)
-			face, err := dev.Alloc(n)
-			if err != nil {
-				t.Fatal(err)
-			}
-			l := &lateResponder{face: face, release: make(chan struct{})}
-			if _, err := rts[1].Root().SpawnNamed(rts[1].Props(func() pa.Actor { return l }), name); err != nil {
-				t.Fatal(err)
-			}
+			l, face := spawnLateResponder(t, dev, rts[1], name, n)
 			to := rts[0].PID(1, name)
 			base := dev.LiveAllocs()
 			dead := rts[0].Stats().DeadLetters.Load()
@@ -96,14 +104,7 @@ func TestDeviceReplyAtTimeoutNotLost(t *testing.T) {
 	for _, n := range []int{100, 256 << 10} { // in the message; pair channel
 		for _, future := range []bool{false, true} {
 			name := fmt.Sprintf("atdeadline-%d-%v", n, future)
-			face, err := dev.Alloc(n)
-			if err != nil {
-				t.Fatal(err)
-			}
-			l := &lateResponder{face: face, release: make(chan struct{})}
-			if _, err := rts[1].Root().SpawnNamed(rts[1].Props(func() pa.Actor { return l }), name); err != nil {
-				t.Fatal(err)
-			}
+			l, face := spawnLateResponder(t, dev, rts[1], name, n)
 			to := rts[0].PID(1, name)
 			base := dev.LiveAllocs()
 			dead := rts[0].Stats().DeadLetters.Load()
